@@ -1,0 +1,86 @@
+"""One JSON error shape for every failure: ``{"code", "message", "errors"?}``.
+
+Clients (and people) get a message they can act on; field errors keep DRF's structure
+under ``errors`` so forms can point at the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from apps.core.exceptions import DomainError
+
+
+def _first_message(errors: Any) -> str:
+    """Flatten DRF's nested error dict into one readable sentence naming the field."""
+    if isinstance(errors, dict):
+        for field, value in errors.items():
+            inner = _first_message(value)
+            if field in ("non_field_errors", "detail"):
+                return inner
+            return f"{field}: {inner}"
+    if isinstance(errors, list) and errors:
+        return _first_message(errors[0])
+    return str(errors)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+        if exc.details is not None:
+            body["errors"] = exc.details
+        return Response(body, status=exc.status_code)
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        )
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound(str(exc) or "Not found.")
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = {
+            "code": "invalid",
+            "message": _first_message(exc.detail),
+            "errors": exc.detail,
+        }
+    elif isinstance(exc, exceptions.APIException):
+        detail = exc.detail
+        code = getattr(detail, "code", None) or exc.default_code
+        response.data = {"code": str(code), "message": _first_message(detail)}
+    return response
+
+
+def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"code": code, "message": message}, status=status_code)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
+    if request.path.startswith("/api/"):
+        return _json_error(status.HTTP_404_NOT_FOUND, "not_found", f"No such URL: {request.path}")
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest):  # noqa: ANN201
+    if request.path.startswith("/api/"):
+        return _json_error(
+            status.HTTP_500_INTERNAL_SERVER_ERROR,
+            "server_error",
+            "Internal error; it has been logged. Retry, or report it with the time of the request.",
+        )
+    from django.views.defaults import server_error as default
+
+    return default(request)

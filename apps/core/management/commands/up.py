@@ -1,0 +1,169 @@
+"""``make run``: start the platform on its embedded defaults and run the demo job.
+
+Migrates, makes sure a demo login, team and project exist, starts the web server
+(uvicorn, ASGI) and a Celery worker for all three queues (with beat for lease sweeps),
+uploads the bundled dataset through the API, launches a ``profile`` run, waits for it,
+prints what happened, and keeps serving until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.core.actor import Actor
+from apps.projects.models import Project
+from apps.teams.models import Membership, Role, Team
+from apps.teams.services import personal_token_create, worker_token_create
+from workers.client import CrucibleClient
+
+DEMO_DATA = settings.BASE_DIR / "deploy" / "demo" / "arithmetic.jsonl"
+
+
+class Command(BaseCommand):
+    help = "Start web + worker on the embedded defaults and run the demo profile job."
+
+    def add_arguments(self, parser) -> None:  # noqa: ANN001
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--exit-after-demo", action="store_true",
+                            help="Stop everything once the demo run finishes (for tests).")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        password = self._demo_login()
+        team = self._demo_team()
+        base_url = f"http://{opts['host']}:{opts['port']}"
+        _, user_token = personal_token_create(
+            actor=Actor.system(), user=get_user_model().objects.get(username="admin"),
+            name="make-run",
+        )
+        _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="local-pool")
+
+        env = {**os.environ, "CRUCIBLE_API_URL": base_url, "CRUCIBLE_WORKER_TOKEN": worker_token,
+               "CRUCIBLE_VAR_DIR": str(settings.VAR_DIR),
+               "OBJECT_STORE_URL": settings.OBJECT_STORE_URL, "PYTHONUNBUFFERED": "1"}
+        logs = settings.VAR_DIR / "logs"
+        logs.mkdir(exist_ok=True)
+        procs = [
+            self._spawn("web", [sys.executable, "-m", "uvicorn", "config.asgi:application",
+                                "--host", opts["host"], "--port", str(opts["port"]),
+                                "--log-level", "warning"], env, logs),
+            self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config.celery",
+                                   "worker", "-B", "-Q", "gpu,sandbox,cpu", "-c", "2",
+                                   "--loglevel", "INFO", "-s",
+                                   str(settings.VAR_DIR / "celerybeat-schedule")], env, logs),
+        ]
+        try:
+            self._wait_healthy(base_url, procs)
+            run = self._demo_run(base_url, user_token, team)
+            self._announce(base_url, password, run, logs)
+            if opts["exit_after_demo"]:
+                if run["status"] != "succeeded":
+                    raise CommandError(f"demo run ended {run['status']}: {run['error']}")
+                return
+            while all(p.poll() is None for p in procs):
+                time.sleep(1)
+            raise CommandError("a platform process exited; see var/logs/")
+        except KeyboardInterrupt:
+            self.stdout.write("\nstopping…")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    def _demo_login(self) -> str:
+        """An ``admin`` superuser; its password is generated once and kept in var/."""
+        secret_file = settings.VAR_DIR / "admin-password.txt"
+        User = get_user_model()
+        if secret_file.exists() and User.objects.filter(username="admin").exists():
+            return secret_file.read_text().strip()
+        password = secrets.token_urlsafe(12)
+        user = User.objects.filter(username="admin").first()
+        if user is None:
+            user = User.objects.create_superuser("admin", "admin@localhost", password)
+        else:
+            user.set_password(password)
+            user.save()
+        secret_file.write_text(password + "\n")
+        secret_file.chmod(0o600)
+        return password
+
+    def _demo_team(self) -> Team:
+        user = get_user_model().objects.get(username="admin")
+        team, _ = Team.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
+        Membership.objects.get_or_create(team=team, user=user, defaults={"role": Role.OWNER})
+        Project.objects.get_or_create(team=team, slug="arithmetic",
+                                      defaults={"name": "Arithmetic"})
+        return team
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str],
+               logs: Path) -> subprocess.Popen:
+        log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.stdout.write(f"starting {name}: logs in {logs / (name + '.log')}")
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=settings.BASE_DIR)
+
+    def _wait_healthy(self, base_url: str, procs: list[subprocess.Popen]) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                raise CommandError("a platform process exited at start; see var/logs/")
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise CommandError(f"web server did not answer on {base_url} within 60 s")
+
+    def _demo_run(self, base_url: str, token: str, team: Team) -> dict[str, Any]:
+        records = [json.loads(line) for line in DEMO_DATA.read_text().splitlines() if line]
+        with CrucibleClient(base_url, token) as client:
+            if not any(d["slug"] == "arithmetic" for d in
+                       client.paginate(f"teams/{team.slug}/datasets")):
+                client.create_dataset(team.slug, "arithmetic", "arithmetic",
+                                      "Bundled demo: arithmetic prompts with answers")
+            version = client.upload_version(team.slug, "arithmetic", records,
+                                            message="bundled demo data")
+            self.stdout.write(f"dataset arithmetic v{version['number']} "
+                              f"{version['digest'][:12]}: {version['record_count']} records")
+            run = client.launch_run(team.slug, project="arithmetic", kind="profile",
+                                    name="profile arithmetic", datasets=["arithmetic"],
+                                    config={"progress_every": 50})
+            self.stdout.write(f"launched profile run {run['id']}; waiting for the worker…")
+            return client.wait_for_run(team.slug, run["id"], timeout=180)
+
+    def _announce(self, base_url: str, password: str, run: dict[str, Any], logs: Path) -> None:
+        team = "demo"
+        lines = [
+            "",
+            f"Crucible is running at {base_url}/  (login: admin / {password})",
+            f"  demo run {run['id']}: {run['status']}"
+            + (f" — {run['error']}" if run["error"] else ""),
+            f"  report:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/report",
+            f"  events:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/events",
+            f"  metrics: {base_url}/api/v1/teams/{team}/runs/{run['id']}/metrics",
+            f"  API docs: {base_url}/api/v1/docs    admin: {base_url}/admin/",
+            f"  logs: {logs}/   Ctrl-C stops everything.",
+            "",
+        ]
+        self.stdout.write("\n".join(lines))

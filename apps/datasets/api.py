@@ -1,0 +1,182 @@
+"""Datasets and versions. Versions are uploaded as JSON ``{"records": [...]}`` or as a
+JSONL file (multipart field ``file``)."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.core.exceptions import InvalidInput, NotFound
+from apps.core.idempotency import idempotent
+from apps.core.viewsets import TeamScopedViewSet
+from apps.datasets import records as rec
+from apps.datasets import selectors, services
+from apps.datasets.models import Dataset, DatasetVersion
+from apps.projects.selectors import project_by_slug
+
+
+class DatasetVersionSerializer(serializers.ModelSerializer):
+    dataset = serializers.CharField(source="dataset.slug", read_only=True)
+    parents = serializers.SlugRelatedField(slug_field="digest", many=True, read_only=True)
+
+    class Meta:
+        model = DatasetVersion
+        fields = ["digest", "number", "dataset", "record_count", "size_bytes", "schema",
+                  "message", "parents", "uri", "created_at"]
+        read_only_fields = fields
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug", read_only=True)
+    current_version = DatasetVersionSerializer(read_only=True)
+
+    class Meta:
+        model = Dataset
+        fields = ["slug", "project", "description", "current_version", "created_at"]
+        read_only_fields = fields
+
+
+class DatasetCreateSerializer(serializers.Serializer):
+    slug = serializers.SlugField(max_length=64)
+    project = serializers.SlugField(max_length=64)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class VersionUploadSerializer(serializers.Serializer):
+    records = serializers.ListField(child=serializers.JSONField(), required=False)
+    file = serializers.FileField(required=False)
+    parents = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    message = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    set_current = serializers.BooleanField(required=False, default=True)
+
+    def validate(self, attrs: dict) -> dict:
+        if ("records" in attrs) == ("file" in attrs):
+            raise serializers.ValidationError(
+                "Send exactly one of 'records' (a JSON list of objects) or 'file' (JSONL)."
+            )
+        return attrs
+
+
+class SetCurrentSerializer(serializers.Serializer):
+    version = serializers.CharField(help_text="digest or v<number>")
+
+
+class DatasetViewSet(TeamScopedViewSet):
+    queryset = Dataset.objects.select_related("project", "current_version__dataset")
+    serializer_class = DatasetSerializer
+    lookup_field = "slug"
+    lookup_url_kwarg = "dataset"
+    filterset_fields = {"project__slug": ["exact"]}
+    ordering_fields = ["slug", "created_at"]
+    ordering = "-created_at"
+
+    def list(self, request: Request, team: str) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(DatasetSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, dataset: str) -> Response:
+        return Response(DatasetSerializer(self.get_object()).data)
+
+    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
+    def create(self, request: Request, team: str) -> Response:
+        data = DatasetCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        project = project_by_slug(team=self.team, slug=data.validated_data["project"])
+        dataset = services.dataset_create(
+            actor=self.actor, team=self.team, project=project, slug=data.validated_data["slug"],
+            description=data.validated_data["description"],
+        )
+        return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=SetCurrentSerializer, responses=DatasetSerializer)
+    @action(detail=True, methods=["post"], url_path="current")
+    def set_current(self, request: Request, team: str, dataset: str) -> Response:
+        data = SetCurrentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        obj = self.get_object()
+        version = selectors.version_by_digest(dataset=obj, digest=data.validated_data["version"])
+        if version is None:
+            wanted = data.validated_data["version"]
+            raise NotFound(f"Dataset '{obj.slug}' has no version '{wanted}'.")
+        obj = services.set_current_version(actor=self.actor, dataset=obj, version=version)
+        return Response(DatasetSerializer(obj).data)
+
+
+class DatasetVersionViewSet(TeamScopedViewSet):
+    queryset = DatasetVersion.objects.select_related("dataset").prefetch_related("parents")
+    serializer_class = DatasetVersionSerializer
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    lookup_field = "digest"
+    lookup_url_kwarg = "version"
+    ordering_fields = ["number", "created_at"]
+    ordering = "-number"
+
+    def base_queryset(self):  # noqa: ANN201
+        return self.queryset.filter(dataset__slug=self.kwargs["dataset"])
+
+    def _dataset(self) -> Dataset:
+        dataset = Dataset.objects.filter(team=self.team, slug=self.kwargs["dataset"]).first()
+        if dataset is None:
+            raise NotFound(f"No dataset '{self.kwargs['dataset']}' in team '{self.team.slug}'.")
+        return dataset
+
+    def _version(self) -> DatasetVersion:
+        version = selectors.version_by_digest(
+            dataset=self._dataset(), digest=self.kwargs["version"]
+        )
+        if version is None:
+            raise NotFound(f"No version '{self.kwargs['version']}' of '{self.kwargs['dataset']}'.")
+        return version
+
+    def list(self, request: Request, team: str, dataset: str) -> Response:
+        self._dataset()
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(DatasetVersionSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, dataset: str, version: str) -> Response:
+        return Response(DatasetVersionSerializer(self._version()).data)
+
+    @extend_schema(request=VersionUploadSerializer, responses={201: DatasetVersionSerializer})
+    def create(self, request: Request, team: str, dataset: str) -> Response:
+        return idempotent(request, lambda: self._create(request))
+
+    def _create(self, request: Request) -> Response:
+        obj = self._dataset()
+        data = VersionUploadSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        parents = []
+        for ref in values["parents"]:
+            parent = selectors.resolve_version(team=self.team, ref=ref)
+            parents.append(parent)
+        records = rec.parse_jsonl(values["file"]) if "file" in values else values["records"]
+        version, created = services.version_create(
+            actor=self.actor, dataset=obj, records=records, parents=parents,
+            message=values["message"], set_current=values["set_current"],
+        )
+        return Response(DatasetVersionSerializer(version).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("offset", OpenApiTypes.INT),
+                    OpenApiParameter("limit", OpenApiTypes.INT)],
+        responses=OpenApiTypes.OBJECT,
+    )
+    @action(detail=True, methods=["get"])
+    def records(self, request: Request, team: str, dataset: str, version: str) -> Response:
+        obj = self._version()
+        try:
+            offset = int(request.query_params.get("offset", 0))
+            limit = int(request.query_params.get("limit", 50))
+        except ValueError as exc:
+            raise InvalidInput("offset and limit must be integers.") from exc
+        if offset < 0 or not 1 <= limit <= 1000:
+            raise InvalidInput("offset must be >= 0 and limit between 1 and 1000.")
+        rows = selectors.read_records(obj, offset=offset, limit=limit)
+        return Response({"offset": offset, "limit": limit, "total": obj.record_count,
+                         "records": rows})

@@ -1,0 +1,102 @@
+"""Writes for datasets. A version's records reach the object store before its row is
+created, so a failure leaves at most an orphaned, content-addressed object, never a row
+pointing at nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+
+from apps.core import audit
+from apps.core.actor import Actor
+from apps.core.exceptions import Conflict, InvalidInput
+from apps.core.storage import store
+from apps.datasets import records as rec
+from apps.datasets.models import Dataset, DatasetVersion
+from apps.lineage import services as lineage
+from apps.projects.models import Project
+from apps.teams.models import Team
+
+
+@transaction.atomic
+def dataset_create(
+    *, actor: Actor, team: Team, project: Project, slug: str, description: str = ""
+) -> Dataset:
+    if Dataset.objects.filter(team=team, slug=slug).exists():
+        raise Conflict(f"Dataset '{slug}' already exists in team '{team.slug}'.")
+    dataset = Dataset.objects.create(
+        team=team, project=project, slug=slug, description=description, created_by=actor.user
+    )
+    audit.record(actor=actor, action="dataset.create", team_id=team.pk, target_type="dataset",
+                 target_id=slug)
+    return dataset
+
+
+def version_create(
+    *,
+    actor: Actor,
+    dataset: Dataset,
+    records: Iterable[Any],
+    parents: list[DatasetVersion] | None = None,
+    message: str = "",
+    set_current: bool = True,
+) -> tuple[DatasetVersion, bool]:
+    """Store records as a new version; returns (version, created).
+
+    Uploading content identical to an existing version of the same dataset returns that
+    version (created=False): versions are content-addressed.
+    """
+    for parent in parents or []:
+        if parent.team_id != dataset.team_id:
+            raise InvalidInput("A parent version belongs to another team.")
+    folder = settings.VAR_DIR / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    limit = settings.CRUCIBLE["MAX_UPLOAD_RECORDS"]
+    canonical = rec.write_canonical(records, folder=folder, max_records=limit)
+    try:
+        existing = DatasetVersion.objects.filter(dataset=dataset, digest=canonical.digest).first()
+        if existing is not None:
+            return existing, False
+        key = f"datasets/{canonical.digest[:2]}/{canonical.digest}.jsonl"
+        uri = store().put_file(key, canonical.path)
+    finally:
+        canonical.path.unlink(missing_ok=True)
+    with transaction.atomic():
+        locked = Dataset.objects.select_for_update().get(pk=dataset.pk)
+        existing = DatasetVersion.objects.filter(dataset=locked, digest=canonical.digest).first()
+        if existing is not None:
+            return existing, False
+        number = (locked.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        version = DatasetVersion.objects.create(
+            team_id=locked.team_id, dataset=locked, number=number, digest=canonical.digest,
+            uri=uri, record_count=canonical.record_count, size_bytes=canonical.size_bytes,
+            schema=canonical.schema, message=message, created_by=actor.user,
+        )
+        if parents:
+            version.parents.set(parents)
+            for parent in parents:
+                lineage.edge_create(team_id=locked.team_id, source=parent, target=version,
+                                    relation="derived")
+        if set_current:
+            locked.current_version = version
+            locked.save(update_fields=["current_version"])
+        audit.record(actor=actor, action="dataset.version.create", team_id=locked.team_id,
+                     target_type="dataset_version", target_id=version.digest,
+                     data={"dataset": locked.slug, "number": number,
+                           "records": canonical.record_count})
+    return version, True
+
+
+@transaction.atomic
+def set_current_version(*, actor: Actor, dataset: Dataset, version: DatasetVersion) -> Dataset:
+    if version.dataset_id != dataset.pk:
+        raise InvalidInput(f"Version {version.digest[:12]} is not a version of '{dataset.slug}'.")
+    dataset.current_version = version
+    dataset.save(update_fields=["current_version"])
+    audit.record(actor=actor, action="dataset.current", team_id=dataset.team_id,
+                 target_type="dataset", target_id=dataset.slug, data={"digest": version.digest})
+    return dataset

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LineageConfig(AppConfig):
+    name = "apps.lineage"
+    label = "lineage"

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from django.db.models import Model
+
+from apps.lineage.models import ArtifactType, LineageEdge
+
+_TYPES = {
+    "datasets.datasetversion": ArtifactType.DATASET_VERSION,
+    "environments.environmentversion": ArtifactType.ENVIRONMENT_VERSION,
+    "runs.run": ArtifactType.RUN,
+    "runs.checkpoint": ArtifactType.CHECKPOINT,
+}
+
+
+def artifact_key(obj: Model) -> tuple[str, str]:
+    kind = _TYPES[obj._meta.label_lower]
+    if kind in (ArtifactType.DATASET_VERSION, ArtifactType.ENVIRONMENT_VERSION):
+        return kind, obj.digest  # type: ignore[attr-defined]
+    return kind, str(obj.pk)
+
+
+def edge_create(*, team_id: int, source: Model, target: Model, relation: str) -> LineageEdge:
+    """Called inside the caller's transaction; repeating an edge is a no-op."""
+    source_type, source_id = artifact_key(source)
+    target_type, target_id = artifact_key(target)
+    edge, _ = LineageEdge.objects.get_or_create(
+        source_type=source_type, source_id=source_id, target_type=target_type,
+        target_id=target_id, relation=relation, defaults={"team_id": team_id},
+    )
+    return edge

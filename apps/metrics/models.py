@@ -1,0 +1,40 @@
+"""Metric points, sized for millions per run.
+
+Points are inserted in batches (one INSERT per batch); ``MetricBatch`` makes a retried
+batch a no-op. The (run, name, step) index serves both the per-series read and the
+in-database downsampling.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class MetricPoint(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+",
+                            db_index=False)
+    name = models.CharField(max_length=200)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    wall_time = models.FloatField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "name", "step"], name="metric_run_name_step")]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step}={self.value}"
+
+
+class MetricBatch(models.Model):
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
+    seq = models.PositiveBigIntegerField()
+    point_count = models.PositiveIntegerField()
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_metric_batch")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq}"

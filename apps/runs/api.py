@@ -1,0 +1,161 @@
+"""Runs for people: launch (with preview), list, inspect, cancel, resume, and read
+events, metrics, checkpoints, samples and reports."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.core.exceptions import InvalidInput
+from apps.core.idempotency import idempotent
+from apps.core.viewsets import TeamScopedViewSet
+from apps.metrics import selectors as metric_selectors
+from apps.runs import selectors, services
+from apps.runs.models import Run, RunEvent
+from apps.runs.serializers import (
+    CheckpointSerializer,
+    RunCreateSerializer,
+    RunEventSerializer,
+    RunSerializer,
+    SampleSerializer,
+)
+from apps.runs.validation import plan_run
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"{name} must be an integer.", details={name: [raw]}) from exc
+    if not low <= value <= high:
+        raise InvalidInput(f"{name} must be between {low} and {high}.", details={name: [raw]})
+    return value
+
+
+class RunViewSet(TeamScopedViewSet):
+    queryset = Run.objects.all()
+    serializer_class = RunSerializer
+    lookup_field = "pk"
+    lookup_url_kwarg = "run"
+    filterset_fields = {
+        "status": ["exact", "in"],
+        "kind": ["exact"],
+        "pool": ["exact"],
+        "project__slug": ["exact"],
+    }
+    ordering_fields = ["created_at", "priority", "updated_at"]
+    ordering = "-created_at"
+
+    def base_queryset(self):  # noqa: ANN201
+        return selectors.runs_with_relations(self.queryset)
+
+    def list(self, request: Request, team: str) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(RunSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, run: str) -> Response:
+        return Response(RunSerializer(self.get_object()).data)
+
+    def _plan(self, request: Request):  # noqa: ANN202
+        data = RunCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return plan_run(team=self.team, **data.validated_data)
+
+    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
+    def create(self, request: Request, team: str) -> Response:
+        def handler() -> Response:
+            run = services.create_run(actor=self.actor, team_id=self.team.pk,
+                                      plan=self._plan(request))
+            run = self.get_queryset().get(pk=run.pk)
+            return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+        return idempotent(request, handler)
+
+    @extend_schema(request=RunCreateSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=False, methods=["post"])
+    def preview(self, request: Request, team: str) -> Response:
+        """Validate and resolve a launch request; creates nothing."""
+        return Response({"valid": True, "run": self._plan(request).describe()})
+
+    @extend_schema(request=None, responses=RunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, team: str, run: str) -> Response:
+        obj = services.cancel(actor=self.actor, run=self.get_object())
+        return Response(RunSerializer(self.get_queryset().get(pk=obj.pk)).data)
+
+    @extend_schema(request=None, responses=RunSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, team: str, run: str) -> Response:
+        obj = services.resume(actor=self.actor, run=self.get_object())
+        return Response(RunSerializer(self.get_queryset().get(pk=obj.pk)).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("after", OpenApiTypes.INT, description="last seq seen"),
+                    OpenApiParameter("limit", OpenApiTypes.INT)],
+        responses=RunEventSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, team: str, run: str) -> Response:
+        obj = self.get_object()
+        after = _int_param(request, "after", 0, 0, 2**62)
+        limit = _int_param(request, "limit", 200, 1, 1000)
+        rows = list(RunEvent.objects.filter(run=obj, seq__gt=after).order_by("seq")[:limit])
+        return Response({
+            "results": RunEventSerializer(rows, many=True).data,
+            "last_seq": rows[-1].seq if rows else after,
+            "more": len(rows) == limit,
+        })
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", OpenApiTypes.STR, many=True),
+                    OpenApiParameter("max_points", OpenApiTypes.INT)],
+        responses=OpenApiTypes.OBJECT,
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, team: str, run: str) -> Response:
+        """Series downsampled in the database to at most ``max_points`` buckets each."""
+        from django.conf import settings
+
+        obj = self.get_object()
+        cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
+        max_points = _int_param(request, "max_points", 1000, 1, cap)
+        available = metric_selectors.metric_names(obj.pk)
+        names = request.query_params.getlist("name") or available
+        unknown = [n for n in names if n not in available]
+        if unknown:
+            raise InvalidInput(f"Run has no metric named {unknown[0]!r}.",
+                               details={"name": unknown})
+        return Response({
+            "names": available,
+            "max_points": max_points,
+            "series": [
+                {"name": n, "points": metric_selectors.series(obj.pk, n, max_points=max_points)}
+                for n in names
+            ],
+        })
+
+    @extend_schema(responses=CheckpointSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request: Request, team: str, run: str) -> Response:
+        rows = self.get_object().checkpoints.order_by("step")
+        return Response({"results": CheckpointSerializer(rows, many=True).data})
+
+    @extend_schema(responses=SampleSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def samples(self, request: Request, team: str, run: str) -> Response:
+        obj = self.get_object()
+        limit = _int_param(request, "limit", 100, 1, 1000)
+        rows = obj.samples.order_by("-step", "-id")[:limit]
+        return Response({"results": SampleSerializer(rows, many=True).data})
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"])
+    def report(self, request: Request, team: str, run: str) -> Response:
+        return Response(selectors.report(self.get_object()))

@@ -1,0 +1,159 @@
+"""Runs and what they produce: events, checkpoints, samples, artifacts.
+
+A run's config and pinned versions are frozen at creation; events, checkpoints and
+samples are append-only. Status changes go through ``apps.runs.services`` only.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class RunKind(models.TextChoices):
+    TRAIN = "train"
+    EVAL = "eval"
+    SYNTHESIZE = "synthesize"
+    QC = "qc"
+    PROFILE = "profile"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    PREEMPTED = "preempted"
+
+
+class Pool(models.TextChoices):
+    GPU = "gpu"
+    SANDBOX = "sandbox"
+    CPU = "cpu"
+
+
+ACTIVE_STATUSES = (RunStatus.CLAIMED, RunStatus.RUNNING)
+FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="runs")
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=200, blank=True)
+    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    config = models.JSONField()
+    pool = models.CharField(max_length=16, choices=Pool.choices)
+    priority = models.SmallIntegerField(default=0)
+    environment_version = models.ForeignKey(
+        "environments.EnvironmentVersion", on_delete=models.PROTECT, null=True, blank=True,
+        related_name="runs",
+    )
+    dataset_versions = models.ManyToManyField(
+        "datasets.DatasetVersion", through="RunDataset", related_name="runs"
+    )
+    lease_id = models.CharField(max_length=64, blank=True)
+    lease_holder = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    event_seq = models.PositiveBigIntegerField(default=0)
+    error = models.TextField(blank=True)
+    report_uri = models.CharField(max_length=1000, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team", "created_at"]),
+            models.Index(fields=["status", "pool", "priority", "created_at"]),
+            models.Index(fields=["status", "lease_expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.status})"
+
+
+class RunDataset(models.Model):
+    """A dataset version pinned by a run at launch, under the alias the config uses."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="pins")
+    dataset_version = models.ForeignKey(
+        "datasets.DatasetVersion", on_delete=models.PROTECT, related_name="+"
+    )
+    alias = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "alias"], name="uniq_run_alias")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.alias}"
+
+
+class EventLevel(models.TextChoices):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class RunEvent(models.Model):
+    """Append-only log of a run; ``seq`` is gap-free per run, for resumable streaming."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    level = models.CharField(max_length=10, choices=EventLevel.choices, default=EventLevel.INFO)
+    kind = models.CharField(max_length=32, default="log")
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_event_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.message[:40]}"
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    step = models.PositiveBigIntegerField()
+    uri = models.CharField(max_length=1000)
+    metrics = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_ckpt_step")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step}"
+
+
+class Sample(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    step = models.PositiveBigIntegerField()
+    prompt = models.TextField()
+    completion = models.TextField()
+    reward = models.FloatField(null=True, blank=True)
+    reward_components = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "step"])]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step}"

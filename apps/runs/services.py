@@ -1,0 +1,317 @@
+"""Writes for runs: launch, state transitions, leases, and what workers report.
+
+Every status change goes through :func:`transition`, which locks the row, refuses an
+illegal move with a 409, appends a status event and publishes it after commit.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.core import audit, events
+from apps.core.actor import Actor
+from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
+from apps.lineage import services as lineage
+from apps.runs import dispatch
+from apps.runs.models import (
+    ACTIVE_STATUSES,
+    Checkpoint,
+    EventLevel,
+    Run,
+    RunDataset,
+    RunEvent,
+    RunStatus,
+    Sample,
+)
+from apps.runs.validation import RunPlan
+
+S = RunStatus
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.CLAIMED, S.CANCELED}),
+    S.CLAIMED: frozenset({S.RUNNING, S.FAILED, S.CANCELED, S.PREEMPTED, S.SUCCEEDED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELED, S.PREEMPTED}),
+    S.PREEMPTED: frozenset({S.QUEUED, S.CANCELED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset({S.QUEUED}),  # resume
+    S.CANCELED: frozenset({S.QUEUED}),  # resume
+}
+EVENT_LEVELS = set(EventLevel.values)
+MAX_MESSAGE = 10_000
+
+
+def _lease_seconds() -> int:
+    return settings.CRUCIBLE["LEASE_SECONDS"]
+
+
+def _publish_run(run: Run, payload: dict[str, Any]) -> None:
+    events.publish_on_commit(events.run_group(run.pk), payload)
+    if payload.get("type") == "status":
+        events.publish_on_commit(events.team_group(run.team_id),
+                                 {**payload, "run": str(run.pk)})
+
+
+def _append_events(run: Run, rows: list[dict[str, Any]]) -> list[RunEvent]:
+    """Append events with gap-free sequence numbers; ``run`` must be locked by the caller."""
+    Run.objects.filter(pk=run.pk).update(event_seq=F("event_seq") + len(rows))
+    first = Run.objects.values_list("event_seq", flat=True).get(pk=run.pk) - len(rows) + 1
+    now = timezone.now()
+    created = RunEvent.objects.bulk_create(
+        RunEvent(run=run, seq=first + i, level=r.get("level", "info"), kind=r.get("kind", "log"),
+                 message=r["message"], data=r.get("data") or {}, created_at=now)
+        for i, r in enumerate(rows)
+    )
+    for event in created:
+        _publish_run(run, {"type": "event", "seq": event.seq, "level": event.level,
+                           "kind": event.kind, "message": event.message, "data": event.data,
+                           "created_at": now.isoformat()})
+    return created
+
+
+def _lock(run: Run) -> Run:
+    return Run.objects.select_for_update().get(pk=run.pk)
+
+
+def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
+    with transaction.atomic():
+        now = timezone.now()
+        run = Run.objects.create(
+            team_id=team_id, project=plan.project, name=plan.name, kind=plan.kind,
+            config=plan.config, pool=plan.pool, priority=plan.priority,
+            environment_version=plan.environment, created_by=actor.user, queued_at=now,
+        )
+        for alias, version in plan.datasets.items():
+            RunDataset.objects.create(run=run, dataset_version=version, alias=alias)
+            lineage.edge_create(team_id=team_id, source=version, target=run, relation="input")
+        if plan.environment is not None:
+            lineage.edge_create(team_id=team_id, source=plan.environment, target=run,
+                                relation="environment")
+        _append_events(run, [{"kind": "status", "message": "queued",
+                              "data": {"status": "queued", "document": plan.describe()}}])
+        audit.record(actor=actor, action="run.create", team_id=team_id, target_type="run",
+                     target_id=run.pk, data={"kind": run.kind, "pool": run.pool})
+        _publish_run(run, {"type": "status", "status": run.status})
+        dispatch.enqueue_on_commit(run)
+    return run
+
+
+def transition(
+    *, actor: Actor, run: Run, to: str, error: str = "", reason: str = "", locked: bool = False
+) -> Run:
+    """Move ``run`` to ``to`` or raise IllegalTransition (409)."""
+    with transaction.atomic():
+        run = run if locked else _lock(run)
+        if to not in TRANSITIONS[run.status]:
+            raise IllegalTransition(
+                f"Run {run.pk} is {run.status}; it cannot become {to}.",
+                details={"status": run.status, "requested": to},
+            )
+        now = timezone.now()
+        previous = run.status
+        run.status = to
+        run.updated_at = now
+        fields = ["status", "updated_at"]
+        if to == S.CLAIMED:
+            run.claimed_at = now
+            run.attempt += 1
+            fields += ["claimed_at", "attempt"]
+        elif to == S.RUNNING:
+            run.started_at = run.started_at or now
+            fields.append("started_at")
+        elif to == S.QUEUED:
+            run.queued_at = now
+            run.finished_at = None
+            run.error = ""
+            fields += ["queued_at", "finished_at", "error"]
+        if to in (S.SUCCEEDED, S.FAILED, S.CANCELED):
+            run.finished_at = now
+            fields.append("finished_at")
+        if to == S.FAILED:
+            run.error = error[:MAX_MESSAGE] or "failed without an error message"
+            fields.append("error")
+        if to not in ACTIVE_STATUSES:
+            run.lease_id = run.lease_holder = ""
+            run.lease_expires_at = None
+            fields += ["lease_id", "lease_holder", "lease_expires_at"]
+        run.save(update_fields=fields)
+        message = to + (f": {reason}" if reason else "") + (f": {run.error}" if to == S.FAILED
+                                                            else "")
+        level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
+        _append_events(run, [{"kind": "status", "level": level, "message": message,
+                              "data": {"status": to, "from": previous, "actor": actor.label}}])
+        audit.record(actor=actor, action=f"run.{to}", team_id=run.team_id, target_type="run",
+                     target_id=run.pk, data={"from": previous, "reason": reason})
+        _publish_run(run, {"type": "status", "status": to, "from": previous})
+        if to == S.QUEUED:
+            dispatch.enqueue_on_commit(run)
+    return run
+
+
+def cancel(*, actor: Actor, run: Run) -> Run:
+    return transition(actor=actor, run=run, to=S.CANCELED, reason=f"by {actor.label}")
+
+
+def resume(*, actor: Actor, run: Run) -> Run:
+    """Queue a failed or canceled run again; its engine continues from its last checkpoint."""
+    return transition(actor=actor, run=run, to=S.QUEUED, reason=f"resumed by {actor.label}")
+
+
+# --- leases -------------------------------------------------------------------------------
+
+
+def claim(
+    *, actor: Actor, pool: str, worker_id: str, team_id: int | None, run_id: object = None
+) -> Run | None:
+    """Give a worker the lease on a queued run (a specific one, or the next for ``pool``).
+
+    Returns None when there is nothing to claim. Expired leases are swept first, so a run
+    whose worker died is claimable again without waiting for the periodic sweep.
+    """
+    sweep_expired(actor=Actor.system())
+    with transaction.atomic():
+        candidates = Run.objects.select_for_update(skip_locked=_skip_locked()).filter(
+            status=S.QUEUED, pool=pool
+        )
+        if team_id is not None:
+            candidates = candidates.filter(team_id=team_id)
+        if run_id is not None:
+            run = Run.objects.select_for_update().filter(pk=run_id).first()
+            if run is None or (team_id is not None and run.team_id != team_id):
+                return None
+            if run.status != S.QUEUED:
+                raise Conflict(f"Run {run.pk} is {run.status}, not queued; nothing to claim.",
+                               code="not_claimable")
+        else:
+            run = candidates.order_by("-priority", "created_at").first()
+            if run is None:
+                return None
+        run.lease_id = secrets.token_urlsafe(24)
+        run.lease_holder = worker_id[:200]
+        run.lease_expires_at = timezone.now() + timedelta(seconds=_lease_seconds())
+        run.save(update_fields=["lease_id", "lease_holder", "lease_expires_at"])
+        return transition(actor=actor, run=run, to=S.CLAIMED, reason=f"by {run.lease_holder}",
+                          locked=True)
+
+
+def _skip_locked() -> bool:
+    from django.db import connection
+
+    return connection.features.has_select_for_update_skip_locked
+
+
+def check_lease(run: Run, lease_id: str) -> None:
+    """Raise LeaseError unless ``lease_id`` is the run's live lease."""
+    if run.status not in ACTIVE_STATUSES:
+        raise LeaseError(f"Run {run.pk} is {run.status}; stop working on it.",
+                         code="run_not_active", details={"status": run.status})
+    if not lease_id or not secrets.compare_digest(run.lease_id, lease_id):
+        raise LeaseError(f"Run {run.pk} is leased to another worker; stop working on it.")
+    if run.lease_expires_at is None or run.lease_expires_at <= timezone.now():
+        raise LeaseError(f"The lease on run {run.pk} expired; stop working on it.",
+                         code="lease_expired")
+
+
+def heartbeat(*, run: Run, lease_id: str) -> Run:
+    with transaction.atomic():
+        run = _lock(run)
+        check_lease(run, lease_id)
+        run.lease_expires_at = timezone.now() + timedelta(seconds=_lease_seconds())
+        run.save(update_fields=["lease_expires_at"])
+    return run
+
+
+def worker_transition(
+    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = ""
+) -> Run:
+    if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED):
+        raise InvalidInput(f"Workers may set status running, succeeded or failed, not '{to}'.",
+                           details={"status": [to]})
+    with transaction.atomic():
+        run = _lock(run)
+        check_lease(run, lease_id)
+        return transition(actor=actor, run=run, to=to, error=error, locked=True)
+
+
+def sweep_expired(*, actor: Actor) -> list[Run]:
+    """Runs whose lease ran out: preempted, then queued again (two recorded transitions)."""
+    swept = []
+    expired = Run.objects.filter(status__in=ACTIVE_STATUSES, lease_expires_at__lt=timezone.now())
+    for run_id in list(expired.values_list("pk", flat=True)[:100]):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if run.status not in ACTIVE_STATUSES or run.lease_expires_at >= timezone.now():
+                continue
+            holder = run.lease_holder
+            transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
+                       reason=f"lease held by {holder or 'a worker'} expired")
+            transition(actor=actor, run=run, to=S.QUEUED, locked=True, reason="requeued")
+            swept.append(run)
+    return swept
+
+
+# --- what workers report -------------------------------------------------------------------
+
+
+def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> list[RunEvent]:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("message"), str):
+            raise InvalidInput(f"events[{i}] needs a string 'message'.")
+        if row.get("level", "info") not in EVENT_LEVELS:
+            raise InvalidInput(f"events[{i}].level must be one of {sorted(EVENT_LEVELS)}.")
+        if not isinstance(row.get("data", {}), dict):
+            raise InvalidInput(f"events[{i}].data must be an object.")
+        row["message"] = row["message"][:MAX_MESSAGE]
+        row["kind"] = str(row.get("kind", "log"))[:32]
+    with transaction.atomic():
+        run = _lock(run)
+        check_lease(run, lease_id)
+        return _append_events(run, rows)
+
+
+def add_checkpoint(
+    *, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any]
+) -> tuple[Checkpoint, bool]:
+    with transaction.atomic():
+        run = _lock(run)
+        check_lease(run, lease_id)
+        existing = Checkpoint.objects.filter(run=run, step=step).first()
+        if existing is not None:
+            if existing.uri != uri:
+                raise Conflict(f"Checkpoint at step {step} already exists with another URI.")
+            return existing, False
+        ckpt = Checkpoint.objects.create(run=run, team_id=run.team_id, step=step, uri=uri,
+                                         metrics=metrics)
+        lineage.edge_create(team_id=run.team_id, source=run, target=ckpt, relation="produced")
+        _append_events(run, [{"kind": "checkpoint", "message": f"checkpoint at step {step}",
+                              "data": {"step": step, "uri": uri}}])
+    return ckpt, True
+
+
+def add_samples(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
+    with transaction.atomic():
+        run = _lock(run)
+        check_lease(run, lease_id)
+        Sample.objects.bulk_create(
+            Sample(run=run, team_id=run.team_id, step=r["step"], prompt=r["prompt"],
+                   completion=r["completion"], reward=r.get("reward"),
+                   reward_components=r.get("reward_components") or {})
+            for r in rows
+        )
+    return len(rows)
+
+
+def set_report(*, run: Run, lease_id: str, uri: str) -> Run:
+    with transaction.atomic():
+        run = _lock(run)
+        check_lease(run, lease_id)
+        run.report_uri = uri
+        run.save(update_fields=["report_uri"])
+        _append_events(run, [{"kind": "artifact", "message": "report stored",
+                              "data": {"uri": uri}}])
+    return run

@@ -1,0 +1,77 @@
+"""Bearer-token authentication for DRF.
+
+A personal token authenticates as its user. A worker token authenticates as a
+:class:`WorkerPrincipal`, which team views refuse and worker views require.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from apps.teams import tokens
+from apps.teams.models import ApiToken, TokenKind
+
+# Write last_used_at at most this often per token: a worker posting metrics every
+# second must not turn every request into an extra UPDATE.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class WorkerPrincipal:
+    token: ApiToken
+
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+    is_superuser = False
+    is_anonymous = False
+
+    @property
+    def pk(self) -> None:
+        return None
+
+    @property
+    def team_id(self) -> int | None:
+        return self.token.team_id
+
+    def __str__(self) -> str:
+        return f"worker-token:{self.token.prefix}"
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):  # noqa: ANN001, ANN201
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != self.keyword.lower():
+            return None
+        raw = raw.strip()
+        prefix = tokens.parse_prefix(raw)
+        if prefix is None:
+            raise exceptions.AuthenticationFailed("Malformed token: expected crc_… or crw_….")
+        token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+        if token is None or not tokens.matches(raw, token.key_hash):
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        if token.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("Token has been revoked.")
+        if token.expires_at is not None and token.expires_at <= timezone.now():
+            raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            token.last_used_at = now
+        if token.kind == TokenKind.WORKER:
+            return WorkerPrincipal(token), token
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("User is inactive.")
+        return token.user, token
+
+    def authenticate_header(self, request) -> str:  # noqa: ANN001
+        return self.keyword

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from apps.teams.models import ApiToken, Membership, Role, Team
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["slug", "name", "created_at", "role"]
+        read_only_fields = ["created_at", "role"]
+
+    def get_role(self, team: Team) -> str | None:
+        return getattr(team, "my_role", None)
+
+
+class TeamCreateSerializer(serializers.Serializer):
+    slug = serializers.SlugField(max_length=64)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class TeamUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+        read_only_fields = fields
+
+
+class MembershipCreateSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MembershipUpdateSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    active = serializers.BooleanField(source="is_active", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "prefix", "name", "kind", "team", "created_at", "expires_at", "revoked_at",
+            "last_used_at", "active",
+        ]
+        read_only_fields = fields
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    """The only response that ever contains the secret."""
+
+    token = serializers.CharField(read_only=True)
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields

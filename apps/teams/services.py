@@ -1,0 +1,139 @@
+"""Writes for teams, memberships and tokens. Each is one transaction with an audit row."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from apps.core import audit
+from apps.core.actor import Actor
+from apps.core.exceptions import Conflict, InvalidInput, NotFound
+from apps.teams import tokens
+from apps.teams.models import ApiToken, Membership, Role, Team, TokenKind
+
+User = get_user_model()
+
+
+@transaction.atomic
+def team_create(*, actor: Actor, slug: str, name: str) -> Team:
+    if Team.objects.filter(slug=slug).exists():
+        raise Conflict(f"A team with slug '{slug}' already exists; pick another slug.")
+    team = Team.objects.create(slug=slug, name=name or slug)
+    if actor.user is not None:
+        Membership.objects.create(team=team, user=actor.user, role=Role.OWNER)
+    audit.record(actor=actor, action="team.create", team_id=team.pk, target_type="team",
+                 target_id=team.slug)
+    return team
+
+
+@transaction.atomic
+def team_update(*, actor: Actor, team: Team, name: str) -> Team:
+    team.name = name
+    team.save(update_fields=["name"])
+    audit.record(actor=actor, action="team.update", team_id=team.pk, target_type="team",
+                 target_id=team.slug, data={"name": name})
+    return team
+
+
+@transaction.atomic
+def membership_add(*, actor: Actor, team: Team, username: str, role: str) -> Membership:
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"No user '{username}'.")
+    _check_grant(actor, team, role)
+    if Membership.objects.filter(team=team, user=user).exists():
+        raise Conflict(f"'{username}' is already a member of '{team.slug}'.")
+    membership = Membership.objects.create(team=team, user=user, role=role)
+    audit.record(actor=actor, action="membership.add", team_id=team.pk, target_type="user",
+                 target_id=username, data={"role": role})
+    return membership
+
+
+@transaction.atomic
+def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    _check_grant(actor, membership.team, role)
+    if membership.role == Role.OWNER and role != Role.OWNER:
+        _ensure_other_owner(membership)
+    old = membership.role
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit.record(actor=actor, action="membership.role", team_id=membership.team_id,
+                 target_type="user", target_id=membership.user.username,
+                 data={"from": old, "to": role})
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    if membership.role == Role.OWNER:
+        _ensure_other_owner(membership)
+        _check_grant(actor, membership.team, Role.OWNER)
+    audit.record(actor=actor, action="membership.remove", team_id=membership.team_id,
+                 target_type="user", target_id=membership.user.username)
+    membership.delete()
+
+
+def _check_grant(actor: Actor, team: Team, role: str) -> None:
+    """Only owners grant or take away ownership."""
+    if role != Role.OWNER or actor.user is None:
+        return
+    mine = Membership.objects.filter(team=team, user=actor.user).values_list("role", flat=True)
+    if Role.OWNER not in mine:
+        raise InvalidInput("Only an owner can grant or remove the owner role.", code="forbidden")
+
+
+def _ensure_other_owner(membership: Membership) -> None:
+    owners = Membership.objects.filter(team_id=membership.team_id, role=Role.OWNER)
+    if not owners.exclude(pk=membership.pk).exists():
+        raise Conflict("A team needs at least one owner; make someone else owner first.")
+
+
+def _validate_expiry(expires_at: datetime | None) -> None:
+    if expires_at is not None and expires_at <= timezone.now():
+        raise InvalidInput("expires_at must be in the future.", details={"expires_at": ["past"]})
+
+
+@transaction.atomic
+def personal_token_create(
+    *, actor: Actor, user: object, name: str, expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    _validate_expiry(expires_at)
+    raw, prefix, digest = tokens.generate(tokens.PERSONAL_SCHEME)
+    token = ApiToken.objects.create(
+        kind=TokenKind.PERSONAL, name=name, prefix=prefix, key_hash=digest, user=user,
+        created_by=actor.user, expires_at=expires_at,
+    )
+    audit.record(actor=actor, action="token.create", team_id=None, target_type="token",
+                 target_id=prefix, data={"kind": "personal", "name": name})
+    return token, raw
+
+
+@transaction.atomic
+def worker_token_create(
+    *, actor: Actor, team: Team | None, name: str, expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """A worker token for one team's runs, or for every team's when ``team`` is None."""
+    _validate_expiry(expires_at)
+    raw, prefix, digest = tokens.generate(tokens.WORKER_SCHEME)
+    token = ApiToken.objects.create(
+        kind=TokenKind.WORKER, name=name, prefix=prefix, key_hash=digest, team=team,
+        created_by=actor.user, expires_at=expires_at,
+    )
+    audit.record(actor=actor, action="token.create", team_id=team.pk if team else None,
+                 target_type="token", target_id=prefix, data={"kind": "worker", "name": name})
+    return token, raw
+
+
+@transaction.atomic
+def token_revoke(*, actor: Actor, token: ApiToken) -> ApiToken:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit.record(actor=actor, action="token.revoke", team_id=token.team_id,
+                     target_type="token", target_id=token.prefix)
+    return token

@@ -1,0 +1,40 @@
+"""The Celery app shared by the web (to send work) and the worker pools (to run it).
+
+It does not load Django: pools hold no database credentials and talk to the API instead.
+Queues: ``gpu`` trains and generates, ``sandbox`` executes untrusted code, ``cpu`` does the
+rest (profiling, synthesis). Late acks with prefetch 1, so a worker that dies mid-task
+leaves its message for another worker; the run's lease makes a second delivery a no-op.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from config import env
+
+QUEUES = ("gpu", "sandbox", "cpu")
+
+app = Celery("crucible", include=["workers.tasks"])
+app.conf.update(
+    broker_url=env.broker_url(),
+    broker_transport_options=env.broker_transport_options(),
+    broker_connection_retry_on_startup=True,
+    task_queues=[Queue(name) for name in QUEUES],
+    task_default_queue="cpu",
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_serializer="json",
+    accept_content=["json"],
+    result_backend=None,
+    task_ignore_result=True,
+    worker_hijack_root_logger=False,
+    beat_schedule={
+        "sweep-expired-leases": {
+            "task": "workers.tasks.sweep_leases",
+            "schedule": 30.0,
+            "options": {"queue": "cpu"},
+        },
+    },
+)

@@ -1,0 +1,57 @@
+"""Environment-variable configuration shared by Django settings and the Celery app.
+
+The Celery app must not need Django (workers hold no database credentials), so the
+broker and object-store settings are read here with ``os.environ`` alone; django-environ
+(which imports Django) parses the rest in ``config.settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _get(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def var_dir() -> Path:
+    """Folder for the embedded defaults' state (SQLite file, broker spool, objects)."""
+    path = Path(_get("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")) or "var")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def redis_url() -> str | None:
+    return _get("REDIS_URL")
+
+
+def broker_url() -> str:
+    """Celery broker: explicit CELERY_BROKER_URL, else REDIS_URL, else the filesystem spool."""
+    explicit = _get("CELERY_BROKER_URL")
+    if explicit:
+        return explicit
+    return redis_url() or "filesystem://"
+
+
+def broker_transport_options() -> dict[str, object]:
+    if not broker_url().startswith("filesystem://"):
+        return {}
+    spool = var_dir() / "broker"
+    for sub in ("queue", "processed"):
+        (spool / sub).mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(spool / "queue"),
+        "data_folder_out": str(spool / "queue"),
+        "processed_folder": str(spool / "processed"),
+        "store_processed": False,
+    }
+
+
+def object_store_url() -> str:
+    """``file:///abs/path`` (default ``var/objects``) or ``s3://bucket/prefix``."""
+    default = (var_dir() / "objects").as_uri()
+    return _get("OBJECT_STORE_URL", default) or default

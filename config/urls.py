@@ -1,0 +1,85 @@
+"""URL map. Everything under ``/api/v1/teams/<team>/`` is a TeamScopedViewSet; everything
+under ``/api/v1/worker/`` is a WorkerViewSet (tests/core/test_urlconf.py enforces both)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from apps.core import views as core_views
+from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
+from apps.environments.api import EnvironmentVersionViewSet, EnvironmentViewSet
+from apps.lineage.api import LineageViewSet
+from apps.projects.api import ProjectViewSet
+from apps.runs.api import RunViewSet
+from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
+from apps.teams.api import (
+    MembershipViewSet,
+    MyTeamsViewSet,
+    PersonalTokenViewSet,
+    TeamViewSet,
+    WorkerTokenViewSet,
+)
+
+TEAM = r"teams/(?P<team>[-a-zA-Z0-9_]+)"
+
+class Router(SimpleRouter):
+    """API paths work with and without a trailing slash (clients differ; no redirects)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trailing_slash = "/?"
+
+
+router = Router()
+router.register(r"teams", MyTeamsViewSet, basename="my-teams")
+router.register(r"tokens", PersonalTokenViewSet, basename="personal-token")
+router.register(rf"{TEAM}/members", MembershipViewSet, basename="member")
+router.register(rf"{TEAM}/worker-tokens", WorkerTokenViewSet, basename="worker-token")
+router.register(rf"{TEAM}/projects", ProjectViewSet, basename="project")
+router.register(rf"{TEAM}/datasets", DatasetViewSet, basename="dataset")
+router.register(rf"{TEAM}/datasets/(?P<dataset>[-a-zA-Z0-9_]+)/versions", DatasetVersionViewSet,
+                basename="dataset-version")
+router.register(rf"{TEAM}/environments", EnvironmentViewSet, basename="environment")
+router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions",
+                EnvironmentVersionViewSet, basename="environment-version")
+router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
+router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
+
+worker = WorkerRunViewSet.as_view
+worker_urls = [
+    path("claim", worker({"post": "claim"}), name="worker-claim"),
+    path("sweep", WorkerSweepViewSet.as_view({"post": "sweep"}), name="worker-sweep"),
+    path("runs/<str:run>", worker({"get": "retrieve"}), name="worker-run"),
+    path("runs/<str:run>/heartbeat", worker({"post": "heartbeat"}), name="worker-heartbeat"),
+    path("runs/<str:run>/status", worker({"post": "status"}), name="worker-status"),
+    path("runs/<str:run>/metrics", worker({"post": "metrics"}), name="worker-metrics"),
+    path("runs/<str:run>/events", worker({"post": "events"}), name="worker-events"),
+    path("runs/<str:run>/checkpoints", worker({"post": "checkpoints"}),
+         name="worker-checkpoints"),
+    path("runs/<str:run>/samples", worker({"post": "samples"}), name="worker-samples"),
+    path("runs/<str:run>/artifacts", worker({"post": "artifacts"}), name="worker-artifacts"),
+]
+
+api_v1 = [
+    path("me", core_views.MeView.as_view(), name="me"),
+    re_path(r"^teams/(?P<team>[-a-zA-Z0-9_]+)/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
+         name="team-detail"),
+    path("worker/", include(worker_urls)),
+    path("schema", SpectacularAPIView.as_view(), name="schema"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    *router.urls,
+]
+
+urlpatterns = [
+    path("", core_views.home, name="home"),
+    path("healthz", core_views.healthz, name="healthz"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+]
+
+handler404 = "apps.core.errors.not_found"
+handler500 = "apps.core.errors.server_error"

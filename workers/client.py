@@ -1,0 +1,297 @@
+"""The HTTP client of Crucible's API, for worker pools and for people's scripts alike.
+
+Retries are safe because every write is idempotent: metric batches carry a sequence
+number, POSTs that create work carry an ``Idempotency-Key`` generated once per logical
+call and reused on each retry, and status changes are refused (409) if already applied.
+Tests may pass an ``httpx`` transport (e.g. ``httpx.WSGITransport``) to run in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+
+
+class ApiError(Exception):
+    """A 4xx/5xx answer, with the API's ``code`` and human ``message``."""
+
+    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.body = status, code, message, body
+
+
+class LeaseLost(ApiError):
+    """The run was canceled, or its lease expired or moved: stop working on it."""
+
+
+class CrucibleClient:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        retries: int = 5,
+        backoff: float = 0.5,
+        timeout: float = 30.0,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("CRUCIBLE_API_URL")
+                         or "http://127.0.0.1:8000").rstrip("/")
+        token = token or os.environ.get("CRUCIBLE_TOKEN") or os.environ.get(
+            "CRUCIBLE_WORKER_TOKEN")
+        headers = {"Accept": "application/json", "User-Agent": "crucible-client/1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.retries, self.backoff = retries, backoff
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
+                                 transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> CrucibleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- transport -------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        files: Any = None,
+        data: Any = None,
+        idempotent: bool = False,
+    ) -> Any:
+        """Send one API call, retrying network errors and 5xx/429 with backoff.
+
+        A POST is retried only when ``idempotent`` (it then carries an Idempotency-Key,
+        the same on every attempt) or when the endpoint is idempotent by design.
+        """
+        headers = dict(headers or {})
+        if idempotent and method == "POST":
+            headers.setdefault("Idempotency-Key", uuid.uuid4().hex)
+        retryable = method in ("GET", "HEAD", "PUT", "DELETE") or idempotent
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self.http.request(method, f"/api/v1/{path.lstrip('/')}", json=json,
+                                             params=params, headers=headers, files=files,
+                                             data=data)
+            except httpx.TransportError as exc:
+                if not retryable or attempt > self.retries:
+                    raise
+                log.warning("%s %s failed (%s); retry %d", method, path, exc, attempt)
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+                continue
+            if response.status_code in RETRY_STATUSES and retryable and attempt <= self.retries:
+                delay = float(response.headers.get("Retry-After") or
+                              self.backoff * 2 ** (attempt - 1))
+                time.sleep(min(delay, 30.0))
+                continue
+            return self._decode(response)
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        if response.status_code >= 400:
+            code = body.get("code", "error") if isinstance(body, dict) else "error"
+            message = body.get("message", str(body)) if isinstance(body, dict) else str(body)
+            cls = LeaseLost if response.status_code == 409 and code in (
+                "lease_invalid", "lease_expired", "run_not_active") else ApiError
+            raise cls(response.status_code, code, message, body)
+        return body
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params or None)
+
+    def paginate(self, path: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """Follow cursor pagination to the end."""
+        page = self.get(path, **params)
+        while True:
+            yield from page["results"]
+            if not page.get("next"):
+                return
+            response = self.http.get(page["next"])
+            page = self._decode(response)
+
+    # --- for people and scripts ------------------------------------------------------
+    def me(self) -> dict[str, Any]:
+        return self.get("me")
+
+    def create_team(self, slug: str, name: str = "") -> dict[str, Any]:
+        return self.request("POST", "teams", json={"slug": slug, "name": name})
+
+    def create_project(self, team: str, slug: str, name: str = "") -> dict[str, Any]:
+        return self.request("POST", f"teams/{team}/projects", json={"slug": slug, "name": name})
+
+    def create_dataset(self, team: str, slug: str, project: str, description: str = "") -> Any:
+        return self.request("POST", f"teams/{team}/datasets",
+                            json={"slug": slug, "project": project, "description": description})
+
+    def upload_version(
+        self,
+        team: str,
+        dataset: str,
+        records: Iterable[dict[str, Any]],
+        *,
+        message: str = "",
+        parents: list[str] | None = None,
+    ) -> dict[str, Any]:
+        return self.request(
+            "POST", f"teams/{team}/datasets/{dataset}/versions", idempotent=True,
+            json={"records": list(records), "message": message, "parents": parents or []},
+        )
+
+    def launch_run(self, team: str, **document: Any) -> dict[str, Any]:
+        return self.request("POST", f"teams/{team}/runs", json=document, idempotent=True)
+
+    def preview_run(self, team: str, **document: Any) -> dict[str, Any]:
+        return self.request("POST", f"teams/{team}/runs/preview", json=document)
+
+    def run(self, team: str, run_id: str) -> dict[str, Any]:
+        return self.get(f"teams/{team}/runs/{run_id}")
+
+    def cancel_run(self, team: str, run_id: str) -> dict[str, Any]:
+        return self.request("POST", f"teams/{team}/runs/{run_id}/cancel")
+
+    def run_events(self, team: str, run_id: str, after: int = 0) -> dict[str, Any]:
+        return self.get(f"teams/{team}/runs/{run_id}/events", after=after)
+
+    def run_metrics(self, team: str, run_id: str, names: list[str] | None = None,
+                    max_points: int = 1000) -> dict[str, Any]:
+        params: dict[str, Any] = {"max_points": max_points}
+        if names:
+            params["name"] = names
+        return self.request("GET", f"teams/{team}/runs/{run_id}/metrics", params=params)
+
+    def run_report(self, team: str, run_id: str) -> dict[str, Any]:
+        return self.get(f"teams/{team}/runs/{run_id}/report")
+
+    def wait_for_run(self, team: str, run_id: str, *, timeout: float = 300,
+                     poll: float = 0.5) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.run(team, run_id)
+            if run["status"] in ("succeeded", "failed", "canceled"):
+                return run
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {run['status']} after {timeout}s")
+            time.sleep(poll)
+
+    # --- for workers -----------------------------------------------------------------
+    def claim(self, pool: str, worker_id: str, run_id: str | None = None) -> WorkerSession | None:
+        body = self.request("POST", "worker/claim",
+                            json={"pool": pool, "worker_id": worker_id, "run_id": run_id})
+        if body is None:
+            return None
+        return WorkerSession(self, body, worker_id)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class WorkerSession:
+    """One claimed run: every call carries the lease; a heartbeat thread keeps it alive."""
+
+    client: CrucibleClient
+    run: dict[str, Any]
+    worker_id: str
+
+    def __post_init__(self) -> None:
+        self.run_id: str = self.run["id"]
+        self.lease_id: str = self.run["lease_id"]
+        self._metric_seq = 0
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-Crucible-Lease": self.lease_id, "X-Crucible-Worker": self.worker_id}
+
+    def _post(self, what: str, body: Any, *, idempotent: bool = False) -> Any:
+        return self.client.request("POST", f"worker/runs/{self.run_id}/{what}", json=body,
+                                   headers=self.headers, idempotent=idempotent)
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._lost.is_set()
+
+    def start_heartbeat(self, interval: float = 15.0) -> None:
+        def beat() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self._post("heartbeat", None)
+                except LeaseLost:
+                    self._lost.set()
+                    return
+                except Exception:  # transient: the next beat retries
+                    log.warning("heartbeat for %s failed", self.run_id, exc_info=True)
+
+        self._thread = threading.Thread(target=beat, name=f"heartbeat-{self.run_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def heartbeat(self) -> dict[str, Any]:
+        return self._post("heartbeat", None)
+
+    def set_status(self, status: str, error: str = "") -> dict[str, Any]:
+        return self._post("status", {"status": status, "error": error})
+
+    def log_metrics(self, points: list[dict[str, Any]], seq: int | None = None) -> dict[str, Any]:
+        """Points are ``{"name", "step", "value", "wall_time"?}``; ``seq`` numbers batches."""
+        if seq is None:
+            self._metric_seq += 1
+            seq = self._metric_seq
+        # Safe to retry without a key: the server stores each (run, seq) once.
+        return self.client.request("POST", f"worker/runs/{self.run_id}/metrics",
+                                   json={"seq": seq, "points": points}, headers=self.headers,
+                                   idempotent=True)
+
+    def log_event(self, message: str, level: str = "info", kind: str = "log",
+                  data: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._post("events", {"events": [
+            {"message": message, "level": level, "kind": kind, "data": data or {}}
+        ]}, idempotent=True)
+
+    def add_checkpoint(self, step: int, uri: str, metrics: dict[str, Any] | None = None) -> Any:
+        return self._post("checkpoints", {"step": step, "uri": uri, "metrics": metrics or {}},
+                          idempotent=True)
+
+    def add_samples(self, samples: list[dict[str, Any]]) -> Any:
+        return self._post("samples", {"samples": samples}, idempotent=True)
+
+    def set_report(self, uri: str) -> Any:
+        return self._post("artifacts", {"kind": "report", "uri": uri}, idempotent=True)

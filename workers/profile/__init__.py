@@ -1,0 +1,1 @@
+"""Dataset profiling: the first real job a worker pool runs."""

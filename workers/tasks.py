@@ -1,0 +1,94 @@
+"""Celery tasks: thin adapters that claim a run through the API, call an engine and report.
+
+Workers hold no database credentials: ``CRUCIBLE_API_URL`` and ``CRUCIBLE_WORKER_TOKEN``
+(plus the broker and object-store variables) are all a pool needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from config.celery import app
+from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
+from workers.profile.engine import Stopped, run_profile
+from workers.storage import default_store
+
+log = logging.getLogger(__name__)
+
+
+class ApiSink:
+    """Engine progress → API calls on the claimed run."""
+
+    def __init__(self, session: WorkerSession) -> None:
+        self.session = session
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self.session.log_metrics([{"name": k, "step": step, "value": v}
+                                  for k, v in values.items()])
+
+    def event(self, message: str, data: dict[str, Any] | None = None) -> None:
+        self.session.log_event(message, data=data)
+
+    def should_stop(self) -> bool:
+        return self.session.lease_lost
+
+
+def _profile(session: WorkerSession) -> None:
+    _, uri = run_profile(run=session.run, store=default_store(), sink=ApiSink(session))
+    session.set_report(uri)
+
+
+ENGINES: dict[str, Callable[[WorkerSession], None]] = {"profile": _profile}
+
+
+def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None) -> str:
+    """Claim ``run_id`` and run it to a final status. Returns what happened, for logs."""
+    worker_id = worker_id or default_worker_id()
+    try:
+        session = client.claim(pool, worker_id, run_id=run_id)
+    except ApiError as exc:
+        # 409: already claimed (a duplicate delivery) or canceled; 404: gone.
+        log.info("run %s not claimed: %s", run_id, exc)
+        return f"skipped: {exc.code}"
+    if session is None:
+        return "skipped: nothing to claim"
+    engine = ENGINES.get(session.run["kind"])
+    session.start_heartbeat()
+    try:
+        if engine is None:
+            session.set_status("failed", f"This worker has no engine for runs of kind "
+                                         f"'{session.run['kind']}'.")
+            return "failed: no engine"
+        session.set_status("running")
+        engine(session)
+        session.set_status("succeeded")
+        return "succeeded"
+    except (LeaseLost, Stopped) as exc:
+        log.warning("run %s stopped: %s", run_id, exc)
+        return "stopped"
+    except Exception as exc:
+        log.exception("run %s failed", run_id)
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        try:
+            session.set_status("failed", detail)
+        except ApiError:
+            log.exception("could not report failure of run %s", run_id)
+        return "failed"
+    finally:
+        session.stop_heartbeat()
+
+
+@app.task(name="workers.tasks.execute_run", bind=True)
+def execute_run(self: Any, run_id: str) -> str:
+    pool = (self.request.delivery_info or {}).get("routing_key") or "cpu"
+    with CrucibleClient() as client:
+        return execute(client, run_id, pool)
+
+
+@app.task(name="workers.tasks.sweep_leases")
+def sweep_leases() -> list[str]:
+    with CrucibleClient() as client:
+        return client.request("POST", "worker/sweep")["requeued"]
