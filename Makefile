@@ -24,8 +24,10 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 
+# Tests keep their state (SQLite file, broker spool, objects) in var/test, wiped each time.
 test: $(STAMP)
-	$(VENV)/bin/pytest
+	rm -rf var/test
+	CRUCIBLE_VAR_DIR=$(CURDIR)/var/test $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf var/

@@ -1,0 +1,72 @@
+"""Real processes: a Celery worker subprocess talking to a live server over HTTP."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from config.celery import QUEUES, app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def purge_queues() -> None:
+    """Drop messages left by earlier runs so the worker sees only this test's work."""
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for queue in QUEUES:
+            try:
+                channel.queue_purge(queue)
+            except Exception:  # a queue that was never declared has nothing to purge
+                pass
+
+
+@pytest.fixture
+def start_worker(live_server):  # noqa: ANN001, ANN201
+    procs: list[subprocess.Popen] = []
+
+    def start(worker_token: str, queues: str = "cpu", extra_env: dict | None = None):
+        env = {
+            **os.environ,
+            "CRUCIBLE_API_URL": live_server.url,
+            "CRUCIBLE_WORKER_TOKEN": worker_token,
+            "OBJECT_STORE_URL": settings.OBJECT_STORE_URL,
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
+        env.pop("DATABASE_URL", None)  # workers hold no database credentials
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", queues,
+             "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "--loglevel", "INFO"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    purge_queues()
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_for(predicate, timeout: float = 90, what: str = "condition"):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,84 @@
+"""The first real job end to end: HTTP API → Celery broker → worker process → HTTP API.
+
+Runs on both configurations: filesystem broker + SQLite, and Redis + PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.core.actor import Actor
+from apps.teams.models import Role
+from apps.teams.services import personal_token_create, worker_token_create
+from tests.e2e.conftest import wait_for
+from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from workers.client import CrucibleClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+DEMO = "deploy/demo/arithmetic.jsonl"
+
+
+def _setup():
+    user = UserFactory(username="e2e")
+    team = TeamFactory(slug="e2e")
+    MembershipFactory(team=team, user=user, role=Role.MEMBER)
+    ProjectFactory(team=team, slug="demo")
+    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="e2e")
+    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    return token, worker_token
+
+
+def test_profile_run_end_to_end_through_a_real_worker(live_server, start_worker):
+    token, worker_token = _setup()
+    worker = start_worker(worker_token)
+    records = [json.loads(line) for line in open(DEMO)]
+    with CrucibleClient(live_server.url, token) as client:
+        client.create_dataset("e2e", "arith", "demo")
+        version = client.upload_version("e2e", "arith", records)
+        assert version["record_count"] == 250
+        run = client.launch_run("e2e", project="demo", kind="profile", datasets=["arith"],
+                                config={"progress_every": 50})
+        try:
+            done = client.wait_for_run("e2e", run["id"], timeout=120)
+        except TimeoutError:
+            worker.terminate()
+            raise AssertionError(worker.communicate(timeout=10)[0][-4000:]) from None
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempt"] == 1
+
+        report = client.run_report("e2e", run["id"])
+        assert report["records"] == 250
+        assert report["duplicate_records"] == 10  # the bundled file repeats 10 records
+        assert report["dataset"]["digest"] == version["digest"]
+        assert set(report["fields"]) == {"answer", "difficulty", "id", "prompt", "tags"}
+        assert report["fields"]["difficulty"]["nulls"] > 0
+
+        metrics = client.run_metrics("e2e", run["id"], names=["records_seen"])
+        last = metrics["series"][0]["points"][-1]
+        assert last["last"] == 250.0
+
+        events = client.run_events("e2e", run["id"])["results"]
+        messages = [e["message"] for e in events]
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert messages[0] == "queued" and messages[-1] == "succeeded"
+        assert any(m.startswith("claimed") for m in messages)
+        assert any(m.startswith("profile done") for m in messages)
+
+
+def test_worker_skips_a_run_canceled_before_it_was_claimed(live_server, start_worker):
+    token, worker_token = _setup()
+    with CrucibleClient(live_server.url, token) as client:
+        client.create_dataset("e2e", "arith", "demo")
+        client.upload_version("e2e", "arith", [{"q": 1}])
+        run = client.launch_run("e2e", project="demo", kind="profile", datasets=["arith"])
+        client.cancel_run("e2e", run["id"])
+        queued_later = client.launch_run("e2e", project="demo", kind="profile",
+                                         datasets=["arith"])
+        start_worker(worker_token)
+        # The worker drains both messages; the canceled run must stay canceled.
+        wait_for(lambda: client.run("e2e", queued_later["id"])["status"] == "succeeded",
+                 what="second run to succeed")
+        assert client.run("e2e", run["id"])["status"] == "canceled"

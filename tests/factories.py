@@ -1,0 +1,82 @@
+"""factory-boy factories and small builders used across the suite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import factory
+from django.contrib.auth import get_user_model
+
+from apps.core.actor import Actor
+from apps.datasets import services as dataset_services
+from apps.datasets.models import Dataset, DatasetVersion
+from apps.projects.models import Project
+from apps.runs import services as run_services
+from apps.runs.models import Run
+from apps.runs.validation import plan_run
+from apps.teams.models import Membership, Role, Team
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.django.Password("pw-for-tests-1")
+
+
+class TeamFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Team
+
+    slug = factory.Sequence(lambda n: f"team-{n}")
+    name = factory.LazyAttribute(lambda t: t.slug.title())
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    team = factory.SubFactory(TeamFactory)
+    user = factory.SubFactory(UserFactory)
+    role = Role.MEMBER
+
+
+class ProjectFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Project
+
+    team = factory.SubFactory(TeamFactory)
+    slug = factory.Sequence(lambda n: f"project-{n}")
+    name = factory.LazyAttribute(lambda p: p.slug)
+
+
+class DatasetFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Dataset
+
+    project = factory.SubFactory(ProjectFactory)
+    team = factory.LazyAttribute(lambda d: d.project.team)
+    slug = factory.Sequence(lambda n: f"dataset-{n}")
+
+
+def make_version(dataset: Dataset, records: list[dict[str, Any]] | None = None) -> DatasetVersion:
+    records = records or [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)]
+    version, _ = dataset_services.version_create(actor=Actor.system(), dataset=dataset,
+                                                 records=records)
+    return version
+
+
+def make_run(project: Project, dataset: Dataset | None = None, **overrides: Any) -> Run:
+    """A queued profile run pinned to ``dataset`` (created with a version if missing)."""
+    if dataset is None:
+        dataset = DatasetFactory(project=project, team=project.team)
+    if dataset.current_version_id is None:
+        make_version(dataset)
+    document = {"project": project.slug, "kind": "profile", "config": {},
+                "datasets": [dataset.slug], **overrides}
+    plan = plan_run(team=project.team, **document)
+    return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
