@@ -41,13 +41,15 @@ def broker_transport_options() -> dict[str, object]:
     if not broker_url().startswith("filesystem://"):
         return {}
     spool = var_dir() / "broker"
-    for sub in ("queue", "processed"):
+    for sub in ("queue", "processed", "control"):
         (spool / sub).mkdir(parents=True, exist_ok=True)
     return {
         "data_folder_in": str(spool / "queue"),
         "data_folder_out": str(spool / "queue"),
         "processed_folder": str(spool / "processed"),
         "store_processed": False,
+        # Exchange bindings; kombu's default is ./control in the current directory.
+        "control_folder": str(spool / "control"),
     }
 
 
