@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -244,7 +245,15 @@ class WorkerSession:
     def lease_lost(self) -> bool:
         return self._lost.is_set()
 
-    def start_heartbeat(self, interval: float = 15.0) -> None:
+    def start_heartbeat(self, interval: float | None = None) -> None:
+        """Beat in the background, by default three times per lease period."""
+        if interval is None:
+            interval = 15.0
+            expires = self.run.get("lease_expires_at")
+            if expires:
+                left = datetime.fromisoformat(expires) - datetime.now(UTC)
+                interval = max(0.5, min(30.0, left.total_seconds() / 3))
+
         def beat() -> None:
             while not self._stop.wait(interval):
                 try:

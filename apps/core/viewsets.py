@@ -51,7 +51,8 @@ class TeamScopedViewSet(viewsets.GenericViewSet):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name in _LOCKED:
-            if name in cls.__dict__:
+            # getattr, not cls.__dict__: a mixin earlier in the MRO overrides just as well.
+            if getattr(cls, name) is not getattr(TeamScopedViewSet, name):
                 raise TypeError(
                     f"{cls.__name__} overrides {name}(); tenant scoping lives only in "
                     "TeamScopedViewSet. Override base_queryset() instead."
@@ -113,7 +114,7 @@ class WorkerViewSet(viewsets.GenericViewSet):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "initial" in cls.__dict__:
+        if cls.initial is not WorkerViewSet.initial:
             raise TypeError(f"{cls.__name__} overrides initial(); worker auth lives in the base.")
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:

@@ -18,6 +18,7 @@ from django.utils import timezone
 from apps.core import audit, events
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
+from apps.core.storage import store
 from apps.lineage import services as lineage
 from apps.runs import dispatch
 from apps.runs.models import (
@@ -187,6 +188,9 @@ def claim(
             if run.status != S.QUEUED:
                 raise Conflict(f"Run {run.pk} is {run.status}, not queued; nothing to claim.",
                                code="not_claimable")
+            if run.pool != pool:
+                raise Conflict(f"Run {run.pk} belongs to pool '{run.pool}', not '{pool}'.",
+                               code="wrong_pool")
         else:
             run = candidates.order_by("-priority", "created_at").first()
             if run is None:
@@ -307,6 +311,9 @@ def add_samples(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
 
 
 def set_report(*, run: Run, lease_id: str, uri: str) -> Run:
+    if not uri.startswith(store().url + "/"):
+        raise InvalidInput(f"Report URI must be in the object store ({store().url}/…).",
+                           details={"uri": [uri[:200]]})
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)

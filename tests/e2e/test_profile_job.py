@@ -6,6 +6,7 @@ Runs on both configurations: filesystem broker + SQLite, and Redis + PostgreSQL.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,7 @@ def _setup():
 def test_profile_run_end_to_end_through_a_real_worker(live_server, start_worker):
     token, worker_token = _setup()
     worker = start_worker(worker_token)
-    records = [json.loads(line) for line in open(DEMO)]
+    records = [json.loads(line) for line in Path(DEMO).read_text().splitlines()]
     with CrucibleClient(live_server.url, token) as client:
         client.create_dataset("e2e", "arith", "demo")
         version = client.upload_version("e2e", "arith", records)
@@ -82,3 +83,30 @@ def test_worker_skips_a_run_canceled_before_it_was_claimed(live_server, start_wo
         wait_for(lambda: client.run("e2e", queued_later["id"])["status"] == "succeeded",
                  what="second run to succeed")
         assert client.run("e2e", run["id"])["status"] == "canceled"
+
+
+def test_run_of_a_dead_worker_is_requeued_and_finished_by_another(live_server, start_worker,
+                                                                   settings):
+    """A worker claims a run and dies (never heartbeats). Once its lease expires the next
+    claim sweeps the run back to queued, and a live worker finishes it: attempt 2."""
+    settings.CRUCIBLE = {**settings.CRUCIBLE, "LEASE_SECONDS": 2}
+    token, worker_token = _setup()
+    with CrucibleClient(live_server.url, token) as client, \
+            CrucibleClient(live_server.url, worker_token) as dead:
+        client.create_dataset("e2e", "arith", "demo")
+        client.upload_version("e2e", "arith", [{"q": i} for i in range(20)])
+        run = client.launch_run("e2e", project="demo", kind="profile", datasets=["arith"])
+        assert dead.claim("cpu", "doomed-worker", run_id=run["id"]) is not None
+        assert client.run("e2e", run["id"])["status"] == "claimed"
+        wait_for(lambda: client.run("e2e", run["id"])["lease_expires_at"] is not None, 5)
+        import time
+
+        time.sleep(2.5)  # the lease runs out; nobody heartbeats
+        start_worker(worker_token)
+        done = wait_for(lambda: (r := client.run("e2e", run["id"]))["status"] == "succeeded"
+                        and r, what="requeued run to succeed")
+        assert done["attempt"] == 2
+        messages = [e["message"] for e in client.run_events("e2e", run["id"])["results"]]
+        assert any(m.startswith("preempted: lease held by doomed-worker expired")
+                   for m in messages)
+        assert messages.count("succeeded") == 1
