@@ -65,8 +65,8 @@ worker_urls = [
 
 api_v1 = [
     path("me", core_views.MeView.as_view(), name="me"),
-    re_path(r"^teams/(?P<team>[-a-zA-Z0-9_]+)/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
-         name="team-detail"),
+    re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
+            name="team-detail"),
     path("worker/", include(worker_urls)),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
