@@ -1,5 +1,4 @@
-"""ASGI entry point: HTTP through Django; websockets through Channels (live run streams
-arrive with the dashboard work)."""
+"""ASGI entry point: HTTP through Django; websockets (live run streams) through Channels."""
 
 import os
 
@@ -8,17 +7,14 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.teams.ws_auth import TokenOrSessionAuth  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        "websocket": TokenOrSessionAuth(URLRouter(websocket_urlpatterns)),
     }
 )

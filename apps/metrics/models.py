@@ -28,13 +28,21 @@ class MetricPoint(models.Model):
 
 
 class MetricBatch(models.Model):
+    """One ingested batch. ``seq`` is the writer's batch number (idempotency);
+    ``stream_seq`` is its place in the run's live stream, shared with events; the point ids
+    ``first_id..last_id`` let a reconnecting client be sent exactly the points it missed."""
+
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
     seq = models.PositiveBigIntegerField()
+    stream_seq = models.PositiveBigIntegerField(default=0)
+    first_id = models.BigIntegerField(default=0)
+    last_id = models.BigIntegerField(default=0)
     point_count = models.PositiveIntegerField()
     received_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_metric_batch")]
+        indexes = [models.Index(fields=["run", "stream_seq"], name="metric_batch_stream")]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq}"

@@ -11,14 +11,26 @@ from django.db import IntegrityError, transaction
 
 from apps.core import events
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
-from apps.metrics.models import MetricBatch, MetricPoint
+from apps.metrics.models import MetricBatch
+from apps.metrics.writers import Row, insert_points
 from apps.runs.models import Run
-from apps.runs.services import check_lease
+from apps.runs.services import allocate_stream_seq, check_lease
 
 MAX_NAME = 200
+MAX_INT = 2**63 - 1  # steps and seqs are BIGINT columns
 
 
-def validate_points(points: Any) -> list[tuple[str, int, float, float]]:
+def _finite(value: Any) -> bool:
+    """A JSON number that fits a float (an int like 10**400 does not) and is finite."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def validate_points(points: Any) -> list[Row]:
     """Hand-rolled rather than a DRF serializer: at 10k points a batch, per-field serializer
     objects cost ~50x more than this loop."""
     if not isinstance(points, list):
@@ -39,44 +51,52 @@ def validate_points(points: Any) -> list[tuple[str, int, float, float]]:
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             raise InvalidInput(f"points[{i}].name must be a string of 1-{MAX_NAME} characters.",
                                details={f"points[{i}].name": [repr(name)[:50]]})
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise InvalidInput(f"points[{i}].step must be an integer >= 0.",
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT:
+            raise InvalidInput(f"points[{i}].step must be an integer >= 0 (64-bit).",
                                details={f"points[{i}].step": [repr(step)[:50]]})
-        numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if not numeric or not math.isfinite(value):
+        if not _finite(value):
             raise InvalidInput(f"points[{i}].value must be a finite number.",
                                details={f"points[{i}].value": [repr(value)[:50]]})
-        if not isinstance(wall, int | float) or isinstance(wall, bool) or not math.isfinite(wall):
+        if not _finite(wall):
             raise InvalidInput(f"points[{i}].wall_time must be a unix time in seconds.")
         rows.append((name, step, float(value), float(wall)))
     return rows
 
 
 def ingest_batch(*, run: Run, lease_id: str, seq: int, points: Any) -> tuple[int, bool]:
-    """Store a batch; returns (points stored, duplicate). A repeated ``seq`` stores nothing."""
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+    """Store a batch; returns (points stored, duplicate). A repeated ``seq`` stores nothing.
+
+    The run row is locked for the insert, so batches of one run get consecutive stream
+    positions and the live stream can be replayed without gaps.
+    """
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_INT:
         raise InvalidInput("seq must be an integer >= 0.", details={"seq": [repr(seq)[:50]]})
     rows = validate_points(points)
     if MetricBatch.objects.filter(run=run, seq=seq).exists():
         return 0, True
     try:
         with transaction.atomic():
-            run = Run.objects.get(pk=run.pk)
+            run = Run.objects.select_for_update().get(pk=run.pk)
             check_lease(run, lease_id)
-            MetricBatch.objects.create(run=run, seq=seq, point_count=len(rows))
-            MetricPoint.objects.bulk_create(
-                [MetricPoint(run_id=run.pk, name=n, step=s, value=v, wall_time=w)
-                 for n, s, v, w in rows],
-                batch_size=2000,
-            )
+            if MetricBatch.objects.filter(run=run, seq=seq).exists():
+                return 0, True
+            stream_seq = allocate_stream_seq(run, 1)
+            ids = insert_points(run.pk, rows)
+            MetricBatch.objects.create(run=run, seq=seq, stream_seq=stream_seq,
+                                       first_id=min(ids), last_id=max(ids),
+                                       point_count=len(rows))
     except IntegrityError:
         return 0, True  # a concurrent retry of the same batch won
-    latest: dict[str, tuple[int, float]] = {}
-    for name, step, value, _ in rows:
-        if name not in latest or step >= latest[name][0]:
-            latest[name] = (step, value)
-    events.publish_on_commit(events.run_group(run.pk), {
-        "type": "metrics", "seq": seq, "count": len(rows),
-        "latest": {n: {"step": s, "value": v} for n, (s, v) in latest.items()},
-    })
+    events.publish_on_commit(events.run_group(run.pk), metrics_message(stream_seq, rows))
     return len(rows), False
+
+
+def metrics_message(stream_seq: int, rows: list[Row]) -> dict[str, Any]:
+    """The live-stream message for one batch: columns, not objects, to keep it small."""
+    return {
+        "type": "metrics",
+        "seq": stream_seq,
+        "names": [r[0] for r in rows],
+        "steps": [r[1] for r in rows],
+        "values": [r[2] for r in rows],
+    }

@@ -52,16 +52,28 @@ def _lease_seconds() -> int:
 
 
 def _publish_run(run: Run, payload: dict[str, Any]) -> None:
+    """To the run's stream (every message there carries its stream ``seq``)."""
     events.publish_on_commit(events.run_group(run.pk), payload)
-    if payload.get("type") == "status":
-        events.publish_on_commit(events.team_group(run.team_id),
-                                 {**payload, "run": str(run.pk)})
+
+
+def _publish_status(run: Run, previous: str | None) -> None:
+    """To the team's runs table; the run's own stream gets the status event instead."""
+    events.publish_on_commit(events.team_group(run.team_id), {
+        "type": "run_status", "run": str(run.pk), "status": run.status, "from": previous,
+        "updated_at": run.updated_at.isoformat(),
+    })
+
+
+def allocate_stream_seq(run: Run, count: int) -> int:
+    """Reserve ``count`` consecutive positions in the run's live stream (shared by events
+    and metric batches); returns the first. The caller holds the run's row lock."""
+    Run.objects.filter(pk=run.pk).update(event_seq=F("event_seq") + count)
+    return Run.objects.values_list("event_seq", flat=True).get(pk=run.pk) - count + 1
 
 
 def _append_events(run: Run, rows: list[dict[str, Any]]) -> list[RunEvent]:
     """Append events with gap-free sequence numbers; ``run`` must be locked by the caller."""
-    Run.objects.filter(pk=run.pk).update(event_seq=F("event_seq") + len(rows))
-    first = Run.objects.values_list("event_seq", flat=True).get(pk=run.pk) - len(rows) + 1
+    first = allocate_stream_seq(run, len(rows))
     now = timezone.now()
     created = RunEvent.objects.bulk_create(
         RunEvent(run=run, seq=first + i, level=r.get("level", "info"), kind=r.get("kind", "log"),
@@ -97,7 +109,7 @@ def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
                               "data": {"status": "queued", "document": plan.describe()}}])
         audit.record(actor=actor, action="run.create", team_id=team_id, target_type="run",
                      target_id=run.pk, data={"kind": run.kind, "pool": run.pool})
-        _publish_run(run, {"type": "status", "status": run.status})
+        _publish_status(run, None)
         dispatch.enqueue_on_commit(run)
     return run
 
@@ -148,7 +160,7 @@ def transition(
                               "data": {"status": to, "from": previous, "actor": actor.label}}])
         audit.record(actor=actor, action=f"run.{to}", team_id=run.team_id, target_type="run",
                      target_id=run.pk, data={"from": previous, "reason": reason})
-        _publish_run(run, {"type": "status", "status": to, "from": previous})
+        _publish_status(run, previous)
         if to == S.QUEUED:
             dispatch.enqueue_on_commit(run)
     return run

@@ -34,14 +34,17 @@ class StatusSerializer(serializers.Serializer):
     error = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+MAX_STEP = 2**63 - 1  # steps are BIGINT columns
+
+
 class CheckpointCreateSerializer(serializers.Serializer):
-    step = serializers.IntegerField(min_value=0)
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
     uri = serializers.CharField(max_length=1000)
     metrics = serializers.DictField(required=False, default=dict)
 
 
 class SampleRowSerializer(serializers.Serializer):
-    step = serializers.IntegerField(min_value=0)
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
     prompt = serializers.CharField(allow_blank=True, trim_whitespace=False)
     completion = serializers.CharField(allow_blank=True, trim_whitespace=False)
     reward = serializers.FloatField(required=False, allow_null=True, default=None)

@@ -63,7 +63,8 @@ def test_profile_run_end_to_end_through_a_real_worker(live_server, start_worker)
 
         events = client.run_events("e2e", run["id"])["results"]
         messages = [e["message"] for e in events]
-        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        seqs = [e["seq"] for e in events]  # metric batches take the positions in between
+        assert seqs == sorted(set(seqs)) and seqs[0] == 1
         assert messages[0] == "queued" and messages[-1] == "succeeded"
         assert any(m.startswith("claimed") for m in messages)
         assert any(m.startswith("profile done") for m in messages)
