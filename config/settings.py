@@ -188,6 +188,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
+    "ENUM_NAME_OVERRIDES": {
+        "RunKindEnum": "apps.runs.models.RunKind",
+        "TokenKindEnum": "apps.teams.models.TokenKind",
+    },
 }
 
 # --- Production hardening: on whenever DEBUG is off and TLS terminates in front of us.

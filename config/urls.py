@@ -13,6 +13,7 @@ from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentVersionViewSet, EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
 from apps.projects.api import ProjectViewSet
+from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
 from apps.teams.api import (
@@ -74,7 +75,10 @@ api_v1 = [
 ]
 
 urlpatterns = [
-    path("", core_views.home, name="home"),
+    path("", run_views.home, name="home"),
+    path("t/<slug:team>/", run_views.team_runs, name="team-runs"),
+    path("t/<slug:team>/projects/", run_views.team_projects, name="team-projects"),
+    path("t/<slug:team>/runs/<str:run>/", run_views.run_detail, name="run-page"),
     path("healthz", core_views.healthz, name="healthz"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

@@ -78,7 +78,7 @@ class TeamScopedViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self) -> QuerySet:
         queryset = self.base_queryset()
-        return queryset.filter(**{self.team_field: self.team})
+        return queryset.filter(**{self.team_field: self.team.pk})
 
     def get_object(self) -> Model:
         queryset = self.filter_queryset(self.get_queryset())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import IsAuthenticated
@@ -14,7 +15,7 @@ from apps.core.exceptions import Forbidden, NotFound
 from apps.core.viewsets import TeamScopedViewSet
 from apps.teams import selectors, services
 from apps.teams.authentication import WorkerPrincipal
-from apps.teams.models import ApiToken, Membership, Role, TokenKind
+from apps.teams.models import ApiToken, Membership, Role, Team, TokenKind
 from apps.teams.serializers import (
     MembershipCreateSerializer,
     MembershipSerializer,
@@ -26,6 +27,17 @@ from apps.teams.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """Documents BearerTokenAuthentication in the OpenAPI schema."""
+
+    target_class = "apps.teams.authentication.BearerTokenAuthentication"
+    name = "bearerToken"
+
+    def get_security_definition(self, auto_schema):  # noqa: ANN001, ANN201
+        return {"type": "http", "scheme": "bearer",
+                "description": "A personal (crc_…) or worker (crw_…) API token."}
 
 
 class UserOnly(IsAuthenticated):
@@ -41,6 +53,7 @@ class MyTeamsViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Teams the caller belongs to; creating one makes the caller its owner."""
 
     permission_classes = [UserOnly]
+    queryset = Team.objects.none()  # for the schema; get_queryset() scopes to the caller
     serializer_class = TeamSerializer
     ordering = "slug"
     pagination_class = None
@@ -153,6 +166,7 @@ class PersonalTokenViewSet(viewsets.GenericViewSet):
     """The caller's own personal tokens (not team-scoped: a token acts as its user)."""
 
     permission_classes = [UserOnly]
+    queryset = ApiToken.objects.none()  # for the schema; get_queryset() scopes to the caller
     serializer_class = TokenSerializer
     lookup_field = "prefix"
     ordering = "-created_at"

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.core import audit
 from apps.core.actor import Actor
-from apps.core.exceptions import Conflict, InvalidInput, NotFound
+from apps.core.exceptions import Conflict, Forbidden, InvalidInput, NotFound
 from apps.teams import tokens
 from apps.teams.models import ApiToken, Membership, Role, Team, TokenKind
 
@@ -55,7 +55,8 @@ def membership_add(*, actor: Actor, team: Team, username: str, role: str) -> Mem
 @transaction.atomic
 def membership_change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
-    _check_grant(actor, membership.team, role)
+    # Taking ownership away needs an owner as much as granting it does.
+    _check_grant(actor, membership.team, Role.OWNER if membership.role == Role.OWNER else role)
     if membership.role == Role.OWNER and role != Role.OWNER:
         _ensure_other_owner(membership)
     old = membership.role
@@ -83,7 +84,7 @@ def _check_grant(actor: Actor, team: Team, role: str) -> None:
         return
     mine = Membership.objects.filter(team=team, user=actor.user).values_list("role", flat=True)
     if Role.OWNER not in mine:
-        raise InvalidInput("Only an owner can grant or remove the owner role.", code="forbidden")
+        raise Forbidden("Only an owner can grant or remove the owner role.")
 
 
 def _ensure_other_owner(membership: Membership) -> None:
