@@ -159,6 +159,7 @@ class Command(BaseCommand):
             f"Crucible is running at {base_url}/  (login: admin / {password})",
             f"  demo run {run['id']}: {run['status']}"
             + (f" — {run['error']}" if run["error"] else ""),
+            f"  run page: {base_url}/t/{team}/runs/{run['id']}/",
             f"  report:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/report",
             f"  events:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/events",
             f"  metrics: {base_url}/api/v1/teams/{team}/runs/{run['id']}/metrics",
