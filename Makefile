@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench bench-sandbox clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,sandbox,bench]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -26,8 +26,13 @@ lint: $(STAMP)
 
 # Tests keep their state (SQLite file, broker spool, objects) in var/test, wiped each time.
 test: $(STAMP)
+	bash scripts/install_sandbox_deps.sh
 	rm -rf var/test
 	CRUCIBLE_VAR_DIR=$(CURDIR)/var/test $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench-sandbox: $(STAMP)
+	bash scripts/install_sandbox_deps.sh
+	$(PY) -m tests.benchmarks.bench_sandbox
 
 clean:
 	rm -rf var/

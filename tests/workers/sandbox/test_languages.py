@@ -1,0 +1,113 @@
+"""Every language runs a program that reads stdin, and compile errors come back as CE."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from workers.sandbox import languages
+from workers.sandbox.languages import Language, ToolchainMissing
+from workers.sandbox.spec import ExecutionResult, Status
+
+# Each program reads one integer and prints twice its value.
+DOUBLERS = {
+    "python": "n = int(input())\nprint(n * 2)\n",
+    "c": '#include <stdio.h>\nint main(void){int n; if(scanf("%d",&n)!=1) return 2;'
+         ' printf("%d\\n", n*2); return 0;}\n',
+    "cpp": "#include <iostream>\nint main(){int n; std::cin >> n;"
+           " std::cout << n*2 << std::endl;}\n",
+    "javascript": "const n = parseInt(require('fs').readFileSync(0, 'utf8'));\n"
+                  "console.log(n * 2);\n",
+    "typescript": "declare function require(m: string): any;\n"
+                  "const n: number = parseInt(require('fs').readFileSync(0, 'utf8'));\n"
+                  "console.log(n * 2);\n",
+    "bash": "read n\necho $((n * 2))\n",
+    "rust": "use std::io::Read;\nfn main(){ let mut s = String::new();"
+            " std::io::stdin().read_to_string(&mut s).unwrap();"
+            " let n: i64 = s.trim().parse().unwrap(); println!(\"{}\", n * 2); }\n",
+    "java": "import java.util.Scanner;\npublic class Main { public static void main(String[] a) {"
+            " Scanner s = new Scanner(System.in); System.out.println(s.nextInt() * 2); } }\n",
+    "go": "package main\nimport \"fmt\"\n"
+          "func main(){ var n int; fmt.Scan(&n); fmt.Println(n * 2) }\n",
+}
+
+BROKEN = {
+    "c": "int main(void){ return undefined_name; }\n",
+    "cpp": "int main(){ undefined_name(); }\n",
+    "typescript": "const x: number = 'not a number';\n",
+    "rust": "fn main(){ let x: i32 = \"s\"; }\n",
+    "java": "public class Main { public static void main(String[] a) { int x = \"s\"; } }\n",
+    "go": "package main\nfunc main(){ var x int = \"s\" }\n",
+}
+
+
+def _require(language: str) -> None:
+    try:
+        languages.get(language)
+    except ToolchainMissing as exc:
+        pytest.skip(str(exc))
+
+
+def test_at_least_eight_languages_are_known() -> None:
+    assert len(languages.LANGUAGE_TABLE) >= 8
+    assert set(DOUBLERS) == set(languages.LANGUAGE_TABLE)
+
+
+@pytest.mark.parametrize("language", sorted(DOUBLERS))
+def test_language_runs_a_program_with_stdin(
+    run: Callable[..., ExecutionResult], language: str
+) -> None:
+    _require(language)
+    result = run(language, DOUBLERS[language], stdin="21\n")
+    assert result.status == Status.OK, (result.message, result.stderr)
+    assert result.stdout.strip() == "42"
+    assert result.exit_code == 0
+    assert result.wall_ms > 0 and result.peak_memory_bytes > 0
+    if languages.LANGUAGE_TABLE[language].compile:
+        assert result.compile is not None and result.compile.status == Status.OK
+
+
+@pytest.mark.parametrize("language", sorted(BROKEN))
+def test_compile_error_is_ce_with_the_compilers_message(
+    run: Callable[..., ExecutionResult], language: str
+) -> None:
+    _require(language)
+    result = run(language, BROKEN[language])
+    assert result.status == Status.CE
+    assert result.compile is not None and result.compile.status == Status.CE
+    diagnostics = (result.compile.stderr + result.compile.stdout).strip()
+    assert "main." in diagnostics.lower()  # the compiler points at the source file
+    assert diagnostics[:60] in result.message
+
+
+def test_missing_toolchain_names_what_to_install(tmp_path) -> None:  # noqa: ANN001
+    fake = Language("cobol", "main.cob", ("cobc",), requires=(str(tmp_path / "cobc"),),
+                    install_hint="apt-get install gnucobol")
+    with pytest.raises(ToolchainMissing, match="apt-get install gnucobol"):
+        languages.get("cobol", {"cobol": fake})
+
+
+def test_a_root_only_toolchain_is_not_usable(tmp_path) -> None:  # noqa: ANN001
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "cc").write_text("")
+    (private / "cc").chmod(0o755)
+    private.chmod(0o700)
+    lang = Language("x", "x", ("x",), requires=(str(private / "cc"),))
+    assert lang.missing() == [str(private / "cc")]
+
+
+def test_runtime_error_reports_exit_code_and_stderr(run: Callable[..., ExecutionResult]) -> None:
+    result = run("python", "import sys\nprint('partial')\nsys.exit(3)\n")
+    assert result.status == Status.RE
+    assert result.exit_code == 3 and result.signal is None
+    assert result.stdout == "partial\n"
+
+    crash = run("c", "#include <signal.h>\nint main(void){ raise(SIGSEGV); return 0; }\n")
+    assert crash.status == Status.RE
+    assert crash.signal == 11
+
+    high = run("python", "raise SystemExit(137)\n")
+    assert (high.status, high.exit_code, high.signal) == (Status.RE, 137, None)
+    assert run("bash", "exit 255").exit_code == 255

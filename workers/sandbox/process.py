@@ -1,0 +1,442 @@
+"""One sandboxed process: spawn under bubblewrap in its own cgroup, feed it, watch it, kill it.
+
+Start-up order matters. The process must be in its cgroup before it can fork, so the child first
+runs a tiny bash "gate" that blocks on a pipe; the supervisor moves it into the cgroup and opens
+the gate; bash lowers its rlimits (`ulimit`: root here lacks CAP_SYS_RESOURCE, so limits cannot be
+set from outside) and execs setpriv, which drops to the unprivileged sandbox uid (a root-started
+bwrap would keep real uid 0) and execs bwrap. Dropping privileges in the child's exec chain rather
+than in Popen keeps Popen on vfork, which matters when the supervisor is a large worker process.
+
+The supervisor is a child subreaper, so a sandbox orphaned by a kill is re-parented to it and
+reaped here rather than lingering as a zombie charged to pids.max.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from . import cgroups
+from .policy import bwrap, seccomp
+from .spec import Limits
+
+SANDBOX_UID = int(os.environ.get("CRUCIBLE_SANDBOX_UID", "65534"))
+SANDBOX_GID = int(os.environ.get("CRUCIBLE_SANDBOX_GID", "65534"))
+BASH = "/bin/bash"
+SETPRIV = "/usr/bin/setpriv"
+_PR_SET_CHILD_SUBREAPER = 36
+_FEEDBACK_CAP = 32 << 20
+
+_tracked: set[int] = set()
+_tracked_lock = threading.Lock()
+_subreaper_done = False
+
+
+class SandboxError(RuntimeError):
+    """The engine could not run the sandbox (not the program's fault)."""
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants, so killed sandboxes are reaped here (once per process)."""
+    global _subreaper_done
+    if not _subreaper_done:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise SandboxError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
+        _subreaper_done = True
+
+
+def _settled(pid: int) -> bool:
+    """True once a dead sandbox process no longer needs us: reaped here, or gone from /proc, or
+    the pid now belongs to some live unrelated process. False while it is a zombie whose parent
+    is still exiting (it will be re-parented to this subreaper in a moment)."""
+    with _tracked_lock:
+        if pid in _tracked:
+            return True  # a live Popen of ours: its owner waits for it
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return bool(done)
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return True
+    return state not in ("Z", "X")
+
+
+def sweep() -> int:
+    """Reap untracked zombie children named bwrap: helpers a bwrap forked during its own set-up
+    and had not reaped when it was killed. Only this engine starts bwrap in this process, and
+    live Popens are skipped, so nothing another component waits for is taken."""
+    me = os.getpid()
+    children: set[int] = set()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{me}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{me}/task/{tid}/children") as fh:
+                children.update(int(p) for p in fh.read().split())
+    with _tracked_lock:
+        children -= _tracked
+    reaped = 0
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                comm, _, rest = fh.read().partition("(")[2].rpartition(")")
+        except OSError:
+            continue
+        if comm == "bwrap" and rest.split()[0] == "Z":
+            with contextlib.suppress(ChildProcessError):
+                reaped += bool(os.waitpid(pid, os.WNOHANG)[0])
+    return reaped
+
+
+def reap(pids: set[int], timeout: float = 2.0) -> set[int]:
+    """Reap sandbox processes re-parented to this subreaper (typically bwrap's init of the PID
+    namespace, when its parent was killed first); waits briefly for re-parenting to finish.
+    Returns the pids still unsettled at the timeout."""
+    pending = set(pids)
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = {pid for pid in pending if not _settled(pid)}
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    return pending
+
+
+def _ulimits(limits: Limits, cpu_ms: int | None = None) -> str:
+    """bash `ulimit` arguments; the process lowers its own limits (root here lacks
+    CAP_SYS_RESOURCE, so prlimit on another uid's process is refused)."""
+    cpu_s = math.ceil((cpu_ms if cpu_ms is not None else limits.cpu_ms) / 1000) + 1
+    return (
+        f"ulimit -t {cpu_s} -f {limits.file_size_mb * 1024} -n {limits.open_files} -c 0"
+    )
+
+
+@dataclass
+class Outcome:
+    """Raw facts about a finished sandboxed process, before they become a PhaseResult."""
+
+    returncode: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    feedback: bytes = b""
+    timed_out: bool = False
+    cpu_exceeded: bool = False
+    output_exceeded: bool = False
+    oom_killed: bool = False
+    exit_reported: bool = False  # the status came from the bootstrap, not from bwrap
+    cpu_ms: int = 0
+    wall_ms: int = 0
+    peak_memory_bytes: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def _find_status(feedback: bytearray, marker: bytes) -> int | None:
+    """The status after `marker` on a complete line, if the bootstrap has reported it."""
+    at = feedback.find(marker)
+    if at < 0:
+        return None
+    end = feedback.find(b"\n", at)
+    if end < 0:
+        return None
+    value = feedback[at + len(marker):end].strip()
+    return int(value) if value.isdigit() else 1
+
+
+class SandboxProcess:
+    """A bwrap sandbox running `argv` on `workdir`; single use: spawn, run(), destroy()."""
+
+    def __init__(
+        self,
+        *,
+        argv: list[str],
+        workdir: Path,
+        limits: Limits,
+        env: dict[str, str] | None = None,
+        ro_binds: tuple[tuple[str, str], ...] = (),
+        with_control: bool = False,
+        cpu_backstop_ms: int | None = None,
+    ) -> None:
+        for tool in (bwrap.BWRAP, SETPRIV, BASH):
+            if not os.access(tool, os.X_OK):
+                raise SandboxError(f"{tool} is missing: run scripts/install_sandbox_deps.sh "
+                                   "(apt-get install bubblewrap util-linux bash)")
+        become_subreaper()
+        self.limits = limits
+        self.workdir = workdir
+        self._fds: list[int] = []
+        self._seen: set[int] = set()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cgroup = cgroups.create(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
+        try:
+            self._spawn(argv, env or {}, ro_binds, with_control, cpu_backstop_ms)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _pipe(self) -> tuple[int, int]:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        self._fds += [r, w]
+        return r, w
+
+    def _spawn(
+        self, argv: list[str], env: dict[str, str], ro_binds: tuple[tuple[str, str], ...],
+        with_control: bool, cpu_backstop_ms: int | None,
+    ) -> None:
+        gate_r, self.gate_w = self._pipe()
+        fb_r, fb_w = self._pipe()
+        self.feedback_r = fb_r
+        child_fds = [gate_r, fb_w]
+        self.control_w: int | None = None
+        if with_control:
+            ctl_r, self.control_w = self._pipe()
+            child_fds.append(ctl_r)
+            argv = [a.replace("{CONTROL_FD}", str(ctl_r)) for a in argv]
+        argv = [a.replace("{FEEDBACK_FD}", str(fb_w)) for a in argv]
+        sec_fd = seccomp.filter_fd()
+        self._fds.append(sec_fd)
+        child_fds.append(sec_fd)
+        inner = bwrap.command(
+            workdir=self.workdir, argv=argv, env=env, seccomp_fd=sec_fd,
+            tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds,
+        )
+        # RLIMIT_CPU is only a backstop: the supervisor watches the cgroup's CPU time itself.
+        gate = (
+            f'read -r -u {gate_r} _ || exit 125; exec {gate_r}<&-; '
+            f'{_ulimits(self.limits, cpu_backstop_ms)} || exit 125; '
+            f"exec {SETPRIV} --reuid={SANDBOX_UID} --regid={SANDBOX_GID} --clear-groups "
+            '--inh-caps=-all -- "$@"'
+        )
+        try:
+            self.proc = subprocess.Popen(
+                [BASH, "--noprofile", "--norc", "-c", gate, "gate", *inner],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=child_fds, env={"PATH": bwrap.PATH}, cwd="/",
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandbox: {exc}") from exc
+        with _tracked_lock:
+            _tracked.add(self.proc.pid)
+        for fd in child_fds:  # the child holds its ends now
+            self._close(fd)
+        self.cgroup.add(self.proc.pid)
+        os.write(self.gate_w, b"go\n")
+        self._close(self.gate_w)
+
+    def _close(self, fd: int) -> None:
+        if fd in self._fds:
+            self._fds.remove(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _children(self) -> set[int]:
+        """Children of the outer bwrap, zombies included: an exited namespace init is no longer
+        listed in the cgroup, but is re-parented to us (and must be reaped) if bwrap dies first."""
+        if self.proc is None:
+            return set()
+        pid = self.proc.pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as fh:
+                return {int(p) for p in fh.read().split()}
+        except OSError:
+            return set()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def relimit(self, limits: Limits) -> None:
+        """Apply a request's cgroup limits to an already started (warm) sandbox; its rlimits
+        were fixed at spawn, so the pool only serves requests whose rlimits match."""
+        self.limits = limits
+        self.cgroup.set_limits(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
+        self.cgroup.reset_peak()
+
+    def send_control(self, data: bytes) -> None:
+        """Hand the request to a bootstrap waiting on the control pipe, then close it."""
+        if self.control_w is None:
+            raise SandboxError("this sandbox has no control pipe")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.control_w, view):]
+        except BrokenPipeError as exc:
+            raise SandboxError("the warm sandbox died before it got its request") from exc
+        finally:
+            self._close(self.control_w)
+            self.control_w = None
+
+    def run(
+        self, stdin: bytes = b"", *, control: bytes | None = None, exit_marker: bytes | None = None
+    ) -> Outcome:
+        """Feed stdin, collect output within the limits, and return when the program is done.
+
+        Done means the sandbox exited, or a bootstrap reported `exit_marker` + status on the
+        feedback pipe after flushing its output (then the sandbox is killed here rather than
+        waited for: interpreter and namespace teardown stay off the critical path).
+        """
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout and self.proc.stderr
+        limits = self.limits
+        out = Outcome()
+        cpu0 = self.cgroup.cpu_ns()
+        start = time.monotonic()
+        if control is not None:
+            self.send_control(control)
+        deadline = start + limits.wall_ms / 1000
+        bufs = {"stdout": bytearray(), "stderr": bytearray(), "feedback": bytearray()}
+
+        def take(name: str, chunk: bytes) -> None:
+            buf = bufs[name]
+            if name == "feedback":
+                if len(buf) < _FEEDBACK_CAP:
+                    buf += chunk
+                return
+            room = limits.output_bytes - len(bufs["stdout"]) - len(bufs["stderr"])
+            buf += chunk[: max(room, 0)]
+            if len(chunk) > room:
+                setattr(out, f"{name}_truncated", True)
+                out.output_exceeded = True
+
+        sel = selectors.DefaultSelector()
+        pidfd = os.pidfd_open(self.proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        for name, fd in (("stdout", self.proc.stdout.fileno()),
+                         ("stderr", self.proc.stderr.fileno()), ("feedback", self.feedback_r)):
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, name)
+        stdin_fd = self.proc.stdin.fileno()
+        pending = memoryview(stdin)
+        if pending:
+            os.set_blocking(stdin_fd, False)
+            sel.register(stdin_fd, selectors.EVENT_WRITE, "stdin")
+        else:
+            self.proc.stdin.close()
+        exited_at: float | None = None
+        reported: int | None = None
+        try:
+            while reported is None and not out.output_exceeded:
+                readers = [k for k in sel.get_map().values() if k.data not in ("exit", "stdin")]
+                if exited_at is not None and not readers:
+                    break
+                now = time.monotonic()
+                if exited_at is not None and now - exited_at > 0.5:
+                    break  # pipes held open by nothing we can still wait for
+                if now >= deadline:
+                    out.timed_out = True
+                    break
+                if (self.cgroup.cpu_ns() - cpu0) / 1e6 > limits.cpu_ms:
+                    out.cpu_exceeded = True
+                    break
+                for key, _ in sel.select(min(deadline - now, 0.1)):
+                    name = key.data
+                    if name == "exit":
+                        sel.unregister(pidfd)
+                        exited_at = time.monotonic()
+                        # nothing may outlive the program (daemons)
+                        self._seen |= self._children() | self.cgroup.signal_all()
+                    elif name == "stdin":
+                        try:
+                            pending = pending[os.write(stdin_fd, pending[:65536]):]
+                        except BrokenPipeError:
+                            pending = memoryview(b"")
+                        except BlockingIOError:
+                            continue
+                        if not pending:
+                            sel.unregister(stdin_fd)
+                            self.proc.stdin.close()
+                    else:
+                        chunk = b""
+                        with contextlib.suppress(BlockingIOError):
+                            chunk = os.read(key.fd, 65536)
+                        if not chunk:
+                            sel.unregister(key.fd)
+                            continue
+                        take(name, chunk)
+                        if name == "feedback" and exit_marker:
+                            reported = _find_status(bufs["feedback"], exit_marker)
+            if reported is not None:
+                # The bootstrap flushed before reporting: drain what is already in the pipes.
+                for key in list(sel.get_map().values()):
+                    if key.data in ("stdout", "stderr"):
+                        with contextlib.suppress(BlockingIOError):
+                            while chunk := os.read(key.fd, 65536):
+                                take(key.data, chunk)
+        finally:
+            sel.close()
+            os.close(pidfd)
+        out.wall_ms = int((time.monotonic() - start) * 1000)
+        out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
+        self._seen |= self._children() | self.cgroup.signal_all()
+        out.returncode = reported if reported is not None else self._wait()
+        out.exit_reported = reported is not None
+        if reported is None:
+            out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
+        out.cpu_exceeded = out.cpu_exceeded or out.cpu_ms > limits.cpu_ms
+        out.peak_memory_bytes = self.cgroup.peak_memory()
+        out.oom_killed = self.cgroup.oom_kills() > 0
+        out.stdout, out.stderr, out.feedback = (
+            bytes(bufs["stdout"]), bytes(bufs["stderr"]), bytes(bufs["feedback"]))
+        return out
+
+    def _wait(self) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def destroy(self) -> None:
+        """Kill everything in the cgroup, reap, remove the cgroup; safe to call twice."""
+        self._seen |= self._children()
+        with contextlib.suppress(OSError, cgroups.CgroupError):
+            self._seen |= self.cgroup.kill()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGKILL)
+                self._wait()
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+            with _tracked_lock:
+                _tracked.discard(self.proc.pid)
+        for fd in list(self._fds):
+            self._close(fd)
+        reap(self._seen)
+        sweep()
+        with contextlib.suppress(OSError):
+            self.cgroup.remove()
+
+
+_teardown: ThreadPoolExecutor | None = None
+_teardown_lock = threading.Lock()
+
+
+class _Destroyable(Protocol):
+    def destroy(self) -> None: ...
+
+
+def teardown_later(item: _Destroyable) -> None:
+    """Destroy a sandbox on a background thread. Its processes are already SIGKILLed (they run
+    no more code); what is deferred is reaping, cgroup removal and deleting the work directory."""
+    global _teardown
+    with _teardown_lock:
+        if _teardown is None:
+            _teardown = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-teardown")
+        _teardown.submit(item.destroy)

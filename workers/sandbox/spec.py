@@ -1,0 +1,249 @@
+"""Request and result models of the sandbox engine.
+
+Pure pydantic with no heavy imports, so the control plane can validate an execution request (or a
+run config that embeds one) without importing the engine itself.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+LANGUAGES: tuple[str, ...] = (
+    "python",
+    "c",
+    "cpp",
+    "javascript",
+    "typescript",
+    "bash",
+    "rust",
+    "java",
+    "go",
+)
+"""Every language the engine knows; which are usable depends on the toolchains installed."""
+
+TEST_LANGUAGES: tuple[str, ...] = ("python", "javascript")
+"""Languages whose in-process test harness reports verdicts over the nonce channel."""
+
+
+class Status(StrEnum):
+    """Outcome of one phase (compile or run) or of a whole execution."""
+
+    OK = "OK"
+    TLE = "TLE"  # wall-clock or CPU time limit exceeded
+    MLE = "MLE"  # memory limit exceeded (the cgroup OOM-killed the program)
+    OLE = "OLE"  # output limit exceeded
+    RE = "RE"  # runtime error: non-zero exit, signal, or failed tests
+    CE = "CE"  # compile error
+    SANDBOX_ERROR = "SANDBOX_ERROR"  # the engine, not the program, failed
+
+
+class Limits(BaseModel):
+    """Resource limits of one phase; every field has a safe default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wall_ms: int = Field(10_000, ge=10, le=600_000)
+    cpu_ms: int = Field(5_000, ge=10, le=600_000)
+    memory_mb: int = Field(256, ge=16, le=65_536, description="RAM, no swap, whole process tree")
+    pids: int = Field(64, ge=4, le=4096, description="processes and threads at once")
+    file_size_mb: int = Field(16, ge=0, le=4096, description="largest file the program may write")
+    open_files: int = Field(64, ge=16, le=65_536)
+    output_bytes: int = Field(1 << 20, ge=0, le=64 << 20, description="stdout + stderr")
+    tmpfs_mb: int = Field(64, ge=1, le=4096, description="size of the private /tmp")
+
+
+def default_compile_limits() -> Limits:
+    """Compilers (rustc, javac, go) need far more time, memory and threads than programs."""
+    return Limits(
+        wall_ms=60_000, cpu_ms=60_000, memory_mb=2048, pids=256, file_size_mb=256,
+        open_files=1024, output_bytes=256 << 10, tmpfs_mb=512,
+    )
+
+
+class TraceOptions(BaseModel):
+    """Opt-in execution trace (Python only); caps keep tracing from dominating the run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_events: int = Field(2_000, ge=1, le=200_000)
+    max_bytes: int = Field(256 << 10, ge=1024, le=16 << 20)
+    snapshot_locals: bool = True
+    max_repr: int = Field(80, ge=8, le=4096, description="characters kept of each local's repr")
+
+
+class StdioCase(BaseModel):
+    """One stdin/stdout test case; the program's output is compared on the host."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stdin: str = ""
+    expected_stdout: str
+    comparison: Literal["exact", "tolerant"] = "exact"
+    abs_tol: float = Field(1e-6, ge=0)
+    rel_tol: float = Field(1e-6, ge=0)
+
+
+class ExecutionRequest(BaseModel):
+    """One program to compile (if needed) and run, optionally against tests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    language: str
+    code: str = Field(max_length=4 << 20)
+    stdin: str = Field("", max_length=16 << 20)
+    argv: list[str] = Field(default_factory=list, max_length=64)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="extra files written into the work directory"
+    )
+    limits: Limits = Field(default_factory=Limits)
+    compile_limits: Limits = Field(default_factory=default_compile_limits)
+    tests: str | None = Field(
+        None,
+        description="test code run after the program in the same process (python, javascript); "
+        "it passes only if it finishes and reports over the verdict channel",
+    )
+    cases: list[StdioCase] = Field(
+        default_factory=list, max_length=1000,
+        description="stdin/stdout cases: compiled once, one sandboxed run per case",
+    )
+    trace: TraceOptions | None = None
+    read_back: list[str] = Field(
+        default_factory=list, max_length=16,
+        description="plain file names the program leaves in /work, returned in result.files",
+    )
+
+    @field_validator("language")
+    @classmethod
+    def _known_language(cls, value: str) -> str:
+        value = value.lower()
+        aliases = {"py": "python", "python3": "python", "js": "javascript", "node": "javascript",
+                   "ts": "typescript", "c++": "cpp", "sh": "bash", "golang": "go", "rs": "rust"}
+        value = aliases.get(value, value)
+        if value not in LANGUAGES:
+            raise ValueError(f"unknown language {value!r}; known: {', '.join(LANGUAGES)}")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _relative_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            parts = name.split("/")
+            if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"file name {name!r} must be a plain relative path")
+        return value
+
+    @field_validator("read_back")
+    @classmethod
+    def _plain_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"read_back name {name!r} must be a plain file name")
+        return value
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_is_python_only(
+        cls, value: TraceOptions | None, info: ValidationInfo
+    ) -> TraceOptions | None:
+        if value is not None and info.data.get("language") not in (None, "python"):
+            raise ValueError("execution traces are recorded for python only")
+        return value
+
+    @field_validator("tests")
+    @classmethod
+    def _tests_need_harness(cls, value: str | None, info: ValidationInfo) -> str | None:
+        language = info.data.get("language")
+        if value is not None and language is not None and language not in TEST_LANGUAGES:
+            raise ValueError(f"tests run in-process only for {', '.join(TEST_LANGUAGES)}")
+        return value
+
+
+class PhaseResult(BaseModel):
+    """What one sandboxed process did."""
+
+    status: Status
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    cpu_ms: int = 0
+    wall_ms: int = 0
+    peak_memory_bytes: int = 0
+    message: str = ""
+
+
+class CaseResult(PhaseResult):
+    """A run against one stdin/stdout case, with the host's comparison."""
+
+    passed: bool = False
+
+
+class TraceFrame(BaseModel):
+    function: str
+    line: int
+    locals: dict[str, str] = Field(default_factory=dict)
+
+
+class TraceEvent(BaseModel):
+    event: Literal["call", "line", "return", "exception"]
+    function: str
+    line: int
+    locals: dict[str, str] | None = None
+
+
+class Trace(BaseModel):
+    """Structured feedback an environment can show the model."""
+
+    events: list[TraceEvent] = Field(default_factory=list)
+    truncated: bool = False
+    exception: str | None = None
+    stack: list[TraceFrame] = Field(default_factory=list, description="innermost frame last")
+
+    def render(self, max_lines: int = 60) -> str:
+        """A compact text rendering for a prompt."""
+        lines = [
+            f"{e.event:9} {e.function}:{e.line}"
+            + (f"  {', '.join(f'{k}={v}' for k, v in e.locals.items())}" if e.locals else "")
+            for e in self.events[:max_lines]
+        ]
+        if self.truncated or len(self.events) > max_lines:
+            lines.append("... (trace truncated)")
+        if self.exception:
+            lines.append(f"exception: {self.exception}")
+            lines.extend(
+                f"  at {f.function}:{f.line} {', '.join(f'{k}={v}' for k, v in f.locals.items())}"
+                for f in self.stack
+            )
+        return "\n".join(lines)
+
+
+class ExecutionResult(PhaseResult):
+    """The whole execution: the run phase's fields, plus compile, tests, cases and trace."""
+
+    language: str = ""
+    compile: PhaseResult | None = None
+    tests_passed: bool | None = Field(
+        None, description="None without tests; True only when the harness reported with the nonce"
+    )
+    cases: list[CaseResult] = Field(default_factory=list)
+    trace: Trace | None = None
+    files: dict[str, str] = Field(
+        default_factory=dict, description="read_back files (regular files only, never links)"
+    )
+    file_errors: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the execution counts as a success for scoring."""
+        if self.status != Status.OK:
+            return False
+        if self.tests_passed is not None:
+            return self.tests_passed
+        if self.cases:
+            return all(c.passed for c in self.cases)
+        return True
