@@ -8,6 +8,7 @@ filesystem Celery transport, the in-memory channel layer and an object store in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import environ
@@ -47,6 +48,7 @@ INSTALLED_APPS = [
     "apps.runs",
     "apps.metrics",
     "apps.lineage",
+    "apps.sandbox",
 ]
 
 MIDDLEWARE = [
@@ -90,6 +92,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
     )
+    # Tests use a file too, not the in-memory default: shared-cache in-memory SQLite locks
+    # whole tables and fails at once ("database table is locked") when the live server's
+    # threads read and write together, where a WAL file simply waits.
+    # One file per test process, so concurrent pytest runs never share one.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
@@ -152,6 +159,9 @@ CRUCIBLE = {
     "MAX_SAMPLE_BATCH": env.int("CRUCIBLE_MAX_SAMPLE_BATCH", default=1_000),
     "MAX_DOWNSAMPLE_POINTS": env.int("CRUCIBLE_MAX_DOWNSAMPLE_POINTS", default=5_000),
     "MAX_UPLOAD_RECORDS": env.int("CRUCIBLE_MAX_UPLOAD_RECORDS", default=1_000_000),
+    # Sandbox executions a team may have queued or running at once, and per batch request.
+    "SANDBOX_QUOTA": env.int("CRUCIBLE_SANDBOX_QUOTA", default=256),
+    "SANDBOX_MAX_BATCH": env.int("CRUCIBLE_SANDBOX_MAX_BATCH", default=256),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
 }

@@ -16,6 +16,7 @@ from apps.projects.api import ProjectViewSet
 from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
+from apps.sandbox.api import ExecutionViewSet, WorkerExecutionViewSet
 from apps.teams.api import (
     MembershipViewSet,
     MyTeamsViewSet,
@@ -48,6 +49,7 @@ router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions"
                 EnvironmentVersionViewSet, basename="environment-version")
 router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
+router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 
 worker = WorkerRunViewSet.as_view
 worker_urls = [
@@ -62,6 +64,10 @@ worker_urls = [
          name="worker-checkpoints"),
     path("runs/<str:run>/samples", worker({"post": "samples"}), name="worker-samples"),
     path("runs/<str:run>/artifacts", worker({"post": "artifacts"}), name="worker-artifacts"),
+    path("executions/<str:execution>/start",
+         WorkerExecutionViewSet.as_view({"post": "start"}), name="worker-execution-start"),
+    path("executions/<str:execution>/result",
+         WorkerExecutionViewSet.as_view({"post": "result"}), name="worker-execution-result"),
 ]
 
 api_v1 = [

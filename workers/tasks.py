@@ -88,6 +88,30 @@ def execute_run(self: Any, run_id: str) -> str:
         return execute(client, run_id, pool)
 
 
+@app.task(name="workers.tasks.execute_sandbox", bind=True)
+def execute_sandbox(self: Any, execution_id: str) -> str:
+    """Run one sandboxed execution: claim it, execute, report the result."""
+    from workers.sandbox import ExecutionRequest, execute  # needs bwrap: sandbox pools only
+
+    with CrucibleClient() as client:
+        headers = {"X-Crucible-Worker": default_worker_id()}
+        try:
+            job = client.request("POST", f"worker/executions/{execution_id}/start",
+                                 headers=headers)
+        except ApiError as exc:
+            log.info("execution %s not started: %s", execution_id, exc)
+            return f"skipped: {exc.code}"
+        try:
+            result = execute(ExecutionRequest.model_validate(job["request"]))
+            body: dict[str, Any] = {"result": result.model_dump(mode="json")}
+        except Exception as exc:  # the engine itself failed: report, don't hang the caller
+            log.exception("execution %s failed in the engine", execution_id)
+            body = {"error": f"{type(exc).__name__}: {exc}"}
+        client.request("POST", f"worker/executions/{execution_id}/result", json=body,
+                       headers=headers, idempotent=True)
+        return str(body.get("result", {}).get("status", "error"))
+
+
 @app.task(name="workers.tasks.sweep_leases")
 def sweep_leases() -> list[str]:
     with CrucibleClient() as client:

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable
 
+from django.core.files import File
 from django.db import IntegrityError, transaction
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -29,8 +30,19 @@ def _scope(request: Request) -> str:
     return f"user:{request.user.pk}"
 
 
+def _encode(value: object) -> str:
+    """Uploaded files count by content, not by name: another file is another request."""
+    if isinstance(value, File):
+        hasher = hashlib.sha256()
+        for chunk in value.chunks():
+            hasher.update(chunk)
+        value.seek(0)
+        return f"file:{value.name}:{hasher.hexdigest()}"
+    return str(value)
+
+
 def _hash(request: Request) -> str:
-    body = json.dumps(request.data, sort_keys=True, default=str)
+    body = json.dumps(request.data, sort_keys=True, default=_encode)
     return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
 
 

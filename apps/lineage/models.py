@@ -28,7 +28,8 @@ class LineageEdge(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["source_type", "source_id", "target_type", "target_id", "relation"],
+                fields=["team", "source_type", "source_id", "target_type", "target_id",
+                        "relation"],
                 name="uniq_lineage_edge",
             )
         ]

@@ -23,8 +23,10 @@ def edge_create(*, team_id: int, source: Model, target: Model, relation: str) ->
     """Called inside the caller's transaction; repeating an edge is a no-op."""
     source_type, source_id = artifact_key(source)
     target_type, target_id = artifact_key(target)
+    # Content-addressed ids repeat across teams (same records, same digest): the team is
+    # part of an edge's identity.
     edge, _ = LineageEdge.objects.get_or_create(
-        source_type=source_type, source_id=source_id, target_type=target_type,
-        target_id=target_id, relation=relation, defaults={"team_id": team_id},
+        team_id=team_id, source_type=source_type, source_id=source_id,
+        target_type=target_type, target_id=target_id, relation=relation,
     )
     return edge

@@ -17,7 +17,7 @@ WITH bounds AS (
 ),
 bucketed AS (
     SELECT p.id, p.step, p.value,
-           CAST(((p.step - b.lo) * %(n)s) / (b.hi - b.lo + 1) AS BIGINT) AS bucket
+           CAST(FLOOR((p.step - b.lo) * (%(n)s * 1.0) / (b.hi - b.lo + 1.0)) AS BIGINT) AS bucket
     FROM {table} p CROSS JOIN bounds b
     WHERE p.run_id = %(run)s AND p.name = %(name)s
 ),

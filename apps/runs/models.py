@@ -110,7 +110,8 @@ class EventLevel(models.TextChoices):
 
 
 class RunEvent(models.Model):
-    """Append-only log of a run; ``seq`` is gap-free per run, for resumable streaming."""
+    """Append-only log of a run. ``seq`` is the event's position in the run's live stream,
+    which metric batches share: increasing, gap-free across events and batches together."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveBigIntegerField()

@@ -21,6 +21,7 @@ from apps.metrics import services as metric_services
 from apps.runs import selectors, services
 from apps.runs.models import Pool, Run
 from apps.runs.serializers import CheckpointSerializer
+from apps.sandbox import services as sandbox_services
 
 
 class ClaimSerializer(serializers.Serializer):
@@ -175,4 +176,5 @@ class WorkerSweepViewSet(WorkerViewSet):
     def sweep(self, request: Request) -> Response:
         """Requeue runs whose lease expired (called periodically by the pools' beat)."""
         swept = services.sweep_expired(actor=self.actor)
-        return Response({"requeued": [str(r.pk) for r in swept]})
+        lost = sandbox_services.sweep_lost()
+        return Response({"requeued": [str(r.pk) for r in swept], "executions_lost": lost})

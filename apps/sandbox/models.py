@@ -1,0 +1,48 @@
+"""Code executions requested through the API and run by the ``sandbox`` pool."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ExecutionStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"  # the sandbox ran; the verdict (OK, TLE, CE, …) is in the result
+    ERROR = "error"  # the platform failed to run it (worker lost, engine crash)
+
+
+ACTIVE = (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+
+
+class Execution(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    batch = models.UUIDField(null=True, blank=True, db_index=True)
+    language = models.CharField(max_length=20)
+    request = models.JSONField()
+    status = models.CharField(max_length=10, choices=ExecutionStatus.choices,
+                              default=ExecutionStatus.QUEUED)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team", "status"]),
+            models.Index(fields=["team", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.language} {self.id} ({self.status})"

@@ -1,0 +1,112 @@
+"""Writes for executions: submit (with the team's concurrency quota), start, finish."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from pydantic import ValidationError
+
+from apps.core.actor import Actor
+from apps.core.exceptions import Conflict, DomainError, InvalidInput, NotFound
+from apps.sandbox.models import ACTIVE, Execution, ExecutionStatus
+from apps.teams.models import Team
+from config.celery import app
+from workers.sandbox.spec import ExecutionRequest
+
+EXECUTE_TASK = "workers.tasks.execute_sandbox"
+
+
+class QuotaExceeded(DomainError):
+    status_code = 429
+    code = "quota_exceeded"
+
+
+def validate_request(data: Any, index: int | None = None) -> ExecutionRequest:
+    try:
+        return ExecutionRequest.model_validate(data)
+    except ValidationError as exc:
+        where = "" if index is None else f"requests[{index}]."
+        details: dict[str, list[str]] = {}
+        for err in exc.errors():
+            path = where + ".".join(str(p) for p in err["loc"])
+            details.setdefault(path or "request", []).append(
+                "unknown field" if err["type"] == "extra_forbidden" else err["msg"])
+        first = next(iter(details.items()))
+        raise InvalidInput(f"{first[0]}: {first[1][0]}", details=details) from exc
+
+
+def _enqueue(ids: list[str]) -> None:
+    def send() -> None:
+        for execution_id in ids:
+            app.send_task(EXECUTE_TASK, args=[execution_id], queue="sandbox")
+
+    transaction.on_commit(send)
+
+
+def submit(*, actor: Actor, team: Team, requests: list[ExecutionRequest]) -> list[Execution]:
+    """Queue executions if the team stays within its concurrency quota (else 429)."""
+    quota = settings.CRUCIBLE["SANDBOX_QUOTA"]
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=team.pk)  # serialises quota checks per team
+        active = Execution.objects.filter(team=team, status__in=ACTIVE).count()
+        if active + len(requests) > quota:
+            raise QuotaExceeded(
+                f"Team '{team.slug}' has {active} executions in flight and a quota of {quota}; "
+                f"wait for some to finish or submit fewer than {quota - active + 1}.")
+        batch = uuid.uuid4() if len(requests) > 1 else None
+        rows = Execution.objects.bulk_create(
+            Execution(team=team, created_by=actor.user, batch=batch, language=r.language,
+                      request=r.model_dump(mode="json"))
+            for r in requests
+        )
+        _enqueue([str(r.pk) for r in rows])
+    return rows
+
+
+def start(*, execution_id: object, worker: str, team_id: int | None) -> Execution:
+    with transaction.atomic():
+        qs = Execution.objects.select_for_update().filter(pk=execution_id)
+        if team_id is not None:
+            qs = qs.filter(team_id=team_id)
+        execution = qs.first()
+        if execution is None:
+            raise NotFound(f"No execution '{execution_id}'.")
+        if execution.status != ExecutionStatus.QUEUED:
+            raise Conflict(f"Execution {execution.pk} is {execution.status}; not starting it "
+                           "again.", code="not_claimable")
+        limits = execution.request.get("limits", {})
+        budget = (limits.get("wall_ms", 10_000) * 3) / 1000 + 120  # compile + run + slack
+        now = timezone.now()
+        execution.status = ExecutionStatus.RUNNING
+        execution.worker = worker[:200]
+        execution.started_at = now
+        execution.lease_expires_at = now + timedelta(seconds=budget)
+        execution.save(update_fields=["status", "worker", "started_at", "lease_expires_at"])
+    return execution
+
+
+def finish(*, execution: Execution, result: dict[str, Any] | None, error: str = "") -> Execution:
+    with transaction.atomic():
+        execution = Execution.objects.select_for_update().get(pk=execution.pk)
+        if execution.status != ExecutionStatus.RUNNING:
+            raise Conflict(f"Execution {execution.pk} is {execution.status}, not running.",
+                           code="not_running")
+        execution.status = ExecutionStatus.ERROR if error else ExecutionStatus.DONE
+        execution.result = result
+        execution.error = error[:10_000]
+        execution.finished_at = timezone.now()
+        execution.save(update_fields=["status", "result", "error", "finished_at"])
+    return execution
+
+
+def sweep_lost() -> int:
+    """Executions whose worker vanished: error, so they stop counting against the quota."""
+    return Execution.objects.filter(
+        status=ExecutionStatus.RUNNING, lease_expires_at__lt=timezone.now()
+    ).update(status=ExecutionStatus.ERROR, error="the sandbox worker was lost",
+             finished_at=timezone.now())
