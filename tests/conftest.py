@@ -26,6 +26,12 @@ def object_store(tmp_path, settings):  # noqa: ANN001, ANN201
     store.cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):  # noqa: ANN001, ANN201
+    """Users are made per test; the production hasher costs ~1 s each on a shared CPU."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @dataclass
 class Caller:
     user: object
