@@ -14,7 +14,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.exceptions import InvalidInput, NotFound, PayloadTooLarge
+from apps.core.exceptions import Forbidden, InvalidInput, NotFound, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import WorkerViewSet
 from apps.metrics import services as metric_services
@@ -174,7 +174,10 @@ class WorkerRunViewSet(WorkerViewSet):
 class WorkerSweepViewSet(WorkerViewSet):
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def sweep(self, request: Request) -> Response:
-        """Requeue runs whose lease expired (called periodically by the pools' beat)."""
+        """Requeue runs whose lease expired (called periodically by the pools' beat).
+        Operator tokens only: it touches every team's runs."""
+        if self.principal.team_id is not None:
+            raise Forbidden("Only operator worker tokens (not tied to a team) may sweep.")
         swept = services.sweep_expired(actor=self.actor)
         lost = sandbox_services.sweep_lost()
         return Response({"requeued": [str(r.pk) for r in swept], "executions_lost": lost})

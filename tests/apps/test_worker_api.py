@@ -647,3 +647,13 @@ def test_reports_need_the_lease(worker, running):
                     HTTP_X_CRUCIBLE_LEASE="stolen")
     assert r.status_code == 409
     assert not Sample.objects.exists() and not Checkpoint.objects.exists()
+
+
+def test_only_operator_tokens_may_sweep(db, team):
+    from apps.core.actor import Actor
+    from apps.teams.services import worker_token_create
+    from tests.conftest import client_for_token
+
+    _, raw = worker_token_create(actor=Actor.system(), team=team, name="team-pool")
+    r = client_for_token(raw).post("/api/v1/worker/sweep")
+    assert r.status_code == 403 and "operator" in r.json()["message"]
