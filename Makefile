@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench bench-sandbox clean
+.PHONY: run test lint bench bench-sandbox bench-rl bench-ingest clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[dev,sandbox,bench]'
+	$(PIP) install -q -e '.[dev,sandbox,rl,bench]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -33,6 +33,9 @@ test: $(STAMP)
 bench-sandbox: $(STAMP)
 	bash scripts/install_sandbox_deps.sh
 	$(PY) -m tests.benchmarks.bench_sandbox
+
+bench-rl: $(STAMP)
+	$(PY) -m tests.benchmarks.bench_rl
 
 clean:
 	rm -rf var/

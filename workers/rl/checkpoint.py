@@ -1,0 +1,151 @@
+"""Atomic, resumable checkpoints.
+
+Layout of one checkpoint, `<dir>/step-000040/`:
+  hf/          the policy + tokenizer in Hugging Face format (loadable by any tool)
+  ds/          DeepSpeed state: model, optimizer and LR-scheduler partitions of every rank
+  rng-rank<r>.pt   python/numpy/torch RNG states of rank r
+  state.json   step, data cursor, NaN streak, last metrics (written last)
+
+All ranks write into `.tmp-step-000040/`; rank 0 renames it into place once everyone is done, so
+a `step-*` directory is always complete, whatever moment the run is killed at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:06d}"
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := STEP_RE.match(p.name)) and (p / "state.json").is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest(root: str | Path) -> Path | None:
+    ckpts = list_checkpoints(root)
+    return ckpts[-1] if ckpts else None
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def save_hf(module: torch.nn.Module, tokenizer, out: Path, zero_stage: int) -> None:
+    """Collective under ZeRO-3 (parameters are gathered); rank 0 writes."""
+    import deepspeed
+
+    params = list(module.parameters())
+    ctx = (deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+           if zero_stage == 3 else nullcontext())
+    with ctx:
+        if _rank() == 0:
+            state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+            module.save_pretrained(out, state_dict=state, safe_serialization=True)
+            tokenizer.save_pretrained(out)
+
+
+def save_hf_atomic(module, tokenizer, out: Path, zero_stage: int) -> None:
+    tmp = out.with_name(f".tmp-{out.name}")
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    save_hf(module, tokenizer, tmp, zero_stage)
+    _barrier()
+    if _rank() == 0:
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    _barrier()
+
+
+def save(
+    engine,
+    tokenizer,
+    root: Path,
+    step: int,
+    state: dict[str, Any],
+    keep: int,
+    zero_stage: int,
+) -> Path:
+    """Collective: every rank must call it with the same step."""
+    final = step_dir(root, step)
+    tmp = root / f".tmp-{final.name}"
+    rank = _rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+    save_hf(engine.module, tokenizer, tmp / "hf", zero_stage)
+    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        with (tmp / "state.json").open("w") as f:
+            json.dump({"step": step, **state}, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load(engine, path: Path) -> dict[str, Any]:
+    """Restore engine (model, optimizer, scheduler) and this rank's RNG; return state.json."""
+    load_path, _ = engine.load_checkpoint(
+        str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+    rng_file = path / f"rng-rank{_rank()}.pt"
+    if rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((path / "state.json").read_text())

@@ -1,0 +1,93 @@
+"""torch.distributed setup: gloo on CPU, NCCL on GPU; a plain process is a world of one."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def quiet_libraries() -> None:
+    """Progress bars and per-call INFO lines drown the run's own output."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+
+@contextmanager
+def process_group() -> Iterator[tuple[int, int]]:
+    """Yield (rank, world). Joins torchrun's group when launched by it; otherwise makes a group
+    of one (so the same engine code runs inside a Celery task). Tears the group down at exit:
+    without that, a finished run sometimes aborts at interpreter exit."""
+    import deepspeed
+
+    quiet_libraries()
+    added = {}
+    if "RANK" not in os.environ:
+        added = {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+        os.environ.update(added)
+    owned = not dist.is_initialized()
+    try:
+        if owned:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "gloo":
+                # DeepSpeed JIT-compiles a shared-memory op that serves only inference
+                # all-reduce, which training never calls; the compile costs 30-90 s on a
+                # fresh machine, so mark it unavailable (it then falls back to gloo).
+                import deepspeed.ops
+
+                deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        if owned and dist.is_initialized():
+            # DeepSpeed's teardown also drops the groups it cached, so a later run in this
+            # process (a Celery worker, a test session) starts from a clean slate.
+            import deepspeed.comm as ds_comm
+
+            ds_comm.destroy_process_group()
+            ds_comm.comm.cdb = None
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        out = values.detach().to(device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.to(values.device)
+    return values
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank if it is true on any: ranks must agree on skipping a step."""
+    t = torch.tensor([1.0 if flag else 0.0])
+    return bool(all_reduce_sum(t).item() > 0)

@@ -1,0 +1,167 @@
+"""Losses and per-token statistics as small pure functions.
+
+Shapes: B sequences, T completion positions, V vocabulary, N routed tokens, E experts.
+`mask` is 1.0 on completion tokens that count and 0.0 on prompt/padding positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
+    """log p(target) under softmax(logits / temperature). logits (B,T,V), targets (B,T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B,T)
+
+
+def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position entropy of the sampling distribution. (B,T,V) -> (B,T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, norm_len: int = 1):
+    """Reduce per-token values (B,T) to a scalar.
+
+    token_mean:   every token in the batch weighs the same (DAPO).
+    seq_mean:     mean within each sequence, then over sequences (original GRPO).
+    seq_sum_norm: sum over tokens / (B * norm_len), a constant length (Dr.GRPO); no length bias.
+    """
+    if mode == "token_mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    if mode == "seq_mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.mean()
+    if mode == "seq_sum_norm":
+        return (values * mask).sum() / (values.shape[0] * norm_len)
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    importance: str = "clip",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    tis_cap: float = 2.0,
+    mask_low: float | None = None,
+    mask_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int = 1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Policy-gradient loss with the token-level ratio r = pi_theta / pi_rollout.
+
+    importance = "clip": PPO's pessimistic surrogate -min(r A, clip(r, 1-lo, 1+hi) A)
+                 (asymmetric bounds give DAPO's clip-higher).
+    importance = "tis":  truncated importance sampling, -min(r, cap).detach() * A * log pi_theta:
+                 an unbiased-ish REINFORCE that bounds the variance of off-policy tokens.
+    Ratio masking drops tokens whose r falls outside [mask_low, mask_high] from the loss.
+    logp, rollout_logp, mask: (B,T); advantages: (B,).
+    """
+    log_ratio = logp - rollout_logp
+    ratio = torch.exp(log_ratio)
+    adv = advantages.unsqueeze(-1)  # (B,1)
+    if mask_low is not None or mask_high is not None:
+        keep = torch.ones_like(mask)
+        if mask_low is not None:
+            keep = keep * (ratio.detach() >= mask_low)
+        if mask_high is not None:
+            keep = keep * (ratio.detach() <= mask_high)
+        mask = mask * keep
+    if importance == "clip":
+        unclipped = ratio * adv
+        clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+        per_token = -torch.minimum(unclipped, clipped)
+        clipped_on = (clipped < unclipped).float()
+    elif importance == "tis":
+        weight = torch.clamp(ratio.detach(), max=tis_cap)
+        per_token = -weight * adv * logp
+        clipped_on = (ratio.detach() > tis_cap).float()
+    else:
+        raise ValueError(f"unknown importance mode {importance!r}")
+    loss = aggregate(per_token, mask, agg, norm_len)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean(clipped_on, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_max": (ratio * mask).max() if mask.any() else ratio.new_tensor(1.0),
+            "ratio_min": torch.where(mask > 0, ratio, torch.inf).min()
+            if mask.any()
+            else ratio.new_tensor(1.0),
+            "kept_frac": mask.sum() / mask.numel(),
+        }
+    return loss, stats
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref), per token: exp(d) - d - 1 with d = ref - logp.
+    Non-negative and unbiased under samples from pi. (B,T) -> (B,T)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def dpo_loss(
+    chosen_logp: torch.Tensor,
+    rejected_logp: torch.Tensor,
+    ref_chosen_logp: torch.Tensor,
+    ref_rejected_logp: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPO (Rafailov et al. 2023) on sequence log-probabilities (P,) of preference pairs:
+    -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))). Returns (loss, pair accuracy)."""
+    margin = (chosen_logp - ref_chosen_logp) - (rejected_logp - ref_rejected_logp)
+    loss = -F.logsigmoid(beta * margin).mean()
+    return loss, (margin > 0).float().mean()
+
+
+def load_balancing_loss(
+    router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Switch-Transformer auxiliary loss, E * sum_e f_e * P_e, computed per layer and averaged.
+
+    f_e is the fraction of routed (token, slot) assignments that went to expert e and P_e the
+    mean router probability of e. Perfectly uniform routing gives 1.0. router_logits: per layer
+    (N,E); mask: (N,) 1.0 for real tokens.
+    """
+    losses = []
+    for logits in router_logits:
+        probs = torch.softmax(logits.float(), dim=-1)  # (N,E)
+        n_exp = probs.shape[-1]
+        chosen = probs.topk(top_k, dim=-1).indices  # (N,k)
+        assign = F.one_hot(chosen, n_exp).sum(1).float()  # (N,E)
+        w = torch.ones(probs.shape[0], device=probs.device) if mask is None else mask.float()
+        denom = w.sum().clamp(min=1.0)
+        frac = (assign * w[:, None]).sum(0) / (denom * top_k)  # (E,)
+        prob = (probs * w[:, None]).sum(0) / denom  # (E,)
+        losses.append(n_exp * (frac * prob).sum())
+    return torch.stack(losses).mean()
+
+
+@torch.no_grad()
+def expert_utilisation(
+    router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
+) -> list[dict[str, object]]:
+    """Per layer: tokens routed to each expert and the load entropy normalised to [0, 1]
+    (1 = perfectly balanced, 0 = everything on one expert)."""
+    out = []
+    for logits in router_logits:
+        n_exp = logits.shape[-1]
+        chosen = logits.topk(top_k, dim=-1).indices  # (N,k)
+        if mask is not None:
+            chosen = chosen[mask.bool()]
+        counts = torch.bincount(chosen.reshape(-1), minlength=n_exp).float()  # (E,)
+        p = counts / counts.sum().clamp(min=1.0)
+        ent = -(p * torch.log(p.clamp(min=1e-12))).sum() / torch.log(torch.tensor(float(n_exp)))
+        out.append({"tokens": counts.tolist(), "load_entropy": float(ent)})
+    return out

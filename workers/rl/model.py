@@ -1,0 +1,83 @@
+"""Policy construction: a local Hugging Face causal LM, or the tiny random-init MoE preset.
+
+Models are always built outside `deepspeed.zero.Init`: constructing Qwen3-MoE inside it leaves the
+stacked expert weights uninitialised (see NOTES.md); DeepSpeed partitions them at `initialize`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3MoeConfig
+
+from workers.rl.spec import ModelSpec, TinyMoeSpec
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+class ModelDirError(FileNotFoundError):
+    """A model directory that cannot be loaded; the message says what is missing."""
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Fail early, with the missing file named, instead of deep inside `from_pretrained`."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelDirError(f"model directory {p} does not exist")
+    if not (p / "config.json").is_file():
+        raise ModelDirError(f"model directory {p} has no config.json")
+    if not any((p / f).is_file() for f in WEIGHT_FILES):
+        raise ModelDirError(f"model directory {p} has no weights (expected one of {WEIGHT_FILES})")
+    return p
+
+
+def tiny_moe_config(
+    preset: TinyMoeSpec, vocab_size: int, pad_id: int, eos_id: int, aux_coef: float
+) -> Qwen3MoeConfig:
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=preset.hidden_size,
+        intermediate_size=4 * preset.hidden_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        head_dim=preset.head_dim,
+        num_experts=preset.num_experts,
+        num_experts_per_tok=preset.experts_per_token,
+        moe_intermediate_size=preset.moe_intermediate_size,
+        max_position_embeddings=preset.max_position_embeddings,
+        norm_topk_prob=True,
+        router_aux_loss_coef=aux_coef,
+        pad_token_id=pad_id,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        tie_word_embeddings=False,
+    )
+
+
+def build_policy(spec: ModelSpec, vocab_size: int, pad_id: int, eos_id: int) -> PreTrainedModel:
+    """Same weights on every rank: the preset is seeded, a directory is read from disk."""
+    if spec.source == "path":
+        assert spec.path is not None
+        path = check_model_dir(spec.path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32
+        )
+    else:
+        cfg = tiny_moe_config(spec.preset, vocab_size, pad_id, eos_id, spec.router_aux_loss_coef)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
+def is_moe(model: torch.nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    return bool(getattr(cfg, "num_experts", 0)) and hasattr(cfg, "num_experts_per_tok")

@@ -1,0 +1,208 @@
+"""The typed document that fully describes one RL run.
+
+Only pydantic and the standard library are imported here so the control plane can validate a
+run's config at creation time without torch. Every model forbids unknown fields, so a typo is an
+error that names the field instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TinyMoeSpec(_Strict):
+    """Shape of the built-in random-init Qwen3-MoE preset used for CPU runs and tests."""
+
+    hidden_size: PosInt = 64
+    num_layers: PosInt = 4
+    num_heads: PosInt = 4
+    num_kv_heads: PosInt = 2
+    head_dim: PosInt = 16
+    num_experts: PosInt = 8
+    experts_per_token: PosInt = 2
+    moe_intermediate_size: PosInt = 64
+    max_position_embeddings: PosInt = 128
+
+    @model_validator(mode="after")
+    def _check(self) -> TinyMoeSpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token must be <= num_experts")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        return self
+
+
+class ModelSpec(_Strict):
+    """Either a local Hugging Face model directory or the tiny MoE preset."""
+
+    source: Literal["preset", "path"] = "preset"
+    path: str | None = None
+    preset: TinyMoeSpec = TinyMoeSpec()
+    router_aux_loss_coef: NonNegFloat = 0.01
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.source == "path" and not self.path:
+            raise ValueError("model.path is required when model.source = 'path'")
+        return self
+
+
+class TokenizerSpec(_Strict):
+    """`model`: load from the model directory; `train`: BPE trained on the task corpus."""
+
+    source: Literal["model", "train"] = "train"
+    vocab_size: PosInt = 96
+
+
+class ArithmeticSpec(_Strict):
+    """Built-in demo task: `a op b =` answered with the exact integer."""
+
+    name: Literal["arithmetic"] = "arithmetic"
+    min_operand: NonNegInt = 0
+    max_operand: NonNegInt = 9
+    ops: list[Literal["+", "-", "*"]] = ["+"]
+    eval_size: PosInt = 20
+    seed: int = 1234
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticSpec:
+        if self.max_operand < self.min_operand:
+            raise ValueError("max_operand must be >= min_operand")
+        if not self.ops:
+            raise ValueError("ops must not be empty")
+        return self
+
+
+class RolloutSpec(_Strict):
+    backend: Literal["hf", "vllm"] = "hf"
+    group_size: Annotated[int, Field(ge=2)] = 8
+    max_new_tokens: PosInt = 6
+    temperature: Annotated[float, Field(gt=0.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    stop: list[str] = []
+
+
+class SftSpec(_Strict):
+    """Cross-entropy warm start on reference completions before RL (0 steps disables it)."""
+
+    steps: NonNegInt = 0
+    lr: Annotated[float, Field(gt=0.0)] = 3e-3
+    batch_size: PosInt = 32
+
+
+class AlgorithmSpec(_Strict):
+    advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo"] = "grpo"
+    loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] = "token_mean"
+    importance: Literal["clip", "tis"] = "clip"
+    clip_low: NonNegFloat = 0.2
+    clip_high: NonNegFloat = 0.28
+    tis_cap: Annotated[float, Field(gt=0.0)] = 2.0
+    ratio_mask_low: NonNegFloat | None = None
+    ratio_mask_high: NonNegFloat | None = None
+    kl_coef: NonNegFloat = 0.0
+    entropy_coef: float = 0.0
+    dpo_coef: NonNegFloat = 0.0
+    dpo_beta: Annotated[float, Field(gt=0.0)] = 0.1
+    updates_per_batch: PosInt = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgorithmSpec:
+        lo, hi = self.ratio_mask_low, self.ratio_mask_high
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError("ratio_mask_low must be < ratio_mask_high")
+        return self
+
+
+class TrainerSpec(_Strict):
+    steps: PosInt = 50
+    prompts_per_step: PosInt = 8
+    micro_batch_size: PosInt = 16
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    lr: Annotated[float, Field(gt=0.0)] = 1e-3
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: NonNegInt = 0
+    weight_decay: NonNegFloat = 0.0
+    grad_clip: NonNegFloat = 1.0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    seed: int = 0
+    max_consecutive_nan: PosInt = 3
+    eval_every: NonNegInt = 0
+    eval_samples: PosInt = 4  # completions per held-out prompt
+
+
+class CheckpointSpec(_Strict):
+    dir: str = "var/rl/checkpoints"
+    every: NonNegInt = 0
+    keep: PosInt = 2
+    save_final: bool = True
+
+
+class OutputSpec(_Strict):
+    metrics_jsonl: str | None = None
+    stdout: bool = True
+
+
+class RunSpec(_Strict):
+    """One RL run. Printed at start and stored next to its checkpoints."""
+
+    name: str = "run"
+    model: ModelSpec = ModelSpec()
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    task: ArithmeticSpec = ArithmeticSpec()
+    rollout: RolloutSpec = RolloutSpec()
+    sft: SftSpec = SftSpec()
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    trainer: TrainerSpec = TrainerSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    output: OutputSpec = OutputSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunSpec:
+        if self.tokenizer.source == "model" and self.model.source == "preset":
+            raise ValueError("tokenizer.source = 'model' needs model.source = 'path'")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+
+
+class SpecError(ValueError):
+    """Invalid run config; the message names every offending field."""
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"{field}: {e['msg']}")
+    return "invalid run config:\n  " + "\n  ".join(lines)
+
+
+def parse_spec(data: dict[str, Any]) -> RunSpec:
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format(err)) from None
+
+
+def load_spec(path: str | Path) -> RunSpec:
+    """Read a TOML (or JSON) run config."""
+    p = Path(path)
+    text = p.read_text()
+    data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    return parse_spec(data)

@@ -1,0 +1,32 @@
+"""What a task provides to the engine: prompts with references, and a reward function."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    reference: str  # the completion SFT imitates and the reward checks against
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class RewardFn(Protocol):
+    """Scores completions; returns the total reward and named components (for metrics)."""
+
+    def __call__(
+        self, examples: Sequence[Example], completions: Sequence[str]
+    ) -> tuple[list[float], dict[str, list[float]]]: ...
+
+
+class Task(Protocol):
+    train: Sequence[Example]
+    eval: Sequence[Example]
+    reward: RewardFn
+
+    def corpus(self) -> list[str]:
+        """Text a tokenizer is trained on."""
+        ...

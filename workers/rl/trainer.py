@@ -1,0 +1,527 @@
+"""The training loop: SFT warm start, then GRPO-family RL, on a DeepSpeed ZeRO engine.
+
+One step = sample `prompts_per_step` prompts (split over ranks) x `group_size` completions,
+score them, compute group-relative advantages, then one optimizer step per
+`updates_per_batch` over micro-batches (gradient accumulation is DeepSpeed's).
+Every source of randomness in a step is derived from (seed, step, rank), so a resumed run
+replays exactly what an uninterrupted one would have done.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workers.rl import advantages as adv_lib
+from workers.rl import checkpoint as ckpt
+from workers.rl.distributed import all_reduce_sum, any_rank, process_group
+from workers.rl.losses import (
+    aggregate,
+    dpo_loss,
+    entropy,
+    expert_utilisation,
+    kl_k3,
+    load_balancing_loss,
+    masked_mean,
+    policy_loss,
+    token_logprobs,
+)
+from workers.rl.model import build_policy, is_moe
+from workers.rl.rollout import RolloutBatch, make_backend, position_ids
+from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, StdoutSink
+from workers.rl.spec import RunSpec, TrainerSpec
+from workers.rl.tasks import Example, Task, build_task
+from workers.rl.tokenizer import load_tokenizer, train_bpe
+
+
+class TrainingFailed(RuntimeError):
+    """The run stopped cleanly (e.g. too many consecutive NaN steps); checkpoints are intact."""
+
+
+@dataclass
+class RunResult:
+    steps: int
+    eval_reward: dict[int, float] = field(default_factory=dict)  # RL step -> held-out reward
+    losses: dict[int, float] = field(default_factory=dict)
+    skipped_steps: list[int] = field(default_factory=list)
+    final_dir: str | None = None
+    steps_per_s: float = 0.0
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak LR at optimizer step `step` (0-based): linear warmup, then
+    cosine or linear decay to `min_ratio`, or constant."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - (1 - min_ratio) * progress
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def use_bf16(ts: TrainerSpec) -> bool:
+    if ts.precision == "auto":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return ts.precision == "bf16"
+
+
+def make_engine(model, ts: TrainerSpec, lr: float, total_steps: int, micro: int, gas: int):
+    import deepspeed
+
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=ts.weight_decay
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_factor(s, total_steps, ts.warmup_steps, ts.schedule, ts.min_lr_ratio),
+    )
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": ts.grad_clip,
+        "zero_optimization": {"stage": ts.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": use_bf16(ts)},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if ts.zero_stage == 3:
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=opt, lr_scheduler=sched, config=config
+    )
+    return engine
+
+
+def pad_right(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def forward_completion(module, batch: RolloutBatch, sl: slice, moe: bool, device):
+    """Run the policy on prompt+completion, as laid out at sampling time.
+    Returns completion logits (b,C,V), router logits per layer ((b*L),E) or None, and the
+    (b*L,) attention mask that router logits are aligned with."""
+    p_ids, p_mask = batch.prompt_ids[sl], batch.prompt_mask[sl]
+    c_ids, c_mask = batch.completion_ids[sl], batch.completion_mask[sl]
+    ids = torch.cat([p_ids, c_ids], 1).to(device)  # (b, L = P + C)
+    mask = torch.cat([p_mask, c_mask], 1).to(device)
+    kwargs: dict[str, Any] = {"output_router_logits": True} if moe else {}
+    out = module(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False,
+        **kwargs,
+    )
+    p = p_ids.shape[1]
+    logits = out.logits[:, p - 1 : -1]  # (b,C,V): position t predicts completion token t
+    router = getattr(out, "router_logits", None) if moe else None
+    return logits, router, mask.reshape(-1)
+
+
+class Run:
+    def __init__(
+        self, spec: RunSpec, sink: MetricSink | None, task: Task | None, rank: int, world: int
+    ):
+        self.spec, self.rank, self.world = spec, rank, world
+        self.task = task or build_task(spec.task)
+        self.root = Path(spec.checkpoint.dir)
+        self.sink: MetricSink = (sink or default_sink(spec)) if rank == 0 else NullSink()
+        self.device = torch.device(
+            f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        )
+        ts = spec.trainer
+        if ts.prompts_per_step % world:
+            raise ValueError(
+                f"trainer.prompts_per_step={ts.prompts_per_step} must be divisible by the "
+                f"world size {world}"
+            )
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def generator(self, *key: int) -> torch.Generator:
+        g = torch.Generator()
+        g.manual_seed(hash((self.spec.trainer.seed, *key)) & 0x7FFF_FFFF_FFFF)
+        return g
+
+    def prompt_slice(self, cursor: int, n_global: int) -> list[Example]:
+        """This rank's prompts at data cursor `cursor`, walking seeded per-epoch shuffles."""
+        train = self.task.train
+        per_rank = n_global // self.world
+        out = []
+        for i in range(cursor + self.rank * per_rank, cursor + (self.rank + 1) * per_rank):
+            epoch, pos = divmod(i, len(train))
+            order = torch.randperm(len(train), generator=self.generator(10_000 + epoch))
+            out.append(train[int(order[pos])])
+        return out
+
+    def tokenizer(self):
+        if self.spec.tokenizer.source == "model":
+            assert self.spec.model.path is not None
+            return load_tokenizer(self.spec.model.path)
+        return train_bpe(self.task.corpus(), self.spec.tokenizer.vocab_size)
+
+    def completion_batch(self, tok, examples: list[Example]) -> RolloutBatch:
+        """Reference completions laid out like a rollout, for SFT."""
+        enc = tok([e.prompt for e in examples], return_tensors="pt", padding=True,
+                  add_special_tokens=False)
+        comp = [tok(e.reference, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                for e in examples]
+        c_ids, c_mask = pad_right(comp, tok.pad_token_id)
+        zeros = torch.zeros(c_ids.shape)
+        return RolloutBatch(enc["input_ids"], enc["attention_mask"], c_ids, c_mask, zeros, [])
+
+    # ---- phases --------------------------------------------------------------------------
+
+    def sft(self, tok) -> Path:
+        """Cross-entropy on references; saves the warm-started policy as `<dir>/sft`."""
+        spec, out = self.spec, self.root / "sft"
+        if (out / "config.json").is_file() or spec.sft.steps == 0:
+            return out
+        model = build_policy(spec.model, len(tok), tok.pad_token_id, tok.eos_token_id)
+        per_rank = max(1, spec.sft.batch_size // self.world)
+        # Constant LR for the warm start; the RL schedule belongs to the RL phase.
+        ts = spec.trainer.model_copy(update={"schedule": "constant", "warmup_steps": 0})
+        engine = make_engine(model, ts, spec.sft.lr, spec.sft.steps, per_rank, 1)
+        moe = is_moe(model)
+        for step in range(spec.sft.steps):
+            g = self.generator(20_000 + step, self.rank)
+            idx = torch.randint(len(self.task.train), (per_rank,), generator=g)
+            batch = self.completion_batch(tok, [self.task.train[int(i)] for i in idx])
+            logits, router, flat_mask = forward_completion(
+                engine, batch, slice(None), moe, self.device
+            )
+            mask = batch.completion_mask.to(self.device).float()
+            logp = token_logprobs(logits, batch.completion_ids.to(self.device))
+            loss = -masked_mean(logp, mask)
+            if router is not None:
+                k = engine.module.config.num_experts_per_tok
+                loss = loss + spec.model.router_aux_loss_coef * load_balancing_loss(
+                    router, k, flat_mask
+                )
+            engine.backward(loss)
+            engine.step()
+            if step % 10 == 0 or step == spec.sft.steps - 1:
+                val = float(all_reduce_sum(loss.detach().cpu().reshape(1))) / self.world
+                self.sink.log(step, {"sft/loss": val})
+        ckpt.save_hf_atomic(engine.module, tok, out, spec.trainer.zero_stage)
+        self.sink.event("info", f"SFT warm start done after {spec.sft.steps} steps", {})
+        del engine
+        return out
+
+    def evaluate(self, backend, tok) -> float:
+        """Mean reward on held-out prompts, sampled at the rollout temperature."""
+        ev = list(self.task.eval)
+        mine = [e for i, e in enumerate(ev) if i % self.world == self.rank] or ev[:1]
+        weight = 1.0 if any(i % self.world == self.rank for i in range(len(ev))) else 0.0
+        reps = [e for e in mine for _ in range(self.spec.trainer.eval_samples)]
+        batch = backend.generate([e.prompt for e in reps], self.spec.rollout,
+                                 self.generator(30_000))
+        rewards, _ = self.task.reward(reps, batch.texts)
+        tot = all_reduce_sum(torch.tensor([sum(rewards) * weight, len(rewards) * weight]))
+        return float(tot[0] / tot[1])
+
+    def rl(self, tok, sft_dir: Path, resume: bool) -> RunResult:
+        spec, ts, algo = self.spec, self.spec.trainer, self.spec.algorithm
+        group = spec.rollout.group_size
+        n_seq = ts.prompts_per_step // self.world * group  # sequences per rank per step
+        micro = min(ts.micro_batch_size, n_seq)
+        if n_seq % micro:
+            raise ValueError(
+                f"trainer.micro_batch_size={micro} must divide the {n_seq} sequences each rank "
+                f"trains on per step (prompts_per_step / world * group_size)"
+            )
+        gas = n_seq // micro
+        model_spec = spec.model
+        if (sft_dir / "config.json").is_file():
+            model_spec = model_spec.model_copy(update={"source": "path", "path": str(sft_dir)})
+        policy = build_policy(model_spec, len(tok), tok.pad_token_id, tok.eos_token_id)
+        moe = is_moe(policy)
+        top_k = policy.config.num_experts_per_tok if moe else 0
+        ref = None
+        if algo.kl_coef > 0 or algo.dpo_coef > 0:
+            ref = copy.deepcopy(policy).to(self.device).eval().requires_grad_(False)
+            if use_bf16(ts):
+                ref = ref.to(torch.bfloat16)
+        total_opt_steps = ts.steps * algo.updates_per_batch
+        engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas)
+        backend = make_backend(spec.rollout.backend, engine.module, tok, ts.zero_stage == 3)
+
+        start, cursor, nan_streak = 0, 0, 0
+        result = RunResult(steps=0)
+        last = ckpt.latest(self.root) if resume else None
+        if last is not None:
+            state = ckpt.load(engine, last)
+            start, cursor, nan_streak = state["step"], state["cursor"], state["nan_streak"]
+            self.sink.event("info", f"resumed from {last} at step {start}", {"step": start})
+        else:
+            result.eval_reward[0] = self.evaluate(backend, tok)
+            self.sink.log(0, {"eval/reward_mean": result.eval_reward[0]})
+
+        t_run = time.perf_counter()
+        for step in range(start, ts.steps):
+            examples = self.prompt_slice(cursor, ts.prompts_per_step)
+            cursor += ts.prompts_per_step
+            reps = [e for e in examples for _ in range(group)]
+
+            t0 = time.perf_counter()
+            batch = backend.generate([e.prompt for e in reps], spec.rollout,
+                                     self.generator(step, self.rank))
+            t_gen = time.perf_counter() - t0
+            rewards_l, components = self.task.reward(reps, batch.texts)
+            rewards = torch.tensor(rewards_l, dtype=torch.float32)  # (n_seq,)
+            advs = adv_lib.compute(algo.advantage, rewards.view(-1, group)).reshape(-1)
+
+            ref_logp = None
+            if ref is not None:
+                with torch.no_grad():
+                    ref_logp = torch.cat([
+                        token_logprobs(forward_completion(ref, batch, slice(i, i + micro),
+                                                          False, self.device)[0],
+                                       batch.completion_ids[i:i + micro].to(self.device),
+                                       spec.rollout.temperature).float().cpu()
+                        for i in range(0, n_seq, micro)
+                    ])
+
+            t1 = time.perf_counter()
+            stats: dict[str, float] = {}
+            skipped = False
+            for _ in range(algo.updates_per_batch):
+                upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
+                                           top_k)
+                for k, v in upd.items():
+                    stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
+                if skipped:
+                    break
+            t_train = time.perf_counter() - t1
+
+            metrics = self.step_metrics(rewards, components, batch, stats, t_gen, t_train)
+            metrics["lr"] = float(engine.get_lr()[0])
+            if skipped:
+                nan_streak += 1
+                result.skipped_steps.append(step + 1)
+                self.sink.event("warning", f"step {step + 1}: non-finite loss, step skipped",
+                                {"step": step + 1, "nan_streak": nan_streak})
+                if nan_streak >= ts.max_consecutive_nan:
+                    self.sink.event("error", f"{nan_streak} consecutive non-finite steps; "
+                                    "stopping with the last good checkpoint intact",
+                                    {"last_checkpoint": str(ckpt.latest(self.root))})
+                    raise TrainingFailed(
+                        f"{nan_streak} consecutive non-finite losses at step {step + 1}; "
+                        f"last good checkpoint: {ckpt.latest(self.root)}"
+                    )
+            else:
+                nan_streak = 0
+                result.losses[step + 1] = metrics["loss"]
+                if metrics.get("dropped_microbatches"):
+                    self.sink.event("warning", f"step {step + 1}: non-finite micro-batch dropped",
+                                    {"step": step + 1,
+                                     "dropped": metrics["dropped_microbatches"]})
+            done = step + 1
+            if ts.eval_every and done % ts.eval_every == 0:
+                result.eval_reward[done] = metrics["eval/reward_mean"] = self.evaluate(backend,
+                                                                                     tok)
+            self.sink.log(done, metrics)
+            if spec.checkpoint.every and done % spec.checkpoint.every == 0 and not skipped:
+                path = ckpt.save(engine, tok, self.root, done,
+                                 {"cursor": cursor, "nan_streak": nan_streak,
+                                  "metrics": metrics}, spec.checkpoint.keep, ts.zero_stage)
+                self.sink.checkpoint(done, str(path / "hf"), metrics)
+            result.steps = done
+
+        elapsed = time.perf_counter() - t_run
+        result.steps_per_s = (ts.steps - start) / elapsed if elapsed > 0 else 0.0
+        if ts.steps not in result.eval_reward:
+            result.eval_reward[ts.steps] = self.evaluate(backend, tok)
+            self.sink.log(ts.steps, {"eval/reward_mean": result.eval_reward[ts.steps]})
+        if spec.checkpoint.save_final:
+            final = self.root / "final"
+            ckpt.save_hf_atomic(engine.module, tok, final, ts.zero_stage)
+            result.final_dir = str(final)
+            self.sink.checkpoint(ts.steps, str(final), {"eval/reward_mean":
+                                                        result.eval_reward[ts.steps]})
+        return result
+
+    def update(self, engine, batch: RolloutBatch, advs, rewards, ref_logp, micro: int,
+               moe: bool, top_k: int) -> tuple[dict[str, float], bool]:
+        """One optimizer step over all micro-batches. Returns (metric sums, skipped)."""
+        spec, algo = self.spec, self.spec.algorithm
+        temp = spec.rollout.temperature
+        n_seq = batch.completion_ids.shape[0]
+        gas = n_seq // micro
+        sums: dict[str, float] = {}
+        dropped = 0
+        util_counts: list[torch.Tensor] = []
+        for mb, i in enumerate(range(0, n_seq, micro)):
+            sl = slice(i, i + micro)
+            logits, router, flat_mask = forward_completion(engine, batch, sl, moe, self.device)
+            c_ids = batch.completion_ids[sl].to(self.device)
+            mask = batch.completion_mask[sl].to(self.device).float()  # (b,C)
+            logp = token_logprobs(logits, c_ids, temp)  # (b,C)
+            pg, st = policy_loss(
+                logp, batch.logprobs[sl].to(self.device), advs[sl].to(self.device), mask,
+                importance=algo.importance, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                tis_cap=algo.tis_cap, mask_low=algo.ratio_mask_low,
+                mask_high=algo.ratio_mask_high, agg=algo.loss_agg,
+                norm_len=spec.rollout.max_new_tokens,
+            )
+            loss = pg
+            ent = masked_mean(entropy(logits.detach(), temp), mask)
+            parts = {"pg_loss": pg.detach(), "entropy": ent}
+            if algo.entropy_coef:
+                ent_g = masked_mean(entropy(logits, temp), mask)
+                loss = loss - algo.entropy_coef * ent_g
+            if ref_logp is not None:
+                kl = aggregate(kl_k3(logp, ref_logp[sl].to(self.device)), mask, algo.loss_agg,
+                               spec.rollout.max_new_tokens)
+                parts["kl"] = kl.detach()
+                if algo.kl_coef:
+                    loss = loss + algo.kl_coef * kl
+            if algo.dpo_coef and ref_logp is not None:
+                d_loss, d_acc, pairs = self.dpo_term(logp, ref_logp[sl].to(self.device), mask,
+                                                     rewards[sl])
+                # Every rank reports the same keys (metrics are all-reduced as one vector).
+                parts["dpo_pairs"] = torch.tensor(float(pairs))
+                parts["dpo_loss"], parts["dpo_acc"] = torch.zeros(()), torch.zeros(())
+                if d_loss is not None:
+                    loss = loss + algo.dpo_coef * d_loss
+                    parts["dpo_loss"], parts["dpo_acc"] = d_loss.detach(), d_acc
+            if router is not None:
+                aux = load_balancing_loss(router, top_k, flat_mask)
+                loss = loss + spec.model.router_aux_loss_coef * aux
+                parts["aux_loss"] = aux.detach()
+                util_counts.append(torch.stack([
+                    torch.tensor(u["tokens"]) for u in expert_utilisation(router, top_k,
+                                                                           flat_mask)
+                ]))  # (layers,E)
+            parts["loss"] = loss.detach()
+            finite = not any_rank(not bool(torch.isfinite(loss)))
+            if not finite:
+                if mb == 0:
+                    return {}, True  # nothing accumulated yet: skip the whole step cleanly
+                # Later micro-batch: contribute an exact zero so DeepSpeed's accumulation
+                # boundary still lines up; the step uses the finite micro-batches only.
+                loss = logits.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0
+                dropped += 1
+            engine.backward(loss)
+            engine.step()
+            if finite:
+                for k, v in {**parts, **st}.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        sums = {k: v / (gas - dropped) for k, v in sums.items()}
+        sums["dropped_microbatches"] = float(dropped)
+        gn = engine.get_global_grad_norm()
+        if gn is not None:
+            sums["grad_norm"] = float(gn)
+        if util_counts:
+            counts = all_reduce_sum(torch.stack(util_counts).sum(0).float())  # (layers,E)
+            for layer, row in enumerate(counts):
+                p = row / row.sum().clamp(min=1.0)
+                ent = -(p * p.clamp(min=1e-12).log()).sum() / math.log(len(row))
+                sums[f"moe/layer{layer}/load_entropy"] = float(ent)
+                for e, c in enumerate(row.tolist()):
+                    sums[f"moe/layer{layer}/expert{e}_tokens"] = c
+        return sums, False
+
+    def dpo_term(self, logp, ref_logp, mask, rewards):
+        """Preference pairs from each group: best vs worst completion (if rewards differ)."""
+        group = self.spec.rollout.group_size
+        seq = (logp * mask).sum(-1).view(-1, group)  # (groups,G)
+        ref_seq = (ref_logp * mask).sum(-1).view(-1, group)
+        r = rewards.view(-1, group)
+        best, worst = r.argmax(1), r.argmin(1)
+        keep = (r.max(1).values > r.min(1).values).to(seq.device)
+        if not bool(keep.any()):
+            return None, None, 0
+        rows = torch.arange(seq.shape[0], device=seq.device)[keep]
+        b, w = best.to(seq.device)[keep], worst.to(seq.device)[keep]
+        loss, acc = dpo_loss(seq[rows, b], seq[rows, w], ref_seq[rows, b], ref_seq[rows, w],
+                             self.spec.algorithm.dpo_beta)
+        return loss, acc, int(keep.sum())
+
+    def step_metrics(self, rewards, components, batch, stats, t_gen, t_train):
+        """Average over ranks: rewards and components by sample, losses by rank."""
+        names = sorted(components)
+        local = [float(rewards.sum()), float((rewards**2).sum()), float(rewards.numel())]
+        local += [sum(components[n]) for n in names]
+        keys = sorted(k for k in stats if not k.startswith("moe/"))
+        local += [stats[k] for k in keys]
+        gen_tokens = float(batch.num_tokens)
+        train_tokens = float(batch.prompt_mask.sum() + batch.completion_mask.sum())
+        local += [gen_tokens, train_tokens, t_gen, t_train]
+        tot = all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        n = tot[2]
+        mean = tot[0] / n
+        out: dict[str, float] = {
+            "reward_mean": mean,
+            "reward_std": math.sqrt(max(0.0, tot[1] / n - mean**2)),
+        }
+        for j, name in enumerate(names):
+            out[f"reward/{name}"] = tot[3 + j] / n
+        off = 3 + len(names)
+        for j, k in enumerate(keys):
+            out[k] = tot[off + j] / self.world
+        off += len(keys)
+        g_tok, t_tok, tg, tt = tot[off : off + 4]
+        # Ranks work in parallel: tokens/s uses the mean per-rank wall time.
+        out["gen_tokens_per_s"] = g_tok / max(tg / self.world, 1e-9)
+        out["train_tokens_per_s"] = t_tok / max(tt / self.world, 1e-9)
+        out["completion_len"] = g_tok / n
+        out.update({k: v for k, v in stats.items() if k.startswith("moe/")})
+        return out
+
+
+def default_sink(spec: RunSpec) -> MetricSink:
+    sinks: list[MetricSink] = []
+    if spec.output.stdout:
+        sinks.append(StdoutSink())
+    if spec.output.metrics_jsonl:
+        sinks.append(JsonlSink(spec.output.metrics_jsonl))
+    return MultiSink(*sinks)
+
+
+def train(
+    spec: RunSpec, sink: MetricSink | None = None, *, resume: bool = False,
+    task: Task | None = None,
+) -> RunResult:
+    """Run (or resume) one training run. Callable from the CLI, torchrun or a Celery task."""
+    with process_group() as (rank, world):
+        run = Run(spec, sink, task, rank, world)
+        root = run.root
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "spec.json").write_text(spec.to_json())
+            run.sink.event("info", f"run {spec.name} on {world} rank(s), config:\n{spec.to_json()}",
+                           {"spec": spec.model_dump(mode="json"), "world_size": world})
+        if not resume and (ckpt.latest(root) is not None or (root / "sft").exists()):
+            raise ValueError(
+                f"checkpoint.dir {root} already holds a run; resume it or choose another dir"
+            )
+        run.barrier()
+        last = ckpt.latest(root) if resume else None
+        if last is not None:
+            tok = load_tokenizer(last / "hf")
+        elif (root / "sft" / "config.json").is_file():
+            tok = load_tokenizer(root / "sft")
+        else:
+            tok = run.tokenizer()
+        sft_dir = run.sft(tok)
+        return run.rl(tok, sft_dir, resume)
