@@ -34,6 +34,11 @@ bench-sandbox: $(STAMP)
 	bash scripts/install_sandbox_deps.sh
 	$(PY) -m tests.benchmarks.bench_sandbox
 
+bench-ingest: $(STAMP)
+	nice $(PY) tests/benchmarks/bench_ingest.py
+
+bench: bench-ingest bench-sandbox bench-rl
+
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
 
