@@ -46,3 +46,46 @@ class MetricBatch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq}"
+
+
+class MetricSeries(models.Model):
+    """One (run, name) series: its size and step range, kept current at ingest, so reads
+    never scan a million points to learn them."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=200)
+    count = models.BigIntegerField(default=0)
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="uniq_series")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.name}"
+
+
+class MetricRollup(models.Model):
+    """Pre-aggregated buckets of ``width`` steps (min, max, last, count), written at ingest
+    for a few widths, so a downsampled read of a huge series merges thousands of rollup
+    rows in the database instead of sorting millions of points."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+",
+                            db_index=False)
+    name = models.CharField(max_length=200)
+    width = models.IntegerField()
+    bucket = models.BigIntegerField()
+    vmin = models.FloatField()
+    vmax = models.FloatField()
+    last_step = models.BigIntegerField()
+    last_value = models.FloatField()
+    count = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "name", "width", "bucket"],
+                                    name="uniq_rollup_bucket")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.name}/{self.width}#{self.bucket}"

@@ -1,6 +1,8 @@
 """Metric reads. Downsampling happens in the database: each series is cut into at most
-N equal step ranges and each range returns its min, max and last value, so a chart of a
-million-point series moves N rows, not a million."""
+N equal step ranges and each range returns its min, max and last value. Small series are
+bucketed from their points; large ones from the rollups written at ingest (see
+``rollups``), so a chart of a million-point series merges a few thousand rows, not a
+million."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 
 from django.db import connection
 
-from apps.metrics.models import MetricPoint
+from apps.metrics.models import MetricPoint, MetricRollup, MetricSeries
+from apps.metrics.rollups import pick_width
 
 _DOWNSAMPLE_SQL = """
 WITH bounds AS (
@@ -33,9 +36,29 @@ SELECT step, vmin, vmax, value, cnt FROM ranked WHERE rn = 1 ORDER BY step
 """
 
 
+_ROLLUP_SQL = """
+WITH grouped AS (
+    SELECT r.last_step, r.last_value, r.vmin, r.vmax, r.count,
+           CAST(FLOOR((r.last_step - %(lo)s) * (%(n)s * 1.0) / (%(hi)s - %(lo)s + 1.0))
+                AS BIGINT) AS grp
+    FROM {table} r
+    WHERE r.run_id = %(run)s AND r.name = %(name)s AND r.width = %(width)s
+),
+ranked AS (
+    SELECT grp, last_step, last_value,
+           MIN(vmin) OVER (PARTITION BY grp) AS gmin,
+           MAX(vmax) OVER (PARTITION BY grp) AS gmax,
+           SUM(count) OVER (PARTITION BY grp) AS gcount,
+           ROW_NUMBER() OVER (PARTITION BY grp ORDER BY last_step DESC) AS rn
+    FROM grouped
+)
+SELECT last_step, gmin, gmax, last_value, gcount FROM ranked WHERE rn = 1 ORDER BY last_step
+"""
+
+
 def metric_names(run_id: object) -> list[str]:
     return list(
-        MetricPoint.objects.filter(run_id=run_id).values_list("name", flat=True).distinct()
+        MetricSeries.objects.filter(run_id=run_id).values_list("name", flat=True)
         .order_by("name")
     )
 
@@ -43,11 +66,20 @@ def metric_names(run_id: object) -> list[str]:
 def series(run_id: object, name: str, *, max_points: int) -> list[dict[str, Any]]:
     """``[{"step", "min", "max", "last", "count"}]`` with at most ``max_points`` rows; the
     step of a bucket is that of its last point."""
-    table = MetricPoint._meta.db_table
     run_param = run_id.hex if connection.vendor == "sqlite" else run_id
-    sql = _DOWNSAMPLE_SQL.format(table=table)
+    info = MetricSeries.objects.filter(run_id=run_id, name=name).first()
+    width = None
+    if info is not None and info.count > max_points:
+        width = pick_width(info.last_step - info.first_step + 1, max_points)
+    if width is None:
+        sql = _DOWNSAMPLE_SQL.format(table=MetricPoint._meta.db_table)
+        params: dict[str, Any] = {"run": run_param, "name": name, "n": max_points}
+    else:
+        sql = _ROLLUP_SQL.format(table=MetricRollup._meta.db_table)
+        params = {"run": run_param, "name": name, "n": max_points, "width": width,
+                  "lo": info.first_step, "hi": info.last_step}
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"run": run_param, "name": name, "n": max_points})
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [
         {"step": step, "min": vmin, "max": vmax, "last": last, "count": count}

@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 
 from apps.core import events
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
+from apps.metrics import rollups
 from apps.metrics.models import MetricBatch
 from apps.metrics.writers import Row, insert_points
 from apps.runs.models import Run
@@ -72,8 +73,6 @@ def ingest_batch(*, run: Run, lease_id: str, seq: int, points: Any) -> tuple[int
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_INT:
         raise InvalidInput("seq must be an integer >= 0.", details={"seq": [repr(seq)[:50]]})
     rows = validate_points(points)
-    if MetricBatch.objects.filter(run=run, seq=seq).exists():
-        return 0, True
     try:
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run.pk)
@@ -82,6 +81,7 @@ def ingest_batch(*, run: Run, lease_id: str, seq: int, points: Any) -> tuple[int
                 return 0, True
             stream_seq = allocate_stream_seq(run, 1)
             ids = insert_points(run.pk, rows)
+            rollups.upsert(run.pk, rows)
             MetricBatch.objects.create(run=run, seq=seq, stream_seq=stream_seq,
                                        first_id=min(ids), last_id=max(ids),
                                        point_count=len(rows))

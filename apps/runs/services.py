@@ -11,8 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.core import audit, events
@@ -67,8 +66,12 @@ def _publish_status(run: Run, previous: str | None) -> None:
 def allocate_stream_seq(run: Run, count: int) -> int:
     """Reserve ``count`` consecutive positions in the run's live stream (shared by events
     and metric batches); returns the first. The caller holds the run's row lock."""
-    Run.objects.filter(pk=run.pk).update(event_seq=F("event_seq") + count)
-    return Run.objects.values_list("event_seq", flat=True).get(pk=run.pk) - count + 1
+    table = Run._meta.db_table
+    run_id = run.pk.hex if connection.vendor == "sqlite" else run.pk
+    with connection.cursor() as cursor:  # one round trip instead of UPDATE then SELECT
+        cursor.execute(f"UPDATE {table} SET event_seq = event_seq + %s WHERE id = %s "
+                       "RETURNING event_seq", [count, run_id])
+        return cursor.fetchone()[0] - count + 1
 
 
 def _append_events(run: Run, rows: list[dict[str, Any]]) -> list[RunEvent]:

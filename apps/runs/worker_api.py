@@ -59,13 +59,15 @@ class ArtifactSerializer(serializers.Serializer):
 
 
 class WorkerRunViewSet(WorkerViewSet):
-    def _run(self, run: str) -> Run:
+    def _run(self, run: str, *, related: bool = True) -> Run:
         try:
             run_id = uuid.UUID(run)
         except ValueError as exc:
             raise NotFound(f"No run '{run}'.") from exc
-        queryset = Run.objects.select_related("team", "project",
-                                              "environment_version__environment")
+        queryset = Run.objects.all()
+        if related:
+            queryset = queryset.select_related("team", "project",
+                                               "environment_version__environment")
         if self.principal.team_id is not None:
             queryset = queryset.filter(team_id=self.principal.team_id)
         obj = queryset.filter(pk=run_id).first()
@@ -108,7 +110,8 @@ class WorkerRunViewSet(WorkerViewSet):
         if "seq" not in body or "points" not in body:
             raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]}.")
         stored, duplicate = metric_services.ingest_batch(
-            run=self._run(run), lease_id=self.lease_id, seq=body["seq"], points=body["points"]
+            run=self._run(run, related=False), lease_id=self.lease_id, seq=body["seq"],
+            points=body["points"],
         )
         return Response({"stored": stored, "duplicate": duplicate})
 
