@@ -7,8 +7,11 @@ Workers hold no database credentials: ``CRUCIBLE_API_URL`` and ``CRUCIBLE_WORKER
 from __future__ import annotations
 
 import logging
+import math
+import os
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from config.celery import app
@@ -41,7 +44,70 @@ def _profile(session: WorkerSession) -> None:
     session.set_report(uri)
 
 
-ENGINES: dict[str, Callable[[WorkerSession], None]] = {"profile": _profile}
+class RlApiSink:
+    """RL engine sink → API: metrics per step, events, checkpoints. Non-finite values (a
+    skipped NaN step) are left out of the metric batch; the engine reports them as events."""
+
+    def __init__(self, session: WorkerSession) -> None:
+        self.session = session
+        self.checkpoint_steps: set[int] = set()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        points = [{"name": k, "step": step, "value": float(v)} for k, v in metrics.items()
+                  if isinstance(v, int | float) and math.isfinite(v)]
+        if points:
+            self.session.log_metrics(points)
+
+    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+        level = level if level in ("debug", "info", "warning", "error") else "info"
+        self.session.log_event(message, level=level, data=_json_safe(data or {}))
+
+    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
+        path = Path(uri)
+        target = path.resolve().as_uri() if path.exists() else uri
+        if step in self.checkpoint_steps:
+            # The final export can land on the step of the last periodic checkpoint; the
+            # API keeps one checkpoint per step, so the export is recorded as an event.
+            self.session.log_event(f"final model at step {step}: {target}",
+                                   kind="artifact", data={"step": step, "uri": target})
+            return
+        self.checkpoint_steps.add(step)
+        self.session.add_checkpoint(step, target, {k: v for k, v in metrics.items()
+                                                   if isinstance(v, int | float)
+                                                   and math.isfinite(v)})
+
+
+def _json_safe(value: Any) -> Any:
+    """Strict JSON: NaN and infinities become null, unknown objects their str()."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    return str(value)
+
+
+def _train(session: WorkerSession) -> None:
+    """A ``train`` run in this worker process (a world of one). Checkpoints go under
+    var/runs/<id>/; a second attempt of the same run resumes from the last one."""
+    from workers.rl.spec import parse_spec
+    from workers.rl.trainer import train
+
+    var = Path(os.environ.get("CRUCIBLE_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
+    spec = parse_spec(session.run["config"])
+    folder = var / "runs" / session.run_id / "checkpoints"
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
+        update={"dir": str(folder)})})
+    resume = session.run["attempt"] > 1 and folder.exists()
+    if resume:
+        session.log_event(f"attempt {session.run['attempt']}: resuming from {folder}")
+    train(spec, RlApiSink(session), resume=resume)
+
+
+ENGINES: dict[str, Callable[[WorkerSession], None]] = {"profile": _profile, "train": _train}
 
 
 def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from workers.profile.spec import ProfileConfig
+from workers.rl.spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {
     "profile": KindSpec(ProfileConfig, "cpu", (1, 1)),
+    # The RL engine's task source is built in (arithmetic) until environments land.
+    "train": KindSpec(RunSpec, "gpu", (0, None)),
 }
 
 
