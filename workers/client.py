@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +92,18 @@ class CrucibleClient:
         if idempotent and method == "POST":
             headers.setdefault("Idempotency-Key", uuid.uuid4().hex)
         retryable = method in ("GET", "HEAD", "PUT", "DELETE") or idempotent
+        content = None
+        if json is not None:
+            # orjson: a 1000-point metric batch encodes ~10x faster than with the stdlib.
+            content = orjson.dumps(json, option=orjson.OPT_NON_STR_KEYS)
+            headers.setdefault("Content-Type", "application/json")
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self.http.request(method, f"/api/v1/{path.lstrip('/')}", json=json,
-                                             params=params, headers=headers, files=files,
-                                             data=data)
+                response = self.http.request(method, f"/api/v1/{path.lstrip('/')}",
+                                             content=content, params=params, headers=headers,
+                                             files=files, data=data)
             except httpx.TransportError as exc:
                 if not retryable or attempt > self.retries:
                     raise

@@ -35,7 +35,17 @@ def _copy_postgres(run_id: object, rows: list[Row]) -> list[int]:
         ids = [r[0] for r in cursor.fetchall()]
         raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper
         columns = "(id, run_id, name, step, value, wall_time)"
+        # One text-format buffer instead of a write_row() call per point: a third of the
+        # cost. Names are the only free text; COPY's escapes cover them.
+        run = str(run_id)
+        names = {n: n.translate(_COPY_ESCAPES) for n in {r[0] for r in rows}}
+        buffer = "".join(
+            f"{point_id}\t{run}\t{names[name]}\t{step}\t{value!r}\t{wall!r}\n"
+            for point_id, (name, step, value, wall) in zip(ids, rows, strict=True)
+        )
         with raw.copy(f"COPY {table} {columns} FROM STDIN") as copy:
-            for point_id, (name, step, value, wall) in zip(ids, rows, strict=True):
-                copy.write_row((point_id, run_id, name, step, value, wall))
+            copy.write(buffer.encode())
     return ids
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})

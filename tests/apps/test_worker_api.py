@@ -657,3 +657,13 @@ def test_only_operator_tokens_may_sweep(db, team):
     _, raw = worker_token_create(actor=Actor.system(), team=team, name="team-pool")
     r = client_for_token(raw).post("/api/v1/worker/sweep")
     assert r.status_code == 403 and "operator" in r.json()["message"]
+
+
+def test_metric_names_with_copy_special_characters_round_trip(worker, running, member):
+    run, lease = running
+    name = "odd\tname\\with\nbreaks"
+    points = [{"name": name, "step": s, "value": s * 1e-5} for s in range(3)]
+    assert post_metrics(worker, run, lease, 1, points).json()["stored"] == 3
+    body = member.client.get(f"{RUNS}/{run.pk}/metrics", {"name": name}).json()
+    assert body["names"] == [name]
+    assert [p["last"] for p in body["series"][0]["points"]] == [0.0, 1e-5, 2e-5]
