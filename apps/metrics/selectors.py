@@ -1,5 +1,8 @@
 """Metric reads. Downsampling happens in the database: each series is cut into at most
-N equal step ranges and each range returns its min, max and last value. Small series are
+N equal step ranges and each range returns its min, max and last value. (Bucket numbers are
+computed in double precision: NUMERIC arithmetic made the grouping 3x slower, and 64-bit
+integer products overflow for huge step ranges. FLOOR matters: PostgreSQL's cast to
+BIGINT rounds.) Small series are
 bucketed from their points; large ones from the rollups written at ingest (see
 ``rollups``), so a chart of a million-point series merges a few thousand rows, not a
 million."""
@@ -20,7 +23,8 @@ WITH bounds AS (
 ),
 bucketed AS (
     SELECT p.id, p.step, p.value,
-           CAST(FLOOR((p.step - b.lo) * (%(n)s * 1.0) / (b.hi - b.lo + 1.0)) AS BIGINT) AS bucket
+           CAST(FLOOR(CAST(p.step - b.lo AS DOUBLE PRECISION) * %(n)s / (b.hi - b.lo + 1))
+                AS BIGINT) AS bucket
     FROM {table} p CROSS JOIN bounds b
     WHERE p.run_id = %(run)s AND p.name = %(name)s
 ),
@@ -39,8 +43,8 @@ SELECT step, vmin, vmax, value, cnt FROM ranked WHERE rn = 1 ORDER BY step
 _ROLLUP_SQL = """
 WITH grouped AS (
     SELECT r.last_step, r.last_value, r.vmin, r.vmax, r.count,
-           CAST(FLOOR((r.last_step - %(lo)s) * (%(n)s * 1.0) / (%(hi)s - %(lo)s + 1.0))
-                AS BIGINT) AS grp
+           CAST(FLOOR(CAST(r.last_step - %(lo)s AS DOUBLE PRECISION) * %(n)s
+                / (%(hi)s - %(lo)s + 1)) AS BIGINT) AS grp
     FROM {table} r
     WHERE r.run_id = %(run)s AND r.name = %(name)s AND r.width = %(width)s
 ),
