@@ -10,6 +10,7 @@ from django.db.models import Max
 from apps.core import audit
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, InvalidInput
+from apps.datasets.records import canonical_line
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
 from apps.projects.models import Project
 from apps.teams.models import Team
@@ -18,8 +19,8 @@ MAX_SPEC_BYTES = 1 << 20
 
 
 def spec_digest(spec: dict[str, Any]) -> str:
-    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """Same canonical JSON as dataset records, so equal specs hash equal."""
+    return hashlib.sha256(canonical_line(spec)).hexdigest()
 
 
 @transaction.atomic

@@ -3,6 +3,7 @@ events, metrics, checkpoints, samples and reports."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -121,8 +122,6 @@ class RunViewSet(TeamScopedViewSet):
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, team: str, run: str) -> Response:
         """Series downsampled in the database to at most ``max_points`` buckets each."""
-        from django.conf import settings
-
         obj = self.get_object()
         cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
         max_points = _int_param(request, "max_points", 1000, 1, cap)

@@ -30,6 +30,7 @@ from apps.runs.models import (
     RunStatus,
     Sample,
 )
+from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
 
 S = RunStatus
@@ -84,9 +85,7 @@ def _append_events(run: Run, rows: list[dict[str, Any]]) -> list[RunEvent]:
         for i, r in enumerate(rows)
     )
     for event in created:
-        _publish_run(run, {"type": "event", "seq": event.seq, "level": event.level,
-                           "kind": event.kind, "message": event.message, "data": event.data,
-                           "created_at": now.isoformat()})
+        _publish_run(run, event_message(event))
     return created
 
 
@@ -191,11 +190,6 @@ def claim(
     """
     sweep_expired(actor=Actor.system())
     with transaction.atomic():
-        candidates = Run.objects.select_for_update(skip_locked=_skip_locked()).filter(
-            status=S.QUEUED, pool=pool
-        )
-        if team_id is not None:
-            candidates = candidates.filter(team_id=team_id)
         if run_id is not None:
             run = Run.objects.select_for_update().filter(pk=run_id).first()
             if run is None or (team_id is not None and run.team_id != team_id):
@@ -207,6 +201,11 @@ def claim(
                 raise Conflict(f"Run {run.pk} belongs to pool '{run.pool}', not '{pool}'.",
                                code="wrong_pool")
         else:
+            candidates = Run.objects.select_for_update(skip_locked=_skip_locked()).filter(
+                status=S.QUEUED, pool=pool
+            )
+            if team_id is not None:
+                candidates = candidates.filter(team_id=team_id)
             run = candidates.order_by("-priority", "created_at").first()
             if run is None:
                 return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -122,8 +123,6 @@ class WorkerRunViewSet(WorkerViewSet):
         if not isinstance(rows, list) or not rows:
             raise InvalidInput("An event batch is {\"events\": [{\"message\", \"level\"?, "
                                "\"data\"?}]}.")
-        from django.conf import settings
-
         if len(rows) > settings.CRUCIBLE["MAX_EVENT_BATCH"]:
             raise PayloadTooLarge(f"At most {settings.CRUCIBLE['MAX_EVENT_BATCH']} events a batch.")
         obj = self._run(run)
@@ -145,8 +144,6 @@ class WorkerRunViewSet(WorkerViewSet):
 
     @extend_schema(request=SampleRowSerializer(many=True), responses=OpenApiTypes.OBJECT)
     def samples(self, request: Request, run: str) -> Response:
-        from django.conf import settings
-
         body = request.data if isinstance(request.data, dict) else {}
         rows = body.get("samples")
         if not isinstance(rows, list) or not rows:

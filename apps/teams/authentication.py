@@ -42,6 +42,28 @@ class WorkerPrincipal:
         return f"worker-token:{self.token.prefix}"
 
 
+def verify_token(raw: str) -> ApiToken:
+    """The live token for ``raw`` (last use recorded), or AuthenticationFailed saying why.
+    Shared by the HTTP authentication below and the websocket middleware."""
+    prefix = tokens.parse_prefix(raw)
+    if prefix is None:
+        raise exceptions.AuthenticationFailed("Malformed token: expected crc_… or crw_….")
+    token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+    if token is None or not tokens.matches(raw, token.key_hash):
+        raise exceptions.AuthenticationFailed("Invalid token.")
+    if token.revoked_at is not None:
+        raise exceptions.AuthenticationFailed("Token has been revoked.")
+    if token.expires_at is not None and token.expires_at <= timezone.now():
+        raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
+    if token.kind == TokenKind.PERSONAL and not token.user.is_active:
+        raise exceptions.AuthenticationFailed("User is inactive.")
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -52,25 +74,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() != self.keyword.lower():
             return None
-        raw = raw.strip()
-        prefix = tokens.parse_prefix(raw)
-        if prefix is None:
-            raise exceptions.AuthenticationFailed("Malformed token: expected crc_… or crw_….")
-        token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
-        if token is None or not tokens.matches(raw, token.key_hash):
-            raise exceptions.AuthenticationFailed("Invalid token.")
-        if token.revoked_at is not None:
-            raise exceptions.AuthenticationFailed("Token has been revoked.")
-        if token.expires_at is not None and token.expires_at <= timezone.now():
-            raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
-        now = timezone.now()
-        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-            token.last_used_at = now
+        token = verify_token(raw.strip())
         if token.kind == TokenKind.WORKER:
             return WorkerPrincipal(token), token
-        if not token.user.is_active:
-            raise exceptions.AuthenticationFailed("User is inactive.")
         return token.user, token
 
     def authenticate_header(self, request) -> str:  # noqa: ANN001

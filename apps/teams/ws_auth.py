@@ -10,25 +10,20 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.contrib.auth.models import AnonymousUser
-from django.utils import timezone
+from rest_framework.exceptions import AuthenticationFailed
 
-from apps.teams import tokens
-from apps.teams.models import ApiToken, TokenKind
+from apps.teams.authentication import verify_token
+from apps.teams.models import TokenKind
 
 
 @database_sync_to_async
 def _user_for_token(raw: str) -> Any:
-    prefix = tokens.parse_prefix(raw)
-    if prefix is None:
+    """Personal tokens only: worker tokens have no business on the live streams."""
+    try:
+        token = verify_token(raw)
+    except AuthenticationFailed:
         return AnonymousUser()
-    token = ApiToken.objects.select_related("user").filter(
-        prefix=prefix, kind=TokenKind.PERSONAL).first()
-    if token is None or not tokens.matches(raw, token.key_hash) or not token.is_active:
-        return AnonymousUser()
-    if not token.user.is_active:
-        return AnonymousUser()
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
-    return token.user
+    return token.user if token.kind == TokenKind.PERSONAL else AnonymousUser()
 
 
 class TokenOrSessionAuth:

@@ -138,4 +138,4 @@ class HFRollout:
 def make_backend(name: str, model: torch.nn.Module, tokenizer, lockstep: bool) -> RolloutBackend:
     if name == "hf":
         return HFRollout(model, tokenizer, lockstep=lockstep)
-    raise NotImplementedError(f"rollout backend {name!r} is not available yet (use 'hf')")
+    raise ValueError(f"unknown rollout backend {name!r}; available: 'hf'")

@@ -88,7 +88,8 @@ class ArithmeticSpec(_Strict):
 
 
 class RolloutSpec(_Strict):
-    backend: Literal["hf", "vllm"] = "hf"
+    # "vllm" joins when its backend lands; until then the spec refuses it at launch.
+    backend: Literal["hf"] = "hf"
     group_size: Annotated[int, Field(ge=2)] = 8
     max_new_tokens: PosInt = 6
     temperature: Annotated[float, Field(gt=0.0)] = 1.0

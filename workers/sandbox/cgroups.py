@@ -13,6 +13,7 @@ import itertools
 import os
 import signal
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -70,7 +71,7 @@ def _rmdir(path: Path) -> None:
             time.sleep(0.002)  # exiting tasks leave the cgroup asynchronously
 
 
-class Cgroup:
+class Cgroup(ABC):
     """A per-execution cgroup; subclasses map the operations onto v1 or v2 files."""
 
     version: int = 0
@@ -78,26 +79,26 @@ class Cgroup:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def set_limits(self, *, memory_bytes: int, pids: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def set_limits(self, *, memory_bytes: int, pids: int) -> None: ...
 
-    def add(self, pid: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def add(self, pid: int) -> None: ...
 
-    def procs(self) -> list[int]:
-        raise NotImplementedError
+    @abstractmethod
+    def procs(self) -> list[int]: ...
 
-    def cpu_ns(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def cpu_ns(self) -> int: ...
 
-    def peak_memory(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def peak_memory(self) -> int: ...
 
-    def reset_peak(self) -> None:
+    def reset_peak(self) -> None:  # noqa: B027 - optional: a no-op where the kernel has no reset
         """Forget the peak so far (a warm sandbox's interpreter start-up is not the program's)."""
 
-    def oom_kills(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def oom_kills(self) -> int: ...
 
     def signal_all(self) -> set[int]:
         """SIGKILL everything in the cgroup once, without waiting: none of it runs code again,
@@ -121,8 +122,8 @@ class Cgroup:
             time.sleep(0.001)
         return seen
 
-    def remove(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def remove(self) -> None: ...
 
 
 class CgroupV1(Cgroup):
@@ -166,7 +167,7 @@ class CgroupV1(Cgroup):
     def peak_memory(self) -> int:
         return _int(self.dirs["memory"] / "memory.max_usage_in_bytes")
 
-    def reset_peak(self) -> None:
+    def reset_peak(self) -> None:  # noqa: B027 - optional: a no-op where the kernel has no reset
         with contextlib.suppress(OSError):
             _write(self.dirs["memory"] / "memory.max_usage_in_bytes", "0")
 
