@@ -1,0 +1,331 @@
+"""Reads and small pure helpers behind the dashboard pages: the runs table query (filters,
+sort, a constant number of queries per page), config flattening and diffing for compare,
+report comparison with regressions, and the run page's side panels."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.paginator import Page, Paginator
+from django.db.models import Q, QuerySet
+
+from apps.environments.models import Environment
+from apps.lineage.models import ArtifactType, LineageEdge
+from apps.projects.models import Project
+from apps.runs.models import Run, RunKind, RunStatus
+from apps.teams.models import Team
+
+PAGE_SIZE = 50
+MAX_COMPARE = 10
+# Sort keys offered in the table header: public name -> ORDER BY fields.
+SORTS: dict[str, tuple[str, ...]] = {
+    "created": ("created_at",),
+    "name": ("name", "created_at"),
+    "kind": ("kind", "created_at"),
+    "status": ("status", "created_at"),
+    "updated": ("updated_at",),
+    "priority": ("priority", "created_at"),
+}
+
+
+@dataclass
+class RunFilters:
+    """What the runs table is narrowed to; unknown values are ignored, not errors, so a
+    stale bookmarked URL still shows a table."""
+
+    kind: str = ""
+    status: str = ""
+    project: str = ""
+    environment: str = ""
+    creator: str = ""
+    q: str = ""
+    sort: str = "-created"
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, params: Any) -> RunFilters:
+        sort = params.get("sort") or "-created"
+        if sort.lstrip("-") not in SORTS:
+            sort = "-created"
+        try:
+            page = max(1, int(params.get("page") or 1))
+        except ValueError:
+            page = 1
+        kind = params.get("kind") or ""
+        status = params.get("status") or ""
+        return cls(
+            kind=kind if kind in RunKind.values else "",
+            status=status if status in RunStatus.values else "",
+            project=(params.get("project") or "")[:64],
+            environment=(params.get("environment") or "")[:64],
+            creator=(params.get("creator") or "")[:150],
+            q=(params.get("q") or "").strip()[:200],
+            sort=sort,
+            page=page,
+        )
+
+    def active(self) -> bool:
+        return any((self.kind, self.status, self.project, self.environment, self.creator,
+                    self.q))
+
+    def query(self, **changes: Any) -> str:
+        """The query string of this filter with ``changes`` applied (for sort/page links)."""
+        from urllib.parse import urlencode
+
+        values = {"kind": self.kind, "status": self.status, "project": self.project,
+                  "environment": self.environment, "creator": self.creator, "q": self.q,
+                  "sort": self.sort, "page": self.page, **changes}
+        clean = {k: v for k, v in values.items()
+                 if v and not (k == "sort" and v == "-created") and not (k == "page" and v == 1)}
+        return urlencode(clean)
+
+
+def runs_table_queryset(team: Team, filters: RunFilters) -> QuerySet[Run]:
+    """One query for the rows (joins, no per-row lookups); the page adds one COUNT."""
+    runs = Run.objects.filter(team=team).select_related(
+        "project", "environment_version__environment", "created_by"
+    ).only(
+        "id", "name", "kind", "status", "pool", "priority", "attempt", "created_at",
+        "updated_at", "project__slug", "environment_version__number",
+        "environment_version__environment__slug", "created_by__username",
+    )
+    if filters.kind:
+        runs = runs.filter(kind=filters.kind)
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.project:
+        runs = runs.filter(project__slug=filters.project)
+    if filters.environment:
+        runs = runs.filter(environment_version__environment__slug=filters.environment)
+    if filters.creator:
+        runs = runs.filter(created_by__username=filters.creator)
+    if filters.q:
+        query = Q(name__icontains=filters.q)
+        with contextlib.suppress(ValueError):
+            query |= Q(pk=uuid.UUID(filters.q))
+        runs = runs.filter(query)
+    desc = filters.sort.startswith("-")
+    order = [("-" if desc else "") + f for f in SORTS[filters.sort.lstrip("-")]]
+    return runs.order_by(*order, "-pk" if desc else "pk")
+
+
+def runs_page(team: Team, filters: RunFilters) -> Page:
+    return Paginator(runs_table_queryset(team, filters), PAGE_SIZE).get_page(filters.page)
+
+
+@dataclass
+class FilterChoices:
+    projects: list[str]
+    environments: list[str]
+    creators: list[str]
+
+
+def filter_choices(team: Team) -> FilterChoices:
+    """Three small queries, independent of how many runs the team has."""
+    user_model = get_user_model()
+    return FilterChoices(
+        projects=list(Project.objects.filter(team=team).order_by("slug")
+                      .values_list("slug", flat=True)),
+        environments=list(Environment.objects.filter(team=team).order_by("slug")
+                          .values_list("slug", flat=True)),
+        creators=list(user_model.objects.filter(memberships__team=team)
+                      .order_by("username").values_list("username", flat=True)),
+    )
+
+
+# --- compare ---------------------------------------------------------------------------
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys; lists and scalars are leaves (a list is one setting)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key in sorted(value):
+            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix or "(root)": value}
+
+
+MISSING = object()
+
+
+@dataclass
+class ConfigRow:
+    key: str
+    values: list[Any]
+    differs: bool
+
+
+def config_table(configs: list[dict[str, Any]]) -> list[ConfigRow]:
+    """Every flattened key across the configs; ``differs`` when any two runs disagree
+    (a key one run lacks counts as a difference)."""
+    flat = [flatten(c) for c in configs]
+    keys = sorted(set().union(*flat)) if flat else []
+    rows = []
+    for key in keys:
+        values = [f.get(key, MISSING) for f in flat]
+        differs = any(v != values[0] or type(v) is not type(values[0]) for v in values[1:])
+        rows.append(ConfigRow(key, values, differs))
+    return rows
+
+
+LOWER_IS_BETTER = ("loss", "error", "fail", "latency", "time", "elapsed", "perplexity",
+                   "timeout", "duration", "_s")
+REGRESSION_TOLERANCE = 0.01
+
+
+def lower_is_better(key: str) -> bool:
+    last = key.rsplit(".", 1)[-1].lower()
+    return any(word in last for word in LOWER_IS_BETTER)
+
+
+@dataclass
+class ReportCell:
+    value: Any
+    regression: bool = False
+    improvement: bool = False
+
+
+@dataclass
+class ReportRow:
+    key: str
+    cells: list[ReportCell] = field(default_factory=list)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def report_table(reports: list[dict[str, Any] | None]) -> list[ReportRow]:
+    """Numeric leaves of each report side by side. The first run with a report is the
+    baseline; a value worse than it by more than 1% (relative; direction from the key's
+    name: losses, errors and times are better low, everything else high) is a regression."""
+    flat = [flatten(r) if r else {} for r in reports]
+    keys = sorted({k for f in flat for k, v in f.items() if _number(v) is not None})
+    base_index = next((i for i, r in enumerate(reports) if r), None)
+    rows = []
+    for key in keys:
+        row = ReportRow(key)
+        base = _number(flat[base_index].get(key)) if base_index is not None else None
+        for i, f in enumerate(flat):
+            value = _number(f.get(key))
+            cell = ReportCell(f.get(key, MISSING) if reports[i] else MISSING)
+            if value is not None and base is not None and i != base_index:
+                delta = (value - base) if not lower_is_better(key) else (base - value)
+                scale = max(abs(base), 1e-12)
+                cell.regression = delta / scale < -REGRESSION_TOLERANCE
+                cell.improvement = delta / scale > REGRESSION_TOLERANCE
+            row.cells.append(cell)
+        rows.append(row)
+    return rows
+
+
+def parse_run_ids(values: list[str]) -> list[str]:
+    """Valid, distinct run ids in the order given (bad ones dropped), at most MAX_COMPARE."""
+    seen: list[str] = []
+    for raw in values:
+        for part in raw.split(","):
+            try:
+                value = str(uuid.UUID(part.strip()))
+            except ValueError:
+                continue
+            if value not in seen:
+                seen.append(value)
+    return seen
+
+
+# --- run page panels ---------------------------------------------------------------------
+
+
+@dataclass
+class Neighbour:
+    direction: str  # "upstream" | "downstream"
+    relation: str
+    type: str
+    id: str
+    label: str
+    run_id: str | None = None
+
+
+def lineage_neighbours(run: Run) -> list[Neighbour]:
+    """Direct lineage edges of a run, labelled for people (two queries plus one per
+    artifact type present, not per edge)."""
+    ident = str(run.pk)
+    edges = list(LineageEdge.objects.filter(team_id=run.team_id).filter(
+        Q(source_type=ArtifactType.RUN, source_id=ident)
+        | Q(target_type=ArtifactType.RUN, target_id=ident)
+    ).order_by("pk"))
+    rows: list[Neighbour] = []
+    for e in edges:
+        if e.target_type == ArtifactType.RUN and e.target_id == ident:
+            rows.append(Neighbour("upstream", e.relation, e.source_type, e.source_id,
+                                  e.source_id))
+        else:
+            rows.append(Neighbour("downstream", e.relation, e.target_type, e.target_id,
+                                  e.target_id))
+    _label(run, rows)
+    return rows
+
+
+def _label(run: Run, rows: list[Neighbour]) -> None:
+    from apps.datasets.models import DatasetVersion
+    from apps.environments.models import EnvironmentVersion
+    from apps.runs.models import Checkpoint
+
+    def ids(kind: str) -> list[str]:
+        return [r.id for r in rows if r.type == kind]
+
+    labels: dict[tuple[str, str], str] = {}
+    runs_found: set[str] = set()
+    if ids(ArtifactType.DATASET_VERSION):
+        for v in DatasetVersion.objects.filter(
+            dataset__team_id=run.team_id, digest__in=ids(ArtifactType.DATASET_VERSION)
+        ).select_related("dataset"):
+            labels[(ArtifactType.DATASET_VERSION, v.digest)] = (
+                f"dataset {v.dataset.slug} v{v.number}")
+    if ids(ArtifactType.ENVIRONMENT_VERSION):
+        for v in EnvironmentVersion.objects.filter(
+            environment__team_id=run.team_id, digest__in=ids(ArtifactType.ENVIRONMENT_VERSION)
+        ).select_related("environment"):
+            labels[(ArtifactType.ENVIRONMENT_VERSION, v.digest)] = (
+                f"environment {v.environment.slug} v{v.number}")
+    ckpt_ids = [i for i in ids(ArtifactType.CHECKPOINT) if i.isdigit()]
+    if ckpt_ids:
+        for c in Checkpoint.objects.filter(team_id=run.team_id, pk__in=ckpt_ids):
+            labels[(ArtifactType.CHECKPOINT, str(c.pk))] = f"checkpoint @ step {c.step}"
+    run_ids = ids(ArtifactType.RUN)
+    if run_ids:
+        for r in Run.objects.filter(team_id=run.team_id, pk__in=run_ids).only("id", "name",
+                                                                            "kind"):
+            labels[(ArtifactType.RUN, str(r.pk))] = f"{r.kind} run {r.name or str(r.pk)[:8]}"
+            runs_found.add(str(r.pk))
+    for r in rows:
+        r.label = labels.get((r.type, r.id), f"{r.type} {r.id[:16]}")
+        if r.type == ArtifactType.RUN and r.id in runs_found:
+            r.run_id = r.id
+
+
+SAMPLE_SORTS = {"reward": ("reward", "id"), "-reward": ("-reward", "id"), "id": ("id",)}
+
+
+def sample_steps(run: Run, limit: int = 500) -> list[int]:
+    return list(run.samples.order_by("-step").values_list("step", flat=True).distinct()[:limit])
+
+
+def step_samples(run: Run, step: int, sort: str, limit: int = 200) -> QuerySet:
+    order = SAMPLE_SORTS.get(sort, SAMPLE_SORTS["-reward"])
+    rows = run.samples.filter(step=step)
+    if order[0].lstrip("-") == "reward":
+        from django.db.models import F
+
+        expr = F("reward").desc(nulls_last=True) if order[0].startswith("-") else \
+            F("reward").asc(nulls_last=True)
+        return rows.order_by(expr, "id")[:limit]
+    return rows.order_by(*order)[:limit]

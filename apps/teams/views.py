@@ -1,0 +1,142 @@
+"""Team pages: members and roles, the caller's API tokens, and the team's worker tokens.
+
+Every write goes through ``apps.teams.services`` (audit rows, owner rules). A new token's
+secret is rendered once, in the response to the POST that made it, and never again."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.core.access import access_team
+from apps.core.actor import Actor
+from apps.core.exceptions import DomainError, NotFound
+from apps.teams import selectors, services
+from apps.teams.models import ApiToken, Membership, Role, TokenKind, role_at_least
+
+
+def _team(request: HttpRequest, slug: str):  # noqa: ANN202
+    try:
+        return access_team(request.user, slug)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+
+
+def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,  # noqa: ANN001
+          form_errors=None) -> HttpResponse:
+    is_admin = role_at_least(membership.role, Role.ADMIN)
+    context = {
+        "team": team, "membership": membership, "section": "team",
+        "teams": selectors.teams_for_user(request.user).order_by("slug"),
+        "can_write": role_at_least(membership.role, Role.MEMBER), "is_admin": is_admin,
+        "is_owner": membership.role == Role.OWNER,
+        "members": Membership.objects.filter(team=team).select_related("user")
+        .order_by("created_at"),
+        "roles": Role.choices,
+        "personal_tokens": selectors.personal_tokens(request.user).order_by("-created_at"),
+        "worker_tokens": (ApiToken.objects.filter(kind=TokenKind.WORKER, team=team)
+                          .select_related("created_by").order_by("-created_at")
+                          if is_admin else []),
+        "new_token": new_token, "form_errors": form_errors or {},
+    }
+    return render(request, "teams/team.html", context, status=status)
+
+
+@login_required
+def team_page(request: HttpRequest, team: str) -> HttpResponse:
+    team_obj, membership = _team(request, team)
+    return _page(request, team_obj, membership)
+
+
+def _name(request: HttpRequest) -> str:
+    return (request.POST.get("name") or "").strip()[:100]
+
+
+@login_required
+@require_POST
+def token_create(request: HttpRequest, team: str, kind: str) -> HttpResponse:
+    team_obj, membership = _team(request, team)
+    name = _name(request)
+    if not name:
+        return _page(request, team_obj, membership, status=400,
+                     form_errors={kind: "Give the token a name, e.g. the machine or script "
+                                        "that will use it."})
+    actor = Actor.of_user(request.user)
+    if kind == "personal":
+        token, raw = services.personal_token_create(actor=actor, user=request.user, name=name)
+    elif kind == "worker":
+        if not role_at_least(membership.role, Role.ADMIN):
+            raise Http404("Only team admins manage worker tokens.")
+        token, raw = services.worker_token_create(actor=actor, team=team_obj, name=name)
+    else:
+        raise Http404("No such token kind.")
+    return _page(request, team_obj, membership, new_token={"token": token, "secret": raw},
+                 status=201)
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, team: str, prefix: str) -> HttpResponse:
+    team_obj, membership = _team(request, team)
+    mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user, prefix=prefix)
+    token = mine.first()
+    if token is None and role_at_least(membership.role, Role.ADMIN):
+        token = ApiToken.objects.filter(kind=TokenKind.WORKER, team=team_obj,
+                                        prefix=prefix).first()
+    if token is None:
+        raise Http404("No such token.")
+    services.token_revoke(actor=Actor.of_user(request.user), token=token)
+    messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
+    return redirect("team-page", team=team_obj.slug)
+
+
+@login_required
+@require_POST
+def member_add(request: HttpRequest, team: str) -> HttpResponse:
+    team_obj, membership = _team(request, team)
+    if not role_at_least(membership.role, Role.ADMIN):
+        raise Http404("Only team admins manage members.")
+    username = (request.POST.get("username") or "").strip()
+    role = request.POST.get("role") or Role.MEMBER
+    if role not in Role.values or not username:
+        return _page(request, team_obj, membership, status=400,
+                     form_errors={"member": "Give a username and one of the roles."})
+    try:
+        services.membership_add(actor=Actor.of_user(request.user), team=team_obj,
+                                username=username, role=role)
+    except DomainError as exc:
+        return _page(request, team_obj, membership, status=exc.status_code,
+                     form_errors={"member": exc.message})
+    messages.success(request, f"{username} added as {role}.")
+    return redirect("team-page", team=team_obj.slug)
+
+
+@login_required
+@require_POST
+def member_change(request: HttpRequest, team: str, username: str) -> HttpResponse:
+    team_obj, membership = _team(request, team)
+    if not role_at_least(membership.role, Role.ADMIN):
+        raise Http404("Only team admins manage members.")
+    target = Membership.objects.filter(team=team_obj, user__username=username).select_related(
+        "user", "team").first()
+    if target is None:
+        raise Http404("No such member.")
+    actor = Actor.of_user(request.user)
+    try:
+        if request.POST.get("remove"):
+            services.membership_remove(actor=actor, membership=target)
+            messages.success(request, f"{username} removed from the team.")
+        else:
+            role = request.POST.get("role") or ""
+            if role not in Role.values:
+                raise DomainError(f"Unknown role '{role}'.")
+            services.membership_change_role(actor=actor, membership=target, role=role)
+            messages.success(request, f"{username} is now {role}.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    if username == request.user.get_username() and request.POST.get("remove"):
+        return redirect("home")
+    return redirect("team-page", team=team_obj.slug)
