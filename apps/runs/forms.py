@@ -75,6 +75,10 @@ class LaunchForm(forms.Form):
         required=False, widget=forms.SelectMultiple(attrs={"size": 4}),
         help_text="Pinned at launch (latest version of each). Profile runs pin exactly one.")
     environment = forms.ChoiceField(required=False, help_text="Latest version is pinned.")
+    base_model = forms.CharField(
+        max_length=1000, required=False, label="Base model",
+        help_text="Training runs: empty for the config's model, 'preset', 'path:/abs/dir', or "
+                  "an earlier run's checkpoint, 'run:<run id>[@<step>]'.")
     pool = forms.ChoiceField(required=False, help_text="Default: the kind's usual pool.")
     priority = forms.IntegerField(min_value=-100, max_value=100, initial=0)
     config = forms.CharField(
@@ -120,6 +124,9 @@ class LaunchForm(forms.Form):
                 config=data["config"], name=data["name"], pool=data["pool"] or None,
                 priority=data["priority"] or 0, datasets=list(data["datasets"]),
                 environment=data["environment"] or None,
+                # Only passed when given, so kinds without a base model never see it.
+                **({"base_model": data["base_model"].strip()}
+                   if data.get("base_model", "").strip() else {}),
             )
         except InvalidInput as exc:
             self._attach(exc)
