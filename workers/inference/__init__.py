@@ -1,0 +1,31 @@
+"""Crucible's inference server: an OpenAI-compatible HTTP API over a policy checkpoint.
+
+Serves a Hugging Face checkpoint directory (e.g. `<run>/final` or `<run>/step-000040/hf`
+written by the RL engine) so `verifiers`, the data-synthesis generators and evaluation can call
+"our inference" like any OpenAI endpoint: `POST /v1/chat/completions`, `POST /v1/completions`
+(n, temperature, top_p, max_tokens, stop, seed, logprobs, stream), `GET /v1/models`, with token
+usage. Sampling goes through the RL engine's own rollout path (`workers.rl.rollout.HFRollout`).
+
+Prompts for chat requests: the tokenizer's chat template when it has one; otherwise the plain
+format `<role>: <content>\\n` per message followed by `assistant:`; or, with
+`chat_format="raw"`, the message contents joined by newlines (a lone user message is sent as
+is — what an RL run on raw prompts such as `3+4=` trained on).
+
+From the command line:
+
+    python -m workers.inference serve --model var/rl/checkpoints/final --port 8000
+
+From a test (background thread, free port, stopped on exit):
+
+    from workers.inference import start_server
+    with start_server(model_dir, name="policy") as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="unused")
+        client.chat.completions.create(model="policy", messages=[...], max_tokens=8)
+
+`srv.url` is the OpenAI base URL (`http://127.0.0.1:<port>/v1`); `srv.model_name` the model id
+to send (default: the directory's name).
+"""
+
+from workers.inference.server import RunningServer, build_app, start_server
+
+__all__ = ["RunningServer", "build_app", "start_server"]

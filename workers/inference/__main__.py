@@ -1,0 +1,45 @@
+"""`python -m workers.inference serve --model DIR [--port N]`: serve a checkpoint directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workers.rl.model import ModelDirError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.inference")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a Hugging Face checkpoint directory")
+    serve.add_argument("--model", required=True, help="checkpoint directory (config.json, "
+                       "weights, tokenizer), e.g. <checkpoint.dir>/final")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--name", help="model id clients send (default: the directory's name)")
+    serve.add_argument("--api-key", help="require `Authorization: Bearer <key>`")
+    serve.add_argument("--chat-format", choices=["auto", "template", "plain", "raw"],
+                       default="auto")
+    serve.add_argument("--max-batch", type=int, default=64,
+                       help="sequences sampled together at most")
+    serve.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if present)")
+    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    args = parser.parse_args(argv)
+
+    from workers.inference.server import serve_forever
+
+    try:
+        serve_forever(
+            args.model, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
+            chat_format=args.chat_format, max_rows=args.max_batch, device=args.device,
+            dtype=args.dtype,
+            on_ready=lambda url: print(f"serving {args.model} at {url}", flush=True),
+        )
+    except (ModelDirError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The served policy: a Hugging Face checkpoint directory sampled through the RL engine's own
+rollout path (`HFRollout`), so "our inference" samples exactly as training does.
+
+One thread owns the model. Requests that arrive while it is busy and share their sampling
+settings are merged into one batch (a request with a `seed` runs alone, so the same request
+always gives the same completions).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from workers.rl.model import check_model_dir
+from workers.rl.rollout import HFRollout, RolloutBatch, cut_at_stop, position_ids
+from workers.rl.spec import RolloutSpec
+from workers.rl.tokenizer import load_tokenizer
+
+ChatFormat = Literal["auto", "template", "plain", "raw"]
+# HFRollout samples at temperature > 0; this one makes sampling an argmax in float32.
+GREEDY_TEMPERATURE = 1e-6
+RESCORE_ROWS = 8  # rows per re-scoring forward, to bound the (rows, C, V) logits
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Requests with equal params can share a batch."""
+
+    temperature: float  # 0 = greedy
+    top_p: float
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0  # alternatives per position to return (needs a re-scoring pass)
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]  # sampled tokens, including a final eos
+    logprobs: list[float]  # per token, under the sampling distribution (see `Policy.generate`)
+    top_logprobs: list[list[tuple[int, float]]]  # per token, when requested
+    text: str  # decoded, cut at the first stop string
+    finish_reason: Literal["stop", "length"]
+
+
+@dataclass
+class Job:
+    prompts: list[str]
+    n: int
+    params: SamplingParams
+    seed: int | None
+    future: Future = field(default_factory=Future)
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+
+class ChatFormatError(ValueError):
+    """A conversation the chosen chat format cannot express."""
+
+
+def plain_chat(messages: list[tuple[str, str]]) -> str:
+    """The documented fallback format: `<role>: <content>\\n` per message, then `assistant:`."""
+    return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
+
+
+def raw_chat(messages: list[tuple[str, str]]) -> str:
+    """Message contents joined by newlines: a lone user message is sent verbatim, i.e. exactly
+    the prompt an RL run on raw prompts (e.g. `3+4=`) trained on."""
+    if messages and messages[-1][0] == "assistant":
+        raise ChatFormatError("chat format 'raw' cannot continue an assistant message")
+    return "\n".join(content for _, content in messages)
+
+
+class Policy:
+    """A causal LM and its tokenizer loaded from a checkpoint directory."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str | None = None,
+        dtype: Literal["auto", "float32", "bfloat16"] = "auto",
+        chat_format: ChatFormat = "auto",
+    ) -> None:
+        path = check_model_dir(model_dir)
+        self.path = path
+        self.tok = load_tokenizer(path)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype == "auto":
+            bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+            dtype = "bfloat16" if bf16 else "float32"
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=getattr(torch, dtype)
+        )
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.rollout = HFRollout(self.model, self.tok)
+        self.context: int | None = getattr(model.config, "max_position_embeddings", None)
+        has_template = bool(getattr(self.tok, "chat_template", None))
+        if chat_format == "auto":
+            chat_format = "template" if has_template else "plain"
+        if chat_format == "template" and not has_template:
+            raise ValueError(f"the tokenizer in {path} has no chat template; use 'plain' or 'raw'")
+        self.chat_format: ChatFormat = chat_format
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[tuple[str, str]]) -> str:
+        if self.chat_format == "template":
+            return self.tok.apply_chat_template(
+                [{"role": r, "content": c} for r, c in messages],
+                tokenize=False, add_generation_prompt=True,
+            )
+        if self.chat_format == "raw":
+            return raw_chat(messages)
+        return plain_chat(messages)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def token_text(self, token_id: int) -> str:
+        return self.tok.decode([token_id])
+
+    # ---- sampling --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[str], params: SamplingParams, seed: int | None
+    ) -> list[Sample]:
+        """One sample per prompt (repeat a prompt for several). Logprobs are those of the sampling
+        distribution (logits / temperature, before top-p), as the RL engine records them; for
+        greedy decoding (temperature 0) they are the model's own (temperature 1)."""
+        greedy = params.temperature == 0.0
+        spec = RolloutSpec(
+            max_new_tokens=params.max_tokens,
+            temperature=GREEDY_TEMPERATURE if greedy else params.temperature,
+            top_p=params.top_p,
+            stop=list(params.stop),
+        )
+        gen = torch.Generator()
+        gen.manual_seed(seed if seed is not None else secrets.randbits(62))
+        batch = self.rollout.generate(prompts, spec, gen)
+        rescored = None
+        if greedy or params.top_logprobs:
+            rescored = self._rescore(batch, 1.0 if greedy else params.temperature,
+                                     params.top_logprobs)
+        eos = self.tok.eos_token_id
+        out = []
+        for i in range(len(prompts)):
+            m = batch.completion_mask[i].bool()
+            ids = batch.completion_ids[i][m].tolist()
+            if rescored is not None:
+                lps, tops = rescored[0][i][: len(ids)], rescored[1][i][: len(ids)]
+            else:
+                lps, tops = batch.logprobs[i][m].tolist(), []
+            full = self.tok.decode(ids, skip_special_tokens=True)
+            text, hit_stop = cut_at_stop(full, list(params.stop))
+            ended = bool(ids) and ids[-1] == eos
+            out.append(Sample(ids, lps, tops, text, "stop" if ended or hit_stop else "length"))
+        return out
+
+    def _rescore(
+        self, batch: RolloutBatch, temperature: float, k: int
+    ) -> tuple[list[list[float]], list[list[list[tuple[int, float]]]]]:
+        """Logprobs of the sampled tokens and the top-k alternatives, from one forward over
+        prompt + completion laid out exactly as sampled."""
+        lps: list[list[float]] = []
+        tops: list[list[list[tuple[int, float]]]] = []
+        p_len = batch.prompt_ids.shape[1]
+        for s in range(0, batch.prompt_ids.shape[0], RESCORE_ROWS):
+            sl = slice(s, s + RESCORE_ROWS)
+            ids = torch.cat([batch.prompt_ids[sl], batch.completion_ids[sl]], 1)  # (b,P+C)
+            mask = torch.cat([batch.prompt_mask[sl], batch.completion_mask[sl]], 1)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            logits = self.model(input_ids=ids, attention_mask=mask,
+                                position_ids=position_ids(mask), use_cache=False).logits
+            logp = torch.log_softmax(logits[:, p_len - 1 : -1].float() / temperature, -1)
+            comp = batch.completion_ids[sl].to(self.device)  # (b,C)
+            lps += logp.gather(-1, comp[..., None]).squeeze(-1).cpu().tolist()
+            if k:
+                vals, idx = logp.topk(k, dim=-1)  # (b,C,k)
+                tops += [[list(zip(ri, rv, strict=True)) for ri, rv in zip(ti, tv, strict=True)]
+                         for ti, tv in zip(idx.cpu().tolist(), vals.cpu().tolist(), strict=True)]
+            else:
+                tops += [[] for _ in range(comp.shape[0])]
+        return lps, tops
+
+
+class Batcher:
+    """Runs jobs on one thread; merges queued jobs with equal params (and no seed)."""
+
+    def __init__(self, policy: Policy, max_rows: int = 64) -> None:
+        self.policy, self.max_rows = policy, max_rows
+        self._jobs: list[Job] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.batches = 0  # batches run, for tests and logs
+        self._thread = threading.Thread(target=self._loop, name="inference-batcher",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, prompts: list[str], n: int, params: SamplingParams,
+               seed: int | None) -> Future:
+        """Future of `list[list[Sample]]`: per prompt, its n samples."""
+        job = Job(prompts, n, params, seed)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the inference server is shutting down")
+            self._jobs.append(job)
+            self._cv.notify()
+        return job.future
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _take(self) -> list[Job] | None:
+        with self._cv:
+            while not self._jobs and not self._closed:
+                self._cv.wait()
+            if not self._jobs:
+                return None
+            first = self._jobs.pop(0)
+            group, rows = [first], first.rows
+            if first.seed is None:
+                for job in list(self._jobs):
+                    if (job.seed is None and job.params == first.params
+                            and rows + job.rows <= self.max_rows):
+                        self._jobs.remove(job)
+                        group.append(job)
+                        rows += job.rows
+            return group
+
+    def _loop(self) -> None:
+        while (group := self._take()) is not None:
+            group = [j for j in group if j.future.set_running_or_notify_cancel()]
+            if not group:
+                continue
+            prompts = [p for j in group for p in j.prompts for _ in range(j.n)]
+            try:
+                samples = self.policy.generate(prompts, group[0].params, group[0].seed)
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting request
+                for j in group:
+                    j.future.set_exception(exc)
+                continue
+            self.batches += 1
+            at = 0
+            for j in group:
+                mine = samples[at : at + j.rows]
+                at += j.rows
+                j.future.set_result([mine[i * j.n : (i + 1) * j.n]
+                                     for i in range(len(j.prompts))])

@@ -1,0 +1,194 @@
+"""The OpenAI request bodies this server accepts, and its error shape.
+
+Fields follow the OpenAI API names so the official client, `verifiers` and other
+OpenAI-compatible callers work unchanged. A field the server cannot honour (tools, penalties,
+logit bias...) is refused with a 400 that names it, instead of being silently ignored; purely
+informational fields (`user`, `metadata`, ...) are accepted and ignored, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_N = 128
+MAX_STOPS = 4
+T = TypeVar("T", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An error the client can act on, rendered as OpenAI's `{"error": {...}}` body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = (
+            message, status, type, param, code
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Req):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Req):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(_Req):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # sent by newer clients; nothing to obfuscate
+
+
+class _Sampling(_Req):
+    model: str
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extension, for RL clients: the response carries prompt and completion token ids.
+    return_token_ids: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences are allowed, got {len(v)}")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float | None) -> float | None:
+        if v:
+            raise ValueError("penalties are not supported by this server; send 0 or omit it")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            raise ValueError("logit_bias is not supported by this server; omit it")
+        return v
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError(
+                "tool calling is not supported by this server (the policy has no tool-call "
+                "format); run tool-use environments through Crucible's environment engine"
+            )
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v and v.get("type") != "text":
+            raise ValueError("only response_format {'type': 'text'} is supported")
+        return v
+
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | Annotated[list[str], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool = False
+    best_of: Annotated[int, Field(ge=1)] | None = None
+    suffix: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported by this server")
+        return v
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _text_prompts(cls, v: Any) -> Any:
+        if isinstance(v, list) and v and not all(isinstance(p, str) for p in v):
+            raise ValueError("prompt must be a string or a list of strings (token-id prompts "
+                             "are not supported; send text)")
+        return v
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+def parse_request(cls: type[T], body: Any) -> T:
+    """Validate a JSON body; the first problem becomes a 400 naming its parameter."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    try:
+        return cls.model_validate(body)
+    except ValidationError as err:
+        e = err.errors()[0]
+        param = ".".join(str(p) for p in e["loc"]) or None
+        if e["type"] == "extra_forbidden":
+            msg = f"Unrecognized request argument supplied: {param}"
+        elif e["type"] == "missing":
+            msg = f"Missing required parameter: {param}"
+        else:
+            msg = f"Invalid value for {param}: {e['msg'].removeprefix('Value error, ')}"
+        raise ApiError(msg, param=param,
+                       code="missing_required_parameter" if e["type"] == "missing" else
+                       "invalid_value") from None
