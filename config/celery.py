@@ -8,12 +8,29 @@ leaves its message for another worker; the run's lease makes a second delivery a
 
 from __future__ import annotations
 
+import os
+
 from celery import Celery
 from kombu import Queue
 
 from config import env
 
 QUEUES = ("gpu", "sandbox", "cpu")
+
+
+def sweep_seconds() -> float:
+    """How often the beat requeues runs whose lease expired (``CRUCIBLE_SWEEP_SECONDS``):
+    a dead worker's run waits at most its lease plus this long before another takes it."""
+    raw = os.environ.get("CRUCIBLE_SWEEP_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError as exc:
+        raise ValueError(f"CRUCIBLE_SWEEP_SECONDS must be a number of seconds, not {raw!r}") \
+            from exc
+    if value <= 0:
+        raise ValueError(f"CRUCIBLE_SWEEP_SECONDS must be positive, not {raw!r}")
+    return value
+
 
 app = Celery("crucible", include=["workers.tasks"])
 app.conf.update(
@@ -33,8 +50,10 @@ app.conf.update(
     beat_schedule={
         "sweep-expired-leases": {
             "task": "workers.tasks.sweep_leases",
-            "schedule": 30.0,
-            "options": {"queue": "cpu"},
+            "schedule": sweep_seconds(),
+            # A sweep still queued when the next is due is worthless: drop it (a busy pool
+            # would otherwise pile them up).
+            "options": {"queue": "cpu", "expires": sweep_seconds()},
         },
     },
 )

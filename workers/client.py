@@ -199,6 +199,17 @@ class CrucibleClient:
     def run_report(self, team: str, run_id: str) -> dict[str, Any]:
         return self.get(f"teams/{team}/runs/{run_id}/report")
 
+    def run_checkpoints(self, team: str, run_id: str) -> list[dict[str, Any]]:
+        return self.get(f"teams/{team}/runs/{run_id}/checkpoints")["results"]
+
+    def resume_run(self, team: str, run_id: str) -> dict[str, Any]:
+        return self.request("POST", f"teams/{team}/runs/{run_id}/resume")
+
+    def lineage(self, team: str, artifact: str) -> dict[str, Any]:
+        """The graph around ``artifact`` (``run:<id>``, ``checkpoint:<id>``,
+        ``dataset_version:<digest>``, ``environment_version:<digest>``)."""
+        return self.get(f"teams/{team}/lineage", artifact=artifact)
+
     def wait_for_run(self, team: str, run_id: str, *, timeout: float = 300,
                      poll: float = 0.5) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -225,7 +236,15 @@ def default_worker_id() -> str:
 
 @dataclass
 class WorkerSession:
-    """One claimed run: every call carries the lease; a heartbeat thread keeps it alive."""
+    """One claimed run: every call carries the lease; a heartbeat thread keeps it alive.
+
+    A retried attempt replays the steps after its last checkpoint. Its metric batches
+    continue the run's batch numbering (``metric_seq`` from the claim), and a point at a
+    step at or below the last step earlier attempts stored for its series
+    (``metric_steps`` from the claim) is dropped: the first stored value of a replayed
+    (name, step) stands, so a replay never stores a point twice. A first attempt has no
+    such steps and sends every point as given.
+    """
 
     client: CrucibleClient
     run: dict[str, Any]
@@ -234,7 +253,9 @@ class WorkerSession:
     def __post_init__(self) -> None:
         self.run_id: str = self.run["id"]
         self.lease_id: str = self.run["lease_id"]
-        self._metric_seq = 0
+        self._metric_seq: int = int(self.run.get("metric_seq") or 0)
+        self._replayed: dict[str, int] = dict(self.run.get("metric_steps") or {})
+        self.dropped_points = 0
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._thread: threading.Thread | None = None
@@ -282,17 +303,32 @@ class WorkerSession:
     def heartbeat(self) -> dict[str, Any]:
         return self._post("heartbeat", None)
 
-    def set_status(self, status: str, error: str = "") -> dict[str, Any]:
-        return self._post("status", {"status": status, "error": error})
+    @property
+    def should_stop(self) -> bool:
+        """The run was canceled or the lease moved on: stop at the next safe point."""
+        return self._lost.is_set()
+
+    def set_status(self, status: str, error: str = "", *, retry: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": status, "error": error}
+        if retry:
+            body["retry"] = True
+        return self._post("status", body)
 
     def log_metrics(self, points: list[dict[str, Any]], seq: int | None = None) -> dict[str, Any]:
-        """Points are ``{"name", "step", "value", "wall_time"?}``; ``seq`` numbers batches."""
+        """Points are ``{"name", "step", "value", "wall_time"?}``; ``seq`` numbers batches.
+        Points a replay would store twice are dropped (see the class docstring)."""
+        fresh = points
+        if self._replayed:
+            fresh = [p for p in points if p["step"] > self._replayed.get(p["name"], -1)]
+            self.dropped_points += len(points) - len(fresh)
+            if not fresh:
+                return {"stored": 0, "duplicate": False, "dropped": len(points)}
         if seq is None:
             self._metric_seq += 1
             seq = self._metric_seq
         # Safe to retry without a key: the server stores each (run, seq) once.
         return self.client.request("POST", f"worker/runs/{self.run_id}/metrics",
-                                   json={"seq": seq, "points": points}, headers=self.headers,
+                                   json={"seq": seq, "points": fresh}, headers=self.headers,
                                    idempotent=True)
 
     def log_event(self, message: str, level: str = "info", kind: str = "log",

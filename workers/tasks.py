@@ -6,18 +6,25 @@ Workers hold no database credentials: ``CRUCIBLE_API_URL`` and ``CRUCIBLE_WORKER
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import re
+import shutil
+import tarfile
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from config.celery import app
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
 from workers.profile.engine import Stopped, run_profile
-from workers.storage import default_store
+from workers.storage import ObjectStore, default_store
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +43,7 @@ class ApiSink:
         self.session.log_event(message, data=data)
 
     def should_stop(self) -> bool:
-        return self.session.lease_lost
+        return self.session.should_stop
 
 
 def _profile(session: WorkerSession) -> None:
@@ -45,36 +52,76 @@ def _profile(session: WorkerSession) -> None:
 
 
 class RlApiSink:
-    """RL engine sink → API: metrics per step, events, checkpoints. Non-finite values (a
-    skipped NaN step) are left out of the metric batch; the engine reports them as events."""
+    """RL engine sink → API: metrics per step, events, samples, and checkpoints, which it
+    packs into the object store (``runs/<id>/checkpoints/<name>.tar``) so that any worker
+    can resume the run or start another run from them. Non-finite values (a skipped NaN
+    step) are left out of the metric batch; the engine reports them as events. Every call
+    first checks whether the run was canceled or its lease lost, so the engine stops at the
+    next step."""
 
-    def __init__(self, session: WorkerSession) -> None:
+    def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
+                 scratch: Path | None = None) -> None:
         self.session = session
-        self.checkpoint_steps: set[int] = set()
+        self.store = store or default_store()
+        self.scratch = scratch or Path(tempfile.gettempdir())
+        self.checkpoint_steps: set[int] = {int(c["step"]) for c in
+                                           session.run.get("checkpoints", [])}
+
+    def _check(self) -> None:
+        if self.session.should_stop:
+            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._check()
         points = [{"name": k, "step": step, "value": float(v)} for k, v in metrics.items()
                   if isinstance(v, int | float) and math.isfinite(v)]
         if points:
             self.session.log_metrics(points)
 
     def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+        self._check()
         level = level if level in ("debug", "info", "warning", "error") else "info"
         self.session.log_event(message, level=level, data=_json_safe(data or {}))
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Rows are ``{"prompt", "completion", "reward"?, "reward_components"?}``."""
+        self._check()
+        for i in range(0, len(rows), SAMPLE_BATCH):
+            self.session.add_samples([{**_json_safe(r), "step": step}
+                                      for r in rows[i:i + SAMPLE_BATCH]])
+
     def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
-        path = Path(uri)
-        target = path.resolve().as_uri() if path.exists() else uri
+        self._check()
         if step in self.checkpoint_steps:
-            # The final export can land on the step of the last periodic checkpoint; the
-            # API keeps one checkpoint per step, so the export is recorded as an event.
-            self.session.log_event(f"final model at step {step}: {target}",
-                                   kind="artifact", data={"step": step, "uri": target})
+            # The final export can land on the step of the last periodic checkpoint, which
+            # holds the same weights; the API keeps one checkpoint per step.
+            self.session.log_event(f"final model at step {step} is checkpoint {step}",
+                                   kind="artifact", data={"step": step})
             return
-        self.checkpoint_steps.add(step)
-        self.session.add_checkpoint(step, target, {k: v for k, v in metrics.items()
+        stored = self.upload(Path(uri))
+        self.session.add_checkpoint(step, stored, {k: v for k, v in metrics.items()
                                                    if isinstance(v, int | float)
                                                    and math.isfinite(v)})
+        self.checkpoint_steps.add(step)
+
+    def upload(self, path: Path) -> str:
+        """Pack a checkpoint into one tar object. A periodic checkpoint (``step-N/hf``) brings
+        its whole folder (DeepSpeed state, RNG, state.json: what a resume needs); the final
+        export is a bare model folder, packed as ``hf/``."""
+        folder, name = (path.parent, path.parent.name) if path.name == "hf" else (path, path.name)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.scratch, suffix=".tar") as tmp:
+            with tarfile.open(tmp.name, "w") as tar:
+                if path.name == "hf":
+                    for child in sorted(folder.iterdir()):
+                        tar.add(child, arcname=child.name)
+                else:
+                    tar.add(folder, arcname="hf")
+            return self.store.put_file(f"runs/{self.session.run_id}/checkpoints/{name}.tar",
+                                       Path(tmp.name))
+
+
+SAMPLE_BATCH = 500
 
 
 def _json_safe(value: Any) -> Any:
@@ -90,24 +137,120 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _train(session: WorkerSession) -> None:
-    """A ``train`` run in this worker process (a world of one). Checkpoints go under
-    var/runs/<id>/; a second attempt of the same run resumes from the last one."""
+def _var_dir() -> Path:
+    return Path(os.environ.get("CRUCIBLE_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
+
+
+def fetch_tar(store: ObjectStore, uri: str, target: Path) -> Path:
+    """Unpack the tar object ``uri`` into ``target`` (complete or absent: unpacked beside it,
+    then renamed). Member paths are confined to ``target`` by tarfile's data filter."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".tmp-{target.name}-"))
+    try:
+        archive = tmp / "object.tar"
+        archive.write_bytes(store.get_bytes(uri))
+        unpacked = tmp / "unpacked"
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")
+        os.replace(unpacked, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _in_store(store: ObjectStore, uri: str | None) -> bool:
+    return bool(uri) and str(uri).startswith(store.url + "/")
+
+
+def _resume_point(session: WorkerSession) -> dict[str, Any] | None:
+    """The run's last recorded checkpoint that holds training state (``step-N.tar``; the
+    final export holds only the model)."""
+    for ckpt in reversed(session.run.get("checkpoints", [])):
+        if CHECKPOINT_NAME.search(ckpt["uri"]):
+            return ckpt
+    return None
+
+
+CHECKPOINT_NAME = re.compile(r"/step-\d+\.tar$")
+
+
+def prepare_train(session: WorkerSession, store: ObjectStore, work: Path) -> tuple[Any, bool]:
+    """The engine's spec for this attempt, with local paths, and whether to resume.
+
+    The checkpoint folder is new for every attempt; a retried attempt unpacks the run's last
+    recorded checkpoint from the object store into it, so any worker, on any host, resumes
+    where the lost one last checkpointed. A base model given as an object-store URI (an
+    earlier run's checkpoint) is unpacked into a cache shared by this host's runs.
+    """
     from workers.rl.spec import parse_spec
+
+    spec = parse_spec(session.run["config"])
+    root = work / "checkpoints"
+    model = spec.model
+    if model.source == "path" and _in_store(store, model.path):
+        cache = _var_dir() / "models" / hashlib.sha256(str(model.path).encode()).hexdigest()[:24]
+        local = fetch_tar(store, str(model.path), cache) / "hf"
+        session.log_event(f"base model {model.path} unpacked to {local}", kind="artifact")
+        model = model.model_copy(update={"path": str(local)})
+    spec = spec.model_copy(update={
+        "model": model,
+        "checkpoint": spec.checkpoint.model_copy(update={"dir": str(root)}),
+    })
+    last = _resume_point(session)
+    if last is None:
+        return spec, False
+    folder = fetch_tar(store, last["uri"], root / f"step-{int(last['step']):06d}")
+    if spec.sft.steps and not (root / "sft").exists():
+        # The warm start is inside the checkpoint's weights: give the engine a finished SFT
+        # folder (same architecture and tokenizer) so it does not train it again.
+        shutil.copytree(folder / "hf", root / "sft")
+    session.log_event(f"attempt {session.run['attempt']}: resuming from the checkpoint at "
+                      f"step {last['step']} ({last['uri']})",
+                      data={"step": last["step"], "uri": last["uri"]})
+    return spec, True
+
+
+def _train(session: WorkerSession) -> None:
+    """A ``train`` run in this worker process (a world of one), in a scratch folder
+    ``var/runs/<id>/attempt-<n>`` that is removed afterwards: what must outlive the attempt
+    is in the object store and the API."""
     from workers.rl.trainer import train
 
-    var = Path(os.environ.get("CRUCIBLE_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
-    spec = parse_spec(session.run["config"])
-    folder = var / "runs" / session.run_id / "checkpoints"
-    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
-        update={"dir": str(folder)})})
-    resume = session.run["attempt"] > 1 and folder.exists()
-    if resume:
-        session.log_event(f"attempt {session.run['attempt']}: resuming from {folder}")
-    train(spec, RlApiSink(session), resume=resume)
+    store = default_store()
+    base = _var_dir() / "runs" / session.run_id
+    work = base / f"attempt-{session.run['attempt']}"
+    if base.is_dir():  # leftovers of attempts that died on this host
+        for old in base.iterdir():
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        spec, resume = prepare_train(session, store, work)
+        train(spec, RlApiSink(session, store, work / "upload"), resume=resume)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 ENGINES: dict[str, Callable[[WorkerSession], None]] = {"profile": _profile, "train": _train}
+
+
+# Errors another attempt would meet again: a bad config or model folder, a run that diverged.
+FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed"}
+TRANSIENT_ERRORS = (OSError, MemoryError, RuntimeError, TimeoutError, ApiError,
+                    httpx.TransportError)
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed attempt is worth another: an exception may say so itself
+    (``retryable``); known deterministic errors are final (matched by name so this module
+    need not import the engines); lost resources and I/O are transient; anything else (a
+    bug: TypeError, KeyError...) is final."""
+    flag = getattr(exc, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    if any(cls.__name__ in FINAL_ERRORS for cls in type(exc).__mro__):
+        return False
+    return isinstance(exc, TRANSIENT_ERRORS)
 
 
 def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None) -> str:
@@ -139,7 +282,7 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
         log.exception("run %s failed", run_id)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         try:
-            session.set_status("failed", detail)
+            session.set_status("failed", detail, retry=retryable(exc))
         except ApiError:
             log.exception("could not report failure of run %s", run_id)
         return "failed"

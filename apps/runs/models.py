@@ -62,6 +62,18 @@ class Run(models.Model):
     lease_holder = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
+    # Attempts this run may make before a failure is final (automatic retries of lost or
+    # failed attempts); ``retry_base`` is the attempt count when a person last queued it.
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    retry_base = models.PositiveIntegerField(default=0)
+    environment_versions = models.ManyToManyField(
+        "environments.EnvironmentVersion", through="RunEnvironment", related_name="+"
+    )
+    # The checkpoint of an earlier run this run starts from (pinned at launch).
+    base_checkpoint = models.ForeignKey(
+        "runs.Checkpoint", on_delete=models.PROTECT, null=True, blank=True,
+        related_name="derived_runs",
+    )
     event_seq = models.PositiveBigIntegerField(default=0)
     error = models.TextField(blank=True)
     report_uri = models.CharField(max_length=1000, blank=True)
@@ -100,6 +112,57 @@ class RunDataset(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.alias}"
+
+
+class RunEnvironment(models.Model):
+    """An environment version pinned by a run at launch (a run may train on several);
+    ``Run.environment_version`` keeps the first one for simple filters."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="environment_pins")
+    environment_version = models.ForeignKey(
+        "environments.EnvironmentVersion", on_delete=models.PROTECT, related_name="+"
+    )
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "environment_version"], name="uniq_run_env")
+        ]
+        ordering = ["position"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.environment_version_id}"
+
+
+class AttemptOutcome(models.TextChoices):
+    ACTIVE = "active"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    LOST = "lost"  # the worker's lease expired (killed, hung, or cut off)
+
+
+class RunAttempt(models.Model):
+    """One claim of a run by a worker, kept with its outcome and error, so a run that was
+    retried shows why each earlier attempt ended."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices,
+                               default=AttemptOutcome.ACTIVE)
+    error = models.TextField(blank=True)
+    claimed_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="uniq_run_attempt")
+        ]
+        ordering = ["number"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.number} {self.outcome}"
 
 
 class EventLevel(models.TextChoices):

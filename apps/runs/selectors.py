@@ -1,19 +1,23 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
 
-from apps.core.exceptions import NotFound
+from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.storage import store
-from apps.runs.models import Run
+from apps.metrics.models import MetricBatch, MetricSeries
+from apps.runs.models import Checkpoint, Run
+from apps.teams.models import Team
 
 
 def runs_with_relations(queryset: QuerySet[Run]) -> QuerySet[Run]:
     return queryset.select_related(
-        "project", "environment_version__environment"
-    ).prefetch_related("pins__dataset_version__dataset")
+        "project", "environment_version__environment", "base_checkpoint"
+    ).prefetch_related("pins__dataset_version__dataset",
+                       "environment_pins__environment_version__environment", "attempts")
 
 
 def report(run: Run) -> dict[str, Any]:
@@ -22,9 +26,48 @@ def report(run: Run) -> dict[str, Any]:
     return json.loads(store().get_bytes(run.report_uri))
 
 
+def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
+    """``run:<run id>`` (its latest checkpoint), ``run:<run id>@<step>`` or
+    ``checkpoint:<id>``, in ``team`` only; the checkpoint must live in the object store so
+    any worker can fetch it."""
+    kind, _, rest = ref.partition(":")
+    found: Checkpoint | None = None
+    if kind == "checkpoint" and rest.isdigit():
+        found = Checkpoint.objects.filter(team=team, pk=int(rest)).first()
+    elif kind == "run":
+        run_part, _, step = rest.partition("@")
+        try:
+            run_id = uuid.UUID(run_part)
+        except ValueError:
+            run_id = None
+        if run_id is not None and (not step or step.isdigit()):
+            rows = Checkpoint.objects.filter(team=team, run_id=run_id)
+            found = (rows.filter(step=int(step)) if step else rows.order_by("-step")).first()
+    if found is None:
+        raise InvalidInput(f"base_model '{ref[:120]}' matches no checkpoint in team "
+                           f"'{team.slug}'.", details={"base_model": [ref[:120]]})
+    if not found.uri.startswith(store().url + "/"):
+        raise InvalidInput(
+            f"Checkpoint {found.pk} (run {found.run_id}, step {found.step}) is not in the "
+            f"object store, so no worker can fetch it: {found.uri[:200]}",
+            details={"base_model": [ref[:120]]},
+        )
+    return found
+
+
+def metric_watermarks(run: Run) -> tuple[int, dict[str, int]]:
+    """The last metric batch seq and each series' last step: a retried attempt continues
+    the batch numbering and drops points its replay would store twice."""
+    seq = MetricBatch.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+    steps = dict(MetricSeries.objects.filter(run=run).values_list("name", "last_step"))
+    return seq, steps
+
+
 def worker_view(run: Run) -> dict[str, Any]:
     """What a worker needs to execute a run: the frozen document plus object URIs."""
     ev = run.environment_version
+    metric_seq, metric_steps = metric_watermarks(run)
+    base = run.base_checkpoint
     return {
         "id": str(run.pk),
         "team": run.team.slug,
@@ -33,6 +76,7 @@ def worker_view(run: Run) -> dict[str, Any]:
         "status": run.status,
         "pool": run.pool,
         "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
         "config": run.config,
         "lease_id": run.lease_id,
         "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
@@ -50,7 +94,19 @@ def worker_view(run: Run) -> dict[str, Any]:
             {"environment": ev.environment.slug, "digest": ev.digest, "spec": ev.spec}
             if ev else None
         ),
+        "environments": [
+            {"environment": pin.environment_version.environment.slug,
+             "number": pin.environment_version.number,
+             "digest": pin.environment_version.digest, "spec": pin.environment_version.spec}
+            for pin in run.environment_pins.select_related("environment_version__environment")
+        ],
+        "base_checkpoint": (
+            {"id": base.pk, "run": str(base.run_id), "step": base.step, "uri": base.uri}
+            if base else None
+        ),
         "checkpoints": [
             {"step": c.step, "uri": c.uri} for c in run.checkpoints.order_by("step")
         ],
+        "metric_seq": metric_seq,
+        "metric_steps": metric_steps,
     }

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.runs.models import Checkpoint, Pool, Run, RunEvent, Sample
+from apps.runs.models import Checkpoint, Pool, Run, RunAttempt, RunEvent, Sample
 
 
 class PinSerializer(serializers.Serializer):
@@ -13,17 +13,28 @@ class PinSerializer(serializers.Serializer):
     record_count = serializers.IntegerField(source="dataset_version.record_count")
 
 
+class AttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunAttempt
+        fields = ["number", "worker", "outcome", "error", "claimed_at", "ended_at"]
+        read_only_fields = fields
+
+
 class RunSerializer(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug", read_only=True)
     datasets = PinSerializer(source="pins", many=True, read_only=True)
     environment = serializers.SerializerMethodField()
+    environments = serializers.SerializerMethodField()
+    base_model = serializers.SerializerMethodField()
+    attempts = AttemptSerializer(many=True, read_only=True)
 
     class Meta:
         model = Run
         fields = [
             "id", "project", "name", "kind", "status", "pool", "priority", "config", "datasets",
-            "environment", "attempt", "error", "lease_holder", "lease_expires_at", "created_at",
-            "queued_at", "claimed_at", "started_at", "finished_at", "updated_at",
+            "environment", "environments", "base_model", "attempt", "max_attempts", "attempts",
+            "error", "lease_holder", "lease_expires_at", "created_at", "queued_at",
+            "claimed_at", "started_at", "finished_at", "updated_at",
         ]
         read_only_fields = fields
 
@@ -32,6 +43,20 @@ class RunSerializer(serializers.ModelSerializer):
         if ev is None:
             return None
         return {"environment": ev.environment.slug, "digest": ev.digest, "number": ev.number}
+
+    def get_environments(self, run: Run) -> list[dict]:
+        return [
+            {"environment": pin.environment_version.environment.slug,
+             "digest": pin.environment_version.digest, "number": pin.environment_version.number}
+            for pin in run.environment_pins.all()
+        ]
+
+    def get_base_model(self, run: Run) -> dict | None:
+        ckpt = run.base_checkpoint
+        if ckpt is None:
+            return None
+        return {"checkpoint": ckpt.pk, "run": str(ckpt.run_id), "step": ckpt.step,
+                "uri": ckpt.uri}
 
 
 class RunCreateSerializer(serializers.Serializer):
@@ -46,6 +71,11 @@ class RunCreateSerializer(serializers.Serializer):
                                      max_length=64)
     environment = serializers.CharField(max_length=200, required=False, allow_null=True,
                                         default=None)
+    environments = serializers.ListField(child=serializers.CharField(max_length=200),
+                                         default=list, max_length=64)
+    base_model = serializers.CharField(max_length=1000, required=False, allow_null=True,
+                                       default=None)
+    max_attempts = serializers.IntegerField(required=False, allow_null=True, default=None)
 
 
 class RunEventSerializer(serializers.ModelSerializer):

@@ -22,10 +22,13 @@ from apps.lineage import services as lineage
 from apps.runs import dispatch
 from apps.runs.models import (
     ACTIVE_STATUSES,
+    AttemptOutcome,
     Checkpoint,
     EventLevel,
     Run,
+    RunAttempt,
     RunDataset,
+    RunEnvironment,
     RunEvent,
     RunStatus,
     Sample,
@@ -38,12 +41,14 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.CLAIMED, S.CANCELED}),
     S.CLAIMED: frozenset({S.RUNNING, S.FAILED, S.CANCELED, S.PREEMPTED, S.SUCCEEDED}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELED, S.PREEMPTED}),
-    S.PREEMPTED: frozenset({S.QUEUED, S.CANCELED}),
+    S.PREEMPTED: frozenset({S.QUEUED, S.CANCELED, S.FAILED}),  # failed: out of attempts
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset({S.QUEUED}),  # resume
     S.CANCELED: frozenset({S.QUEUED}),  # resume
 }
 EVENT_LEVELS = set(EventLevel.values)
+ATTEMPT_OUTCOMES = {S.SUCCEEDED: AttemptOutcome.SUCCEEDED, S.FAILED: AttemptOutcome.FAILED,
+                    S.CANCELED: AttemptOutcome.CANCELED, S.PREEMPTED: AttemptOutcome.LOST}
 MAX_MESSAGE = 10_000
 
 
@@ -100,13 +105,20 @@ def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
             team_id=team_id, project=plan.project, name=plan.name, kind=plan.kind,
             config=plan.config, pool=plan.pool, priority=plan.priority,
             environment_version=plan.environment, created_by=actor.user, queued_at=now,
+            max_attempts=plan.max_attempts, base_checkpoint=plan.base_checkpoint,
         )
         for alias, version in plan.datasets.items():
             RunDataset.objects.create(run=run, dataset_version=version, alias=alias)
             lineage.edge_create(team_id=team_id, source=version, target=run, relation="input")
-        if plan.environment is not None:
-            lineage.edge_create(team_id=team_id, source=plan.environment, target=run,
+        environments = plan.environments or ([plan.environment] if plan.environment else [])
+        for position, env_version in enumerate(environments):
+            RunEnvironment.objects.create(run=run, environment_version=env_version,
+                                          position=position)
+            lineage.edge_create(team_id=team_id, source=env_version, target=run,
                                 relation="environment")
+        if plan.base_checkpoint is not None:
+            lineage.edge_create(team_id=team_id, source=plan.base_checkpoint, target=run,
+                                relation="base_model")
         _append_events(run, [{"kind": "status", "message": "queued",
                               "data": {"status": "queued", "document": plan.describe()}}])
         audit.record(actor=actor, action="run.create", team_id=team_id, target_type="run",
@@ -155,6 +167,7 @@ def transition(
             run.lease_expires_at = None
             fields += ["lease_id", "lease_holder", "lease_expires_at"]
         run.save(update_fields=fields)
+        _record_attempt(run, previous, to, reason)
         message = to + (f": {reason}" if reason else "") + (f": {run.error}" if to == S.FAILED
                                                             else "")
         level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
@@ -168,13 +181,37 @@ def transition(
     return run
 
 
+def _record_attempt(run: Run, previous: str, to: str, reason: str) -> None:
+    """Open an attempt row on a claim; close it, with its outcome, when the run leaves the
+    active statuses (the caller holds the run's lock)."""
+    now = timezone.now()
+    if to == S.CLAIMED:
+        RunAttempt.objects.create(run=run, number=run.attempt, worker=run.lease_holder,
+                                  claimed_at=now)
+    elif previous in ACTIVE_STATUSES and to not in ACTIVE_STATUSES:
+        error = run.error if to == S.FAILED else (reason if to == S.PREEMPTED else "")
+        RunAttempt.objects.filter(run=run, number=run.attempt,
+                                  outcome=AttemptOutcome.ACTIVE).update(
+            outcome=ATTEMPT_OUTCOMES[to], error=error[:MAX_MESSAGE], ended_at=now)
+
+
+def attempts_left(run: Run) -> int:
+    """Attempts this run may still make since it was launched or last resumed."""
+    return max(0, run.max_attempts - (run.attempt - run.retry_base))
+
+
 def cancel(*, actor: Actor, run: Run) -> Run:
     return transition(actor=actor, run=run, to=S.CANCELED, reason=f"by {actor.label}")
 
 
 def resume(*, actor: Actor, run: Run) -> Run:
-    """Queue a failed or canceled run again; its engine continues from its last checkpoint."""
-    return transition(actor=actor, run=run, to=S.QUEUED, reason=f"resumed by {actor.label}")
+    """Queue a failed or canceled run again; its engine continues from its last checkpoint.
+    A resumed run gets a fresh allowance of ``max_attempts``."""
+    with transaction.atomic():
+        run = transition(actor=actor, run=run, to=S.QUEUED, reason=f"resumed by {actor.label}")
+        run.retry_base = run.attempt
+        run.save(update_fields=["retry_base"])
+    return run
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -245,19 +282,42 @@ def heartbeat(*, run: Run, lease_id: str) -> Run:
 
 
 def worker_transition(
-    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = ""
+    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = "", retry: bool = False
 ) -> Run:
+    """A worker's status report. ``failed`` with ``retry`` (an error another attempt may not
+    meet: a lost node, an out-of-memory kill) queues the run again while it has attempts
+    left; the failed attempt and its error stay in the run's attempts and events."""
     if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED):
         raise InvalidInput(f"Workers may set status running, succeeded or failed, not '{to}'.",
                            details={"status": [to]})
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
-        return transition(actor=actor, run=run, to=to, error=error, locked=True)
+        run = transition(actor=actor, run=run, to=to, error=error, locked=True)
+        if to == S.FAILED and retry:
+            _retry_or_give_up(actor, run, f"attempt {run.attempt} failed")
+        return run
+
+
+def _retry_or_give_up(actor: Actor, run: Run, why: str) -> None:
+    """After a failed or lost attempt (status failed or preempted): queue the run again, or
+    fail it for good once it has used ``max_attempts``."""
+    used = run.attempt - run.retry_base
+    if attempts_left(run) > 0:
+        transition(actor=actor, run=run, to=S.QUEUED, locked=True,
+                   reason=f"{why}; retrying (attempt {used + 1} of {run.max_attempts})")
+    elif run.status == S.PREEMPTED:
+        transition(actor=actor, run=run, to=S.FAILED, locked=True,
+                   error=f"{why}; gave up after {used} of {run.max_attempts} attempts")
+    else:
+        _append_events(run, [{"kind": "status", "level": EventLevel.ERROR,
+                              "message": f"gave up after {used} of {run.max_attempts} attempts",
+                              "data": {"status": run.status, "attempts": used}}])
 
 
 def sweep_expired(*, actor: Actor) -> list[Run]:
-    """Runs whose lease ran out: preempted, then queued again (two recorded transitions)."""
+    """Runs whose lease ran out: preempted, then queued again (two recorded transitions),
+    or failed once the run has used its ``max_attempts``."""
     swept = []
     expired = Run.objects.filter(status__in=ACTIVE_STATUSES, lease_expires_at__lt=timezone.now())
     for run_id in list(expired.values_list("pk", flat=True)[:100]):
@@ -268,7 +328,8 @@ def sweep_expired(*, actor: Actor) -> list[Run]:
             holder = run.lease_holder
             transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
                        reason=f"lease held by {holder or 'a worker'} expired")
-            transition(actor=actor, run=run, to=S.QUEUED, locked=True, reason="requeued")
+            _retry_or_give_up(actor, run, f"worker {holder or '?'} lost on attempt "
+                                          f"{run.attempt}")
             swept.append(run)
     return swept
 

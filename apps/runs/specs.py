@@ -7,11 +7,17 @@ API rejects a bad config at creation, naming the field, instead of a worker fail
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel
 
 from workers.profile.spec import ProfileConfig
 from workers.rl.spec import RunSpec
+
+# What QC status an environment version needs before a run of a kind may use it:
+# "passed" (training on it), "not_failed" (pending is fine, failed is refused), "any" (QC
+# itself, which is what turns pending into passed or failed).
+QcGate = Literal["passed", "not_failed", "any"]
 
 
 @dataclass(frozen=True)
@@ -19,12 +25,19 @@ class KindSpec:
     schema: type[BaseModel]
     default_pool: str
     datasets: tuple[int, int | None]  # (minimum, maximum) pinned dataset versions
+    environments: tuple[int, int | None] = (0, 1)  # (minimum, maximum) environment versions
+    qc_gate: QcGate = "not_failed"
+    # Whether the run starts from a model (``base_model`` at launch: preset, directory or an
+    # earlier run's checkpoint), written into ``config.model`` by the launch.
+    base_model: bool = False
 
 
 KINDS: dict[str, KindSpec] = {
     "profile": KindSpec(ProfileConfig, "cpu", (1, 1)),
-    # The RL engine's task source is built in (arithmetic) until environments land.
-    "train": KindSpec(RunSpec, "gpu", (0, None)),
+    # Environments and datasets are pinned for lineage; the RL engine's task source is its
+    # built-in arithmetic task until it reads environment versions.
+    "train": KindSpec(RunSpec, "gpu", (0, None), environments=(0, None), qc_gate="passed",
+                      base_model=True),
 }
 
 

@@ -3,21 +3,25 @@ preview, so a preview that passes is a create that passes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from pydantic import ValidationError
 
 from apps.core.exceptions import InvalidInput
 from apps.datasets.models import DatasetVersion
 from apps.datasets.selectors import resolve_version as resolve_dataset
-from apps.environments.models import EnvironmentVersion
+from apps.environments.models import EnvironmentVersion, QcStatus
 from apps.environments.selectors import resolve_version as resolve_environment
 from apps.projects.models import Project
 from apps.projects.selectors import project_by_slug
-from apps.runs.models import Pool
-from apps.runs.specs import KINDS, available_kinds
+from apps.runs.models import Checkpoint, Pool
+from apps.runs.selectors import resolve_checkpoint
+from apps.runs.specs import KINDS, KindSpec, available_kinds
 from apps.teams.models import Team
+
+MAX_ATTEMPTS_LIMIT = 20
 
 
 @dataclass
@@ -30,6 +34,10 @@ class RunPlan:
     priority: int
     datasets: dict[str, DatasetVersion]
     environment: EnvironmentVersion | None
+    environments: list[EnvironmentVersion] = field(default_factory=list)
+    base_checkpoint: Checkpoint | None = None
+    base_model: dict[str, Any] | None = None
+    max_attempts: int = 3
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -38,18 +46,22 @@ class RunPlan:
             "name": self.name,
             "pool": self.pool,
             "priority": self.priority,
+            "max_attempts": self.max_attempts,
             "config": self.config,
             "datasets": {
                 alias: {"dataset": v.dataset.slug, "digest": v.digest, "number": v.number,
                         "record_count": v.record_count}
                 for alias, v in self.datasets.items()
             },
-            "environment": (
-                {"environment": self.environment.environment.slug,
-                 "digest": self.environment.digest, "number": self.environment.number}
-                if self.environment else None
-            ),
+            "environment": _describe_env(self.environment) if self.environment else None,
+            "environments": [_describe_env(v) for v in self.environments],
+            "base_model": self.base_model,
         }
+
+
+def _describe_env(version: EnvironmentVersion) -> dict[str, Any]:
+    return {"environment": version.environment.slug, "digest": version.digest,
+            "number": version.number, "qc_status": version.qc_status}
 
 
 def _config_errors(exc: ValidationError) -> tuple[str, dict[str, list[str]]]:
@@ -60,6 +72,87 @@ def _config_errors(exc: ValidationError) -> tuple[str, dict[str, list[str]]]:
         details.setdefault(path, []).append(message)
     first = next(iter(details.items()))
     return f"{first[0]}: {first[1][0]}", details
+
+
+def _qc_reason(report: dict[str, Any]) -> str:
+    """A one-line reason from a QC report, whatever engine wrote it."""
+    if isinstance(report, dict):
+        for key in ("reason", "summary", "message", "error"):
+            value = report.get(key)
+            if isinstance(value, str) and value.strip():
+                return value.strip()[:300]
+    return "see the version's qc_report"
+
+
+def check_qc(versions: list[EnvironmentVersion], kind: str, gate: str, key: str) -> None:
+    """Refuse environment versions a run of ``kind`` may not use, naming each and why."""
+    if gate == "any":
+        return
+    refused = []
+    for v in versions:
+        ref = f"{v.environment.slug}@v{v.number}"
+        if v.qc_status == QcStatus.FAILED:
+            refused.append(f"{ref} failed QC: {_qc_reason(v.qc_report)}")
+        elif gate == "passed" and v.qc_status != QcStatus.PASSED:
+            refused.append(f"{ref} has not passed QC (status {v.qc_status}); run QC on it "
+                           "first")
+    if refused:
+        raise InvalidInput(
+            f"A {kind} run needs environment versions that "
+            f"{'passed' if gate == 'passed' else 'did not fail'} QC: {'; '.join(refused)}.",
+            code="qc_not_passed", details={key: refused},
+        )
+
+
+def resolve_base_model(
+    *, team: Team, ref: str, config: dict[str, Any]
+) -> tuple[dict[str, Any], Checkpoint | None, dict[str, Any]]:
+    """Write ``base_model`` into the raw config's ``model`` section.
+
+    ``preset`` (the tiny MoE), ``path:/abs/dir`` or ``/abs/dir`` (a model directory on the
+    workers), ``run:<id>`` (that run's latest checkpoint), ``run:<id>@<step>`` or
+    ``checkpoint:<id>``. A checkpoint is pinned (its object-store URI goes into the frozen
+    config) and brings its own tokenizer. Returns (config, checkpoint, description).
+    """
+    model = config.get("model", {})
+    if not isinstance(model, dict):
+        raise InvalidInput("config.model must be an object.", details={"config.model": ["object"]})
+    if "source" in model or "path" in model:
+        raise InvalidInput(
+            "Give the base model once: either base_model or config.model.source/path.",
+            details={"base_model": ["also set in config.model"]},
+        )
+    ref = ref.strip()
+    checkpoint = None
+    if ref == "preset":
+        model = {**model, "source": "preset"}
+        described: dict[str, Any] = {"kind": "preset"}
+    elif ref.startswith(("path:", "/")):
+        path = ref.removeprefix("path:")
+        if not path.startswith("/"):
+            raise InvalidInput(f"base_model path '{path}' must be absolute (a directory on the "
+                               "workers).", details={"base_model": [ref]})
+        model = {**model, "source": "path", "path": path}
+        described = {"kind": "path", "path": path}
+    elif ref.startswith(("run:", "checkpoint:")):
+        checkpoint = resolve_checkpoint(team=team, ref=ref)
+        model = {**model, "source": "path", "path": checkpoint.uri}
+        tokenizer = config.get("tokenizer", {})
+        if not isinstance(tokenizer, dict):
+            raise InvalidInput("config.tokenizer must be an object.",
+                               details={"config.tokenizer": ["object"]})
+        # The checkpoint's weights only make sense with the tokenizer saved beside them.
+        config = {**config, "tokenizer": {**tokenizer, "source": "model"}}
+        described = {"kind": "checkpoint", "checkpoint": checkpoint.pk,
+                     "run": str(checkpoint.run_id), "step": checkpoint.step,
+                     "uri": checkpoint.uri}
+    else:
+        raise InvalidInput(
+            f"Unknown base_model '{ref[:100]}': use 'preset', 'path:/abs/dir', "
+            "'run:<run id>[@<step>]' or 'checkpoint:<id>'.",
+            details={"base_model": [ref[:100]]},
+        )
+    return {**config, "model": model}, checkpoint, described
 
 
 def plan_run(
@@ -73,6 +166,9 @@ def plan_run(
     priority: int = 0,
     datasets: list[str] | None = None,
     environment: str | None = None,
+    environments: list[str] | None = None,
+    base_model: str | None = None,
+    max_attempts: int | None = None,
 ) -> RunPlan:
     if kind not in KINDS:
         raise InvalidInput(
@@ -83,6 +179,13 @@ def plan_run(
     spec = KINDS[kind]
     if not isinstance(config, dict):
         raise InvalidInput("config must be a JSON object.", details={"config": ["object"]})
+    base_checkpoint, base_described = None, None
+    if base_model:
+        if not spec.base_model:
+            raise InvalidInput(f"A {kind} run takes no base model.",
+                               details={"base_model": [base_model[:100]]})
+        config, base_checkpoint, base_described = resolve_base_model(
+            team=team, ref=base_model, config=config)
     try:
         parsed = spec.schema.model_validate(config)
     except ValidationError as exc:
@@ -91,6 +194,7 @@ def plan_run(
     if pool is not None and pool not in Pool.values:
         raise InvalidInput(f"Unknown pool '{pool}'; pools are {', '.join(Pool.values)}.",
                            details={"pool": [pool]})
+    attempts = _max_attempts(max_attempts)
     project_obj = project_by_slug(team=team, slug=project)
 
     pinned: dict[str, DatasetVersion] = {}
@@ -108,7 +212,7 @@ def plan_run(
             f"A {kind} run pins {wanted} dataset version(s); got {len(pinned)}.",
             details={"datasets": [f"{len(pinned)} given"]},
         )
-    env_version = resolve_environment(team=team, ref=environment) if environment else None
+    env_versions = _environments(team, spec, kind, environment, environments)
 
     normalized = parsed.model_dump(mode="json")
     wanted_alias = normalized.get("dataset")
@@ -124,5 +228,43 @@ def plan_run(
     return RunPlan(
         project=project_obj, kind=kind, name=name, config=normalized,
         pool=pool or spec.default_pool, priority=priority, datasets=pinned,
-        environment=env_version,
+        environment=env_versions[0] if env_versions else None, environments=env_versions,
+        base_checkpoint=base_checkpoint, base_model=base_described, max_attempts=attempts,
     )
+
+
+def _max_attempts(value: int | None) -> int:
+    if value is None:
+        return int(settings.CRUCIBLE.get("MAX_ATTEMPTS", 3))
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidInput(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}.",
+                           details={"max_attempts": [repr(value)[:50]]})
+    return value
+
+
+def _environments(
+    team: Team, spec: KindSpec, kind: str, environment: str | None,
+    environments: list[str] | None,
+) -> list[EnvironmentVersion]:
+    """``environment`` (one reference) and ``environments`` (several) resolve to versions,
+    each once, checked against the kind's QC gate."""
+    key = "environments" if environments else "environment"
+    refs = ([environment] if environment else []) + list(environments or [])
+    versions: list[EnvironmentVersion] = []
+    for ref in refs:
+        version = resolve_environment(team=team, ref=ref)
+        if any(v.pk == version.pk for v in versions):
+            raise InvalidInput(f"Environment version '{ref}' is pinned twice.",
+                               details={key: [ref]})
+        versions.append(version)
+    low, high = spec.environments
+    if len(versions) < low or (high is not None and len(versions) > high):
+        wanted = f"exactly {low}" if low == high else (
+            f"at least {low}" if high is None else f"between {low} and {high}")
+        raise InvalidInput(
+            f"A {kind} run pins {wanted} environment version(s); got {len(versions)}.",
+            details={key: [f"{len(versions)} given"]},
+        )
+    check_qc(versions, kind, spec.qc_gate, key)
+    return versions

@@ -34,6 +34,9 @@ class ClaimSerializer(serializers.Serializer):
 class StatusSerializer(serializers.Serializer):
     status = serializers.CharField()
     error = serializers.CharField(required=False, allow_blank=True, default="")
+    # With status failed: the error may pass on another attempt; queue the run again if it
+    # has attempts left.
+    retry = serializers.BooleanField(required=False, default=False)
 
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT columns
@@ -102,7 +105,8 @@ class WorkerRunViewSet(WorkerViewSet):
         data.is_valid(raise_exception=True)
         obj = services.worker_transition(actor=self.actor, run=self._run(run),
                                          lease_id=self.lease_id, to=data.validated_data["status"],
-                                         error=data.validated_data["error"])
+                                         error=data.validated_data["error"],
+                                         retry=data.validated_data["retry"])
         return Response({"status": obj.status})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
@@ -180,4 +184,6 @@ class WorkerSweepViewSet(WorkerViewSet):
             raise Forbidden("Only operator worker tokens (not tied to a team) may sweep.")
         swept = services.sweep_expired(actor=self.actor)
         lost = sandbox_services.sweep_lost()
-        return Response({"requeued": [str(r.pk) for r in swept], "executions_lost": lost})
+        return Response({"requeued": [str(r.pk) for r in swept if r.status == "queued"],
+                         "failed": [str(r.pk) for r in swept if r.status == "failed"],
+                         "executions_lost": lost})

@@ -31,7 +31,11 @@ def purge_queues() -> None:
 def start_worker(live_server):  # noqa: ANN001, ANN201
     procs: list[subprocess.Popen] = []
 
-    def start(worker_token: str, queues: str = "cpu", extra_env: dict | None = None):
+    def start(worker_token: str, queues: str = "cpu", extra_env: dict | None = None,
+              log: Path | None = None, beat: Path | None = None) -> subprocess.Popen:
+        """A worker process; ``log``: write its output to that file instead of a pipe (a
+        chatty worker would fill the pipe and block); ``beat``: also run the beat (lease
+        sweeps) in it, keeping its schedule in that file."""
         env = {
             **os.environ,
             "CRUCIBLE_API_URL": live_server.url,
@@ -41,12 +45,16 @@ def start_worker(live_server):  # noqa: ANN001, ANN201
             **(extra_env or {}),
         }
         env.pop("DATABASE_URL", None)  # workers hold no database credentials
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", queues,
-             "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        command = [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", queues,
+                   "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                   "--loglevel", "INFO"]
+        if beat is not None:
+            command += ["-B", "-s", str(beat)]
+        output = log.open("ab") if log is not None else subprocess.PIPE
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output,
+                                stderr=subprocess.STDOUT, text=log is None)
+        if log is not None:
+            output.close()  # the child holds its own descriptor
         procs.append(proc)
         return proc
 
