@@ -26,7 +26,7 @@ class CgroupError(RuntimeError):
     """The host's cgroups cannot give an execution the limits it needs."""
 
 
-def _write(path: Path, value: str) -> None:
+def _write(path: Path | str, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:
         os.write(fd, value.encode())
@@ -34,7 +34,7 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path | str) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -45,17 +45,41 @@ def _read(path: Path) -> str:
         os.close(fd)
 
 
-def _int(path: Path) -> int:
+def _int(path: Path | str) -> int:
     text = _read(path).strip()
     return int(text) if text.isdigit() else 0
 
 
-def _keyed(path: Path, key: str) -> int:
-    for line in _read(path).splitlines():
+def parse_keyed(text: str) -> dict[str, int]:
+    """`key value` lines (cpu.stat, memory.events, memory.oom_control) as a dict."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] == key:
-            return int(parts[1])
-    return 0
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            found[parts[0]] = int(parts[1])
+    return found
+
+
+def _keyed(path: Path | str, key: str) -> int:
+    return parse_keyed(_read(path)).get(key, 0)
+
+
+def v2_limit_files(memory_bytes: int, pids: int) -> list[tuple[str, str, bool]]:
+    """(file, value, required) writes that give a v2 cgroup its limits: RAM without swap, the
+    whole group OOM-killed together (an MLE ends the run rather than one thread of it), and a
+    process cap. memory.swap.max is absent where swap accounting is off (then there is no swap
+    to limit) and memory.oom.group before kernel 4.19, so those two are optional."""
+    return [
+        ("memory.max", str(memory_bytes), True),
+        ("memory.swap.max", "0", False),
+        ("memory.oom.group", "1", False),
+        ("pids.max", str(pids), True),
+    ]
+
+
+def oom_killed(events: dict[str, int]) -> bool:
+    """Whether memory.events (v2) or memory.oom_control (v1) records an OOM kill."""
+    return events.get("oom_kill", 0) > 0 or events.get("oom_group_kill", 0) > 0
 
 
 def _rmdir(path: Path) -> None:
@@ -135,44 +159,55 @@ class CgroupV1(Cgroup):
         self.dirs = {c: ROOT / c / GROUP / name for c in self.CONTROLLERS}
         for path in self.dirs.values():
             path.mkdir(parents=True, exist_ok=False)
+        # Plain strings: these files are opened several times per execution.
+        mem, pids, cpu = (str(self.dirs[c]) for c in self.CONTROLLERS)
+        self._procs = (f"{mem}/cgroup.procs", f"{pids}/cgroup.procs", f"{cpu}/cgroup.procs")
+        self._mem = mem
+        self._pids_max = f"{pids}/pids.max"
+        self._usage = f"{cpu}/cpuacct.usage"
+        self._has_memsw = os.path.exists(f"{mem}/memory.memsw.limit_in_bytes")
+        self._limits: tuple[int, int] | None = None
 
     def set_limits(self, *, memory_bytes: int, pids: int) -> None:
-        mem = self.dirs["memory"]
-        memsw = mem / "memory.memsw.limit_in_bytes"
+        if self._limits == (memory_bytes, pids):
+            return  # a warm sandbox whose request asks for the limits it was started with
+        mem = self._mem
         # memsw must stay >= the RAM limit: if one order is refused, the other one works.
         order = [("memory.limit_in_bytes", memory_bytes)]
-        if memsw.exists():
+        if self._has_memsw:
             order.append(("memory.memsw.limit_in_bytes", memory_bytes))
         try:
             for file, value in order:
-                _write(mem / file, str(value))
+                _write(f"{mem}/{file}", str(value))
         except OSError:
             for file, value in reversed(order):
-                _write(mem / file, str(value))
-        with contextlib.suppress(OSError):
-            _write(mem / "memory.swappiness", "0")
-        _write(self.dirs["pids"] / "pids.max", str(pids))
+                _write(f"{mem}/{file}", str(value))
+        if self._limits is None:
+            with contextlib.suppress(OSError):
+                _write(f"{mem}/memory.swappiness", "0")
+        _write(self._pids_max, str(pids))
+        self._limits = (memory_bytes, pids)
 
     def add(self, pid: int) -> None:
-        for path in self.dirs.values():
-            _write(path / "cgroup.procs", str(pid))
+        for path in self._procs:
+            _write(path, str(pid))
 
     def procs(self) -> list[int]:
-        text = " ".join(_read(self.dirs[c] / "cgroup.procs") for c in ("pids", "memory"))
+        text = _read(self._procs[1]) + " " + _read(self._procs[0])
         return sorted({int(p) for p in text.split()})
 
     def cpu_ns(self) -> int:
-        return _int(self.dirs["cpuacct"] / "cpuacct.usage")
+        return _int(self._usage)
 
     def peak_memory(self) -> int:
-        return _int(self.dirs["memory"] / "memory.max_usage_in_bytes")
+        return _int(f"{self._mem}/memory.max_usage_in_bytes")
 
     def reset_peak(self) -> None:  # noqa: B027 - optional: a no-op where the kernel has no reset
         with contextlib.suppress(OSError):
-            _write(self.dirs["memory"] / "memory.max_usage_in_bytes", "0")
+            _write(f"{self._mem}/memory.max_usage_in_bytes", "0")
 
     def oom_kills(self) -> int:
-        return _keyed(self.dirs["memory"] / "memory.oom_control", "oom_kill")
+        return _keyed(f"{self._mem}/memory.oom_control", "oom_kill")
 
     def remove(self) -> None:
         for path in self.dirs.values():
@@ -180,18 +215,28 @@ class CgroupV1(Cgroup):
 
 
 class CgroupV2(Cgroup):
+    """A cgroup in the unified hierarchy, under `parent` (v2_parent() unless given).
+
+    `create=False` attaches to an existing directory (one the kernel, or a test laying out a
+    cgroup2 tree in a temporary directory, has populated with its control files)."""
+
     version = 2
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, parent: Path | None = None, *, create: bool = True) -> None:
         super().__init__(name)
-        self.dir = v2_parent() / name
-        self.dir.mkdir(exist_ok=False)
+        self.dir = (parent if parent is not None else v2_parent()) / name
+        self._peak_fd: int | None = None
+        if create:
+            self.dir.mkdir(exist_ok=False)
 
     def set_limits(self, *, memory_bytes: int, pids: int) -> None:
-        _write(self.dir / "memory.max", str(memory_bytes))
-        with contextlib.suppress(FileNotFoundError):
-            _write(self.dir / "memory.swap.max", "0")
-        _write(self.dir / "pids.max", str(pids))
+        for file, value, required in v2_limit_files(memory_bytes, pids):
+            try:
+                _write(self.dir / file, value)
+            except FileNotFoundError:
+                if required:
+                    raise CgroupError(f"{self.dir / file} is missing: the memory and pids "
+                                      "controllers are not enabled for this cgroup") from None
 
     def add(self, pid: int) -> None:
         _write(self.dir / "cgroup.procs", str(pid))
@@ -202,20 +247,58 @@ class CgroupV2(Cgroup):
     def cpu_ns(self) -> int:
         return _keyed(self.dir / "cpu.stat", "usage_usec") * 1000
 
+    def reset_peak(self) -> None:
+        """Kernels >= 6.12 reset memory.peak per open file: writing to an fd makes reads of that
+        same fd report the peak since the write. Older kernels refuse the write (read-only file);
+        the peak then includes the warm interpreter's start-up."""
+        self._close_peak()
+        try:
+            fd = os.open(self.dir / "memory.peak", os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            os.write(fd, b"reset\n")
+        except OSError:
+            os.close(fd)
+            return
+        self._peak_fd = fd
+
+    def _close_peak(self) -> None:
+        if self._peak_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._peak_fd)
+            self._peak_fd = None
+
     def peak_memory(self) -> int:
-        return _int(self.dir / "memory.peak")
+        if self._peak_fd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return int(os.pread(self._peak_fd, 64, 0).decode().strip() or 0)
+        peak = _int(self.dir / "memory.peak")  # kernels >= 5.19
+        return peak or _int(self.dir / "memory.current")
 
     def oom_kills(self) -> int:
-        return _keyed(self.dir / "memory.events", "oom_kill")
+        events = parse_keyed(_read(self.dir / "memory.events"))
+        return events.get("oom_kill", 0) + events.get("oom_group_kill", 0)
+
+    def populated(self) -> bool:
+        """cgroup.events says whether any process is left in the group (or its children)."""
+        return parse_keyed(_read(self.dir / "cgroup.events")).get("populated", 0) != 0
 
     def kill(self) -> set[int]:
+        """cgroup.kill (kernels >= 5.14) SIGKILLs every process of the group at once, forks in
+        flight included; the signal loop of the base class covers older kernels."""
         seen = set(self.procs())
         kill_file = self.dir / "cgroup.kill"
         if kill_file.exists():
             _write(kill_file, "1")
+            for _ in range(500):
+                if not self.populated():
+                    break
+                time.sleep(0.001)
         return seen | super().kill()
 
     def remove(self) -> None:
+        self._close_peak()
         _rmdir(self.dir)
 
 
@@ -226,20 +309,33 @@ def v1_available() -> bool:
     ) and (ROOT / "memory" / "memory.limit_in_bytes").exists()
 
 
-def v2_parent() -> Path:
-    """The v2 directory holding execution cgroups, with memory and pids delegated to it."""
-    mount = ROOT if (ROOT / "cgroup.controllers").exists() else ROOT / "unified"
+def v2_mount(root: Path | None = None) -> Path:
+    """Where the unified hierarchy is mounted: /sys/fs/cgroup itself, or the hybrid layout's
+    /sys/fs/cgroup/unified."""
+    base = root if root is not None else ROOT
+    return base if (base / "cgroup.controllers").exists() else base / "unified"
+
+
+def v2_parent(root: Path | None = None) -> Path:
+    """The v2 directory holding execution cgroups, with memory, pids (and cpu when offered)
+    enabled for its children. Controllers must be enabled top-down: first in the mount's own
+    cgroup.subtree_control, then in the parent's."""
+    mount = v2_mount(root)
     parent = mount / GROUP
+    wanted = {"memory", "pids", "cpu"}
+    enabled = set(_read(parent / "cgroup.subtree_control").split())
+    if wanted <= enabled:
+        return parent
+    available = set(_read(mount / "cgroup.controllers").split())
+    if not {"memory", "pids"} <= available:
+        raise CgroupError(f"cgroup v2 at {mount} lacks the memory and pids controllers "
+                          f"(it offers: {' '.join(sorted(available)) or 'none'})")
     if not parent.exists():
         parent.mkdir()
-    wanted = {"memory", "pids", "cpu"}
-    if not wanted <= set(_read(parent / "cgroup.subtree_control").split()):
-        available = set(_read(mount / "cgroup.controllers").split())
-        if not {"memory", "pids"} <= available:
-            raise CgroupError(f"cgroup v2 at {mount} lacks the memory and pids controllers")
-        with contextlib.suppress(OSError):
-            _write(mount / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted & available))
-        _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted & available))
+    enable = " ".join(f"+{c}" for c in sorted(wanted & available))
+    if not {"memory", "pids"} <= set(_read(mount / "cgroup.subtree_control").split()):
+        _write(mount / "cgroup.subtree_control", enable)
+    _write(parent / "cgroup.subtree_control", enable)
     return parent
 
 

@@ -43,6 +43,16 @@ _tracked_lock = threading.Lock()
 _subreaper_done = False
 
 
+def memfd(data: bytes, name: str) -> int:
+    """A fresh fd holding `data`, positioned at its start, for a sandbox to read."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 class SandboxError(RuntimeError):
     """The engine could not run the sandbox (not the program's fault)."""
 
@@ -139,23 +149,40 @@ class Outcome:
     cpu_exceeded: bool = False
     output_exceeded: bool = False
     oom_killed: bool = False
-    exit_reported: bool = False  # the status came from the bootstrap, not from bwrap
+    signal: int | None = None  # set only when reported in the sandbox (exit_reported)
+    exit_reported: bool = False  # the status came from inside the sandbox, not from bwrap
     cpu_ms: int = 0
     wall_ms: int = 0
     peak_memory_bytes: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def _find_status(feedback: bytearray, marker: bytes) -> int | None:
-    """The status after `marker` on a complete line, if the bootstrap has reported it."""
-    at = feedback.find(marker)
-    if at < 0:
-        return None
-    end = feedback.find(b"\n", at)
-    if end < 0:
-        return None
-    value = feedback[at + len(marker):end].strip()
-    return int(value) if value.isdigit() else 1
+Status = tuple[int | None, int | None]
+
+
+def parse_status(feedback: bytes | bytearray, prefix: bytes) -> Status | None:
+    """(exit code, signal) from the first complete `<prefix>EXIT <n>` or `<prefix>SIGNAL <n>` line
+    on the feedback channel, or None while no such line has arrived. The process that reports
+    is the program's parent inside the sandbox (the bootstrap's waiting half, or the status
+    waiter of compiled languages), which saw the real wait status: exit(130) and death by
+    SIGINT differ there, while bwrap folds both into 130."""
+    at = 0
+    while True:
+        at = feedback.find(prefix, at)
+        if at < 0:
+            return None
+        end = feedback.find(b"\n", at)
+        if end < 0:
+            return None
+        kind, _, value = bytes(feedback[at + len(prefix):end]).partition(b" ")
+        at = end
+        number = value.strip()
+        if not number.isdigit():
+            continue
+        if kind == b"EXIT":
+            return int(number) & 0xFF, None
+        if kind == b"SIGNAL" and 0 < int(number) < 128:
+            return None, int(number)
 
 
 class SandboxProcess:
@@ -171,6 +198,8 @@ class SandboxProcess:
         ro_binds: tuple[tuple[str, str], ...] = (),
         with_control: bool = False,
         cpu_backstop_ms: int | None = None,
+        as_pid_1: bool = False,
+        data: bytes | None = None,
     ) -> None:
         for tool in (bwrap.BWRAP, SETPRIV, BASH):
             if not os.access(tool, os.X_OK):
@@ -184,7 +213,8 @@ class SandboxProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.cgroup = cgroups.create(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
         try:
-            self._spawn(argv, env or {}, ro_binds, with_control, cpu_backstop_ms)
+            self._spawn(argv, env or {}, ro_binds, with_control, cpu_backstop_ms, as_pid_1,
+                        data)
         except BaseException:
             self.destroy()
             raise
@@ -196,7 +226,8 @@ class SandboxProcess:
 
     def _spawn(
         self, argv: list[str], env: dict[str, str], ro_binds: tuple[tuple[str, str], ...],
-        with_control: bool, cpu_backstop_ms: int | None,
+        with_control: bool, cpu_backstop_ms: int | None, as_pid_1: bool,
+        data: bytes | None,
     ) -> None:
         gate_r, self.gate_w = self._pipe()
         fb_r, fb_w = self._pipe()
@@ -208,12 +239,17 @@ class SandboxProcess:
             child_fds.append(ctl_r)
             argv = [a.replace("{CONTROL_FD}", str(ctl_r)) for a in argv]
         argv = [a.replace("{FEEDBACK_FD}", str(fb_w)) for a in argv]
+        if data is not None:  # read-only data for the sandbox (the precompiled bootstrap)
+            data_fd = memfd(data, "crucible-data")
+            self._fds.append(data_fd)
+            child_fds.append(data_fd)
+            argv = [a.replace("{DATA_FD}", str(data_fd)) for a in argv]
         sec_fd = seccomp.filter_fd()
         self._fds.append(sec_fd)
         child_fds.append(sec_fd)
         inner = bwrap.command(
             workdir=self.workdir, argv=argv, env=env, seccomp_fd=sec_fd,
-            tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds,
+            tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds, as_pid_1=as_pid_1,
         )
         # RLIMIT_CPU is only a backstop: the supervisor watches the cgroup's CPU time itself.
         gate = (
@@ -281,13 +317,16 @@ class SandboxProcess:
             self.control_w = None
 
     def run(
-        self, stdin: bytes = b"", *, control: bytes | None = None, exit_marker: bytes | None = None
+        self, stdin: bytes = b"", *, control: bytes | None = None,
+        status_prefix: bytes | None = None, end_on_status: bool = True,
     ) -> Outcome:
         """Feed stdin, collect output within the limits, and return when the program is done.
 
-        Done means the sandbox exited, or a bootstrap reported `exit_marker` + status on the
-        feedback pipe after flushing its output (then the sandbox is killed here rather than
-        waited for: interpreter and namespace teardown stay off the critical path).
+        Done means the sandbox exited, or (with `end_on_status`) the program's parent inside the
+        sandbox reported its exit status on the feedback pipe as `<status_prefix>EXIT <n>` or
+        `SIGNAL <n>`: the program is gone and its output is in the pipes, so the sandbox is
+        killed here rather than waited for (interpreter and namespace teardown stay off the
+        critical path). Without `end_on_status` a reported status is still used, as the exact one.
         """
         assert self.proc is not None and self.proc.stdin and self.proc.stdout and self.proc.stderr
         limits = self.limits
@@ -326,9 +365,10 @@ class SandboxProcess:
         else:
             self.proc.stdin.close()
         exited_at: float | None = None
-        reported: int | None = None
+        reported: Status | None = None
+        ended = False
         try:
-            while reported is None and not out.output_exceeded:
+            while not ended and not out.output_exceeded:
                 readers = [k for k in sel.get_map().values() if k.data not in ("exit", "stdin")]
                 if exited_at is not None and not readers:
                     break
@@ -366,9 +406,10 @@ class SandboxProcess:
                             sel.unregister(key.fd)
                             continue
                         take(name, chunk)
-                        if name == "feedback" and exit_marker:
-                            reported = _find_status(bufs["feedback"], exit_marker)
-            if reported is not None:
+                        if name == "feedback" and status_prefix and reported is None:
+                            reported = parse_status(bufs["feedback"], status_prefix)
+                            ended = reported is not None and end_on_status
+            if ended:
                 # The bootstrap flushed before reporting: drain what is already in the pipes.
                 for key in list(sel.get_map().values()):
                     if key.data in ("stdout", "stderr"):
@@ -381,10 +422,19 @@ class SandboxProcess:
         out.wall_ms = int((time.monotonic() - start) * 1000)
         out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
         self._seen |= self._children() | self.cgroup.signal_all()
-        out.returncode = reported if reported is not None else self._wait()
-        out.exit_reported = reported is not None
-        if reported is None:
+        if not ended:
+            out.returncode = self._wait()
             out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
+            if reported is None and status_prefix:  # reported as it exited: read what is left
+                with contextlib.suppress(OSError):
+                    while chunk := os.read(self.feedback_r, 65536):
+                        take("feedback", chunk)
+                reported = parse_status(bufs["feedback"], status_prefix)
+        if reported is not None:
+            code, signal_no = reported
+            out.returncode = code if code is not None else 128 + (signal_no or 0)
+            out.signal = signal_no
+            out.exit_reported = True
         out.cpu_exceeded = out.cpu_exceeded or out.cpu_ms > limits.cpu_ms
         out.peak_memory_bytes = self.cgroup.peak_memory()
         out.oom_killed = self.cgroup.oom_kills() > 0

@@ -12,7 +12,9 @@ from __future__ import annotations
 import atexit
 import json
 import marshal
+import os
 import secrets
+import subprocess
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,15 +45,59 @@ from .spec import (
 )
 from .trace import parse as parse_trace
 
+PYTHON = "/usr/bin/python3"
+# Loads the bootstrap precompiled (see _python_boot_code) from an inherited fd: compiling its
+# source in every sandbox cost more CPU than the rest of its start-up.
+_PY_STUB = ("import marshal,posix,sys;f=int(sys.argv.pop(1));c=posix.read(f,1<<22);posix.close(f);"
+            "exec(marshal.loads(c))")
+_boot_code: bytes | None = None
+_boot_code_lock = threading.Lock()
+
+
+def _python_boot_code() -> bytes | None:
+    """The bootstrap compiled and marshalled by the sandbox's own interpreter (marshal data is
+    tied to the interpreter version), once per process; None when that fails (then sandboxes
+    compile the source themselves)."""
+    global _boot_code
+    with _boot_code_lock:
+        if _boot_code is None:
+            script = ("import marshal,sys;sys.stdout.buffer.write(marshal.dumps(compile("
+                      "sys.stdin.read(),'<crucible-boot>','exec')))")
+            try:
+                done = subprocess.run([PYTHON, "-I", "-S", "-c", script],
+                                      input=harness_source("python_boot.py").encode(),
+                                      capture_output=True, timeout=30, check=True)
+                _boot_code = done.stdout
+            except (OSError, subprocess.SubprocessError):
+                _boot_code = b""
+        return _boot_code or None
+
+
+def _python_boot_argv(code: bytes | None) -> list[str]:
+    if code is None:
+        return [PYTHON, "-I", "-S", "-c", harness_source("python_boot.py"),
+                "{CONTROL_FD}", "{FEEDBACK_FD}"]
+    return [PYTHON, "-I", "-S", "-c", _PY_STUB, "{DATA_FD}", "{CONTROL_FD}", "{FEEDBACK_FD}"]
+
+
 _BOOT_ARGV = {
-    "python": lambda: ["/usr/bin/python3", "-I", "-S", "-c", harness_source("python_boot.py"),
-                       "{CONTROL_FD}", "{FEEDBACK_FD}"],
+    "python": lambda: _python_boot_argv(_python_boot_code()),
     "javascript": lambda: ["/usr/bin/node", "-e", harness_source("node_boot.js"),
                            "{CONTROL_FD}", "{FEEDBACK_FD}"],
 }
-_SIGNALLED = 128  # bwrap reports a child killed by signal N as exit status 128 + N
-# (a bootstrap that reported its status itself is exact: sys.exit(137) stays exit code 137)
+_SIGNALLED = 128  # bwrap reports a child killed by signal N as exit status 128 + N, and so
+# does a program that exits with 128 + N: only a status reported from inside the sandbox (the
+# bootstrap's waiting half, or the status waiter) tells them apart.
 _BACKSTOP_CPU_MS = 600_000
+PERL = "/usr/bin/perl"
+
+
+def _waiter_argv(argv: list[str], tag: str) -> list[str]:
+    """argv under the status waiter (PID 1, reports the program's real wait status), or argv
+    unchanged where Perl is missing (then exit codes 129-192 read as signals)."""
+    if not os.access(PERL, os.X_OK):
+        return argv
+    return [PERL, "-e", harness_source("status_waiter.pl"), "{FEEDBACK_FD}", tag, *argv]
 
 
 @dataclass
@@ -84,10 +130,12 @@ def phase_result(out: Outcome, limits: Limits, *, compile_phase: bool = False) -
     """Classify a finished process: limit verdicts first, then the exit status."""
     rc = out.returncode
     signal_no = None
-    if rc is not None and rc < 0:
+    if out.exit_reported:
+        signal_no = out.signal  # seen by the program's parent: exact
+    elif rc is not None and rc < 0:
         signal_no = -rc  # bwrap itself was killed (limits, teardown)
-    elif rc is not None and _SIGNALLED < rc <= _SIGNALLED + 64 and not out.exit_reported:
-        signal_no = rc - _SIGNALLED
+    elif rc is not None and _SIGNALLED < rc <= _SIGNALLED + 64:
+        signal_no = rc - _SIGNALLED  # ambiguous; only when no status was reported
     if out.output_exceeded:
         status, message = Status.OLE, f"output exceeded {limits.output_bytes} bytes"
     elif out.timed_out:
@@ -167,11 +215,15 @@ class Engine:
         return pool.wait_ready(timeout) if pool else False
 
     def _spawn_boot(self, lang: Language, limits: Limits) -> _Warm:
-        path = workdir.create({}, owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
+        path = workdir.create({}, owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID,
+                              size_bytes=limits.workdir_mb << 20)
+        argv = _BOOT_ARGV[lang.name]()
+        data = _python_boot_code() if "{DATA_FD}" in argv else None
         try:
             proc = SandboxProcess(
-                argv=_BOOT_ARGV[lang.name](), workdir=path, limits=limits, env=lang.env,
+                argv=argv, workdir=path, limits=limits, env=lang.env,
                 ro_binds=lang.binds, with_control=True, cpu_backstop_ms=_BACKSTOP_CPU_MS,
+                data=data,
             )
         except BaseException:
             workdir.remove(path)
@@ -221,6 +273,8 @@ class Engine:
     ) -> tuple[Outcome, dict[str, str]]:
         warm = self._boot_sandbox(lang, request.limits)
         try:
+            workdir.resize(warm.dir, workdir.files_bytes(files) + (request.limits.workdir_mb << 20),
+                           owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
             workdir.write(warm.dir, files, owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
             warm.proc.relimit(request.limits)
             control = {
@@ -230,9 +284,11 @@ class Engine:
             }
             # Python's bootstrap reads marshal (a built-in module: no import cost), Node's JSON.
             payload = marshal.dumps(control, 4) if lang.name == "python" else json.dumps(control)
+            # Python's bootstrap reports after the program is gone; Node's from an 'exit'
+            # listener, after which other listeners may still print: wait for it to end.
             out = warm.proc.run(stdin.encode(), control=payload if isinstance(payload, bytes)
-                                else payload.encode(),
-                                exit_marker=f"{nonce} EXIT ".encode())
+                                else payload.encode(), status_prefix=f"{nonce} ".encode(),
+                                end_on_status=lang.name == "python")
             out.extra["files"] = _read_back(warm.dir, request.read_back)
             return out, _feedback(out, nonce)
         finally:
@@ -266,8 +322,9 @@ class Engine:
         return result
 
     def _execute_plain(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
+        room = (request.compile_limits if lang.compile else request.limits).workdir_mb << 20
         path = workdir.create({**request.files, lang.source: request.code},
-                              owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
+                              owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID, size_bytes=room)
         try:
             compiled: PhaseResult | None = None
             if lang.compile:
@@ -280,6 +337,9 @@ class Engine:
                         message=(compiled.message + "\n" + compiled.stderr + compiled.stdout)
                         .strip()[:64_000],
                     )
+                # the program gets its own room on top of what the compiler left
+                workdir.resize(path, request.limits.workdir_mb << 20,
+                               owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
             run_argv = [*lang.run, *request.argv]
             if request.cases:
                 results = [
@@ -301,10 +361,13 @@ class Engine:
         self, lang: Language, path: Path, argv: list[str], limits: Limits, stdin: str,
         *, compile_phase: bool = False,
     ) -> tuple[PhaseResult, Outcome]:
-        proc = SandboxProcess(argv=argv, workdir=path, limits=limits, env=lang.env,
-                              ro_binds=lang.binds)
+        tag = secrets.token_hex(8)
+        # A compiler's status only decides OK or CE: it runs without the waiter.
+        wrapped = argv if compile_phase else _waiter_argv(argv, tag)
+        proc = SandboxProcess(argv=wrapped, workdir=path, limits=limits, env=lang.env,
+                              ro_binds=lang.binds, as_pid_1=wrapped is not argv)
         try:
-            out = proc.run(stdin.encode())
+            out = proc.run(stdin.encode(), status_prefix=f"{tag} ".encode())
         finally:
             proc.destroy()
         return phase_result(out, limits, compile_phase=compile_phase), out

@@ -53,13 +53,18 @@ class Limits(BaseModel):
     open_files: int = Field(64, ge=16, le=65_536)
     output_bytes: int = Field(1 << 20, ge=0, le=64 << 20, description="stdout + stderr")
     tmpfs_mb: int = Field(64, ge=1, le=4096, description="size of the private /tmp")
+    workdir_mb: int = Field(
+        64, ge=1, le=4096,
+        description="room the program has in /work, on top of the request's files (and of the "
+        "compiler's outputs): /work is a tmpfs of its own, so many files cannot fill the host",
+    )
 
 
 def default_compile_limits() -> Limits:
     """Compilers (rustc, javac, go) need far more time, memory and threads than programs."""
     return Limits(
         wall_ms=60_000, cpu_ms=60_000, memory_mb=2048, pids=256, file_size_mb=256,
-        open_files=1024, output_bytes=256 << 10, tmpfs_mb=512,
+        open_files=1024, output_bytes=256 << 10, tmpfs_mb=512, workdir_mb=512,
     )
 
 

@@ -1,5 +1,10 @@
 """Per-execution work directories on the host, and reading files back out of them safely.
 
+Each work directory is a tmpfs of its own, mounted on a fresh directory, with a size and an inode
+cap: RLIMIT_FSIZE bounds one file, the tmpfs bounds them all, so a program writing many files gets
+ENOSPC instead of filling the host's disk. (Its pages are also charged to the sandbox's memory
+cgroup while the program writes them.)
+
 The sandbox owns its work directory, so anything in it may be a trap: a symlink to /etc/shadow, a
 FIFO that blocks forever, a huge file. Files are read back only by single-component names relative
 to an fd of the directory, with O_NOFOLLOW and O_NONBLOCK, and only if they are regular files.
@@ -8,6 +13,8 @@ to an fd of the directory, with O_NOFOLLOW and O_NONBLOCK, and only if they are 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import shutil
 import stat
@@ -19,19 +26,65 @@ BASE = Path(
 )
 
 
+INODES = 16_384
+"""Files and directories one work directory may hold (tmpfs nr_inodes)."""
+_MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 0x2, 0x4, 0x20
+_MNT_DETACH = 0x2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 class UnsafeFile(ValueError):
     """A file the host refuses to read back (symlink, not regular, bad name)."""
 
 
-def create(files: dict[str, str], *, owner_uid: int, owner_gid: int) -> Path:
-    """A fresh directory holding `files`, writable by the sandbox user only."""
+class WorkdirError(OSError):
+    """The host could not give the program a size-capped work directory."""
+
+
+def files_bytes(files: dict[str, str]) -> int:
+    """Space the request's own files take, rounded up to whole pages per file."""
+    return sum(-(-len(text.encode()) // 4096) * 4096 + 4096 for text in files.values())
+
+
+def _mount_tmpfs(path: Path, size_bytes: int, uid: int, gid: int, *, remount: bool) -> None:
+    options = f"size={size_bytes},nr_inodes={INODES},mode=0700,uid={uid},gid={gid}"
+    flags = _MS_NOSUID | _MS_NODEV | (_MS_REMOUNT if remount else 0)
+    if _libc.mount(b"crucible-work", os.fsencode(path), b"tmpfs", flags, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise WorkdirError(err, f"cannot {'resize' if remount else 'mount'} the size-capped "
+                                f"tmpfs work directory ({options}): {os.strerror(err)}"
+                                " (the sandbox supervisor needs root with CAP_SYS_ADMIN)")
+
+
+def create(
+    files: dict[str, str], *, owner_uid: int, owner_gid: int, size_bytes: int = 64 << 20
+) -> Path:
+    """A fresh size-capped directory holding `files`, writable by the sandbox user only;
+    `size_bytes` is the room left for the program on top of the files."""
     BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
     os.chmod(BASE, 0o711)  # the unprivileged bwrap must traverse it to bind the work directory
     path = Path(tempfile.mkdtemp(prefix="w-", dir=BASE))
-    write(path, files, owner_uid=owner_uid, owner_gid=owner_gid)
-    os.chown(path, owner_uid, owner_gid)
-    os.chmod(path, 0o700)
+    try:
+        _mount_tmpfs(path, files_bytes(files) + size_bytes, owner_uid, owner_gid, remount=False)
+        write(path, files, owner_uid=owner_uid, owner_gid=owner_gid)
+    except BaseException:
+        remove(path)
+        raise
     return path
+
+
+def resize(path: Path, room_bytes: int, *, owner_uid: int, owner_gid: int) -> None:
+    """Cap the work directory at what it holds now plus `room_bytes`: the run phase after a
+    compile (compilers get their own, larger room), or a warm sandbox taking a request."""
+    st = os.statvfs(path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    _mount_tmpfs(path, used + room_bytes, owner_uid, owner_gid, remount=True)
+
+
+def capacity(path: Path) -> tuple[int, int]:
+    """(total bytes, free bytes) of a work directory."""
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 def write(path: Path, files: dict[str, str], *, owner_uid: int, owner_gid: int) -> None:
@@ -73,6 +126,11 @@ def read(path: Path, name: str, *, limit: int = 1 << 20) -> bytes:
 
 
 def remove(path: Path) -> None:
-    """Delete the directory without following any link the program planted."""
+    """Unmount the work directory's tmpfs (lazily: a sandbox still being torn down may hold it),
+    then delete the directory without following any link the program planted."""
+    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point
+            raise WorkdirError(err, f"cannot unmount {path}: {os.strerror(err)}")
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)

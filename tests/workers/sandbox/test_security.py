@@ -249,8 +249,9 @@ def test_hundred_megabyte_file_is_refused(run: Run) -> None:
     result = run("python", code, limits=Limits(file_size_mb=16))
     assert "refused 27" in result.stdout  # EFBIG
     assert int(result.stdout.split("written ")[1]) <= 16 << 20
-    bash = run("bash", "head -c 100M /dev/zero > big", limits=Limits(file_size_mb=16))
+    bash = run("bash", "exec head -c 100M /dev/zero > big", limits=Limits(file_size_mb=16))
     assert bash.status == Status.RE and bash.signal == 25  # SIGXFSZ
+    assert "file size exceeded" in bash.message
 
 
 def test_filling_tmpfs_stops_at_its_size(run: Run) -> None:

@@ -1,6 +1,10 @@
 # Warm-sandbox bootstrap for Python: started before a request exists, it blocks on the control
 # pipe, then runs /work/main.py as __main__ (optionally followed by tests and under a tracer) and
-# reports on the feedback pipe, each line prefixed with the per-execution nonce.
+# reports on the feedback pipe, each line prefixed with the per-execution nonce. It reports the
+# exit status itself (EXIT <code>), on every way out Python code has, os._exit included, so an
+# exit(130) is exact; a process that reports nothing died of a signal, which bwrap's status
+# (128 + N) then tells. Only the original process reports: a forked child unwinding through
+# this code (sys.exit in a child) must not end the run or claim the verdict.
 # Only built-in or already-loaded modules here: every import is paid for by every sandbox
 # (json alone would cost more CPU than the rest of the bootstrap). The host sends marshal data.
 import builtins
@@ -19,11 +23,25 @@ def _boot(ctl_fd, feedback_fd):
     posix.close(ctl_fd)
     msg = marshal.loads(b"".join(chunks))
     nonce = msg["nonce"]
+    me = posix.getpid()
 
     def report(kind, payload=""):
+        if posix.getpid() != me:
+            return
         data = f"{nonce} {kind} {payload}\n".encode()
         while data:
             data = data[posix.write(feedback_fd, data):]
+
+    real_exit = posix._exit
+
+    def _exit(status):
+        # os._exit skips everything below: report first (unflushed output is lost, as it would
+        # be anyway). os is not imported yet (-S), so `from posix import *` picks this up.
+        if isinstance(status, int):
+            report("EXIT", str(status & 0xFF))
+        real_exit(status)
+
+    posix._exit = _exit
 
     posix.chdir("/work")
     sys.argv = ["main.py", *msg.get("argv", [])]
@@ -68,7 +86,7 @@ def _boot(ctl_fd, feedback_fd):
     # The exit status goes out before the interpreter's slow finalisation, which is skipped:
     # the supervisor ends the run as soon as it reads this line.
     report("EXIT", str(code))
-    posix._exit(code)
+    real_exit(code)
 
 
 def _exit_code(exc):

@@ -8,6 +8,7 @@ directory, /work. `--remount-ro /` must come after every other mount or it is un
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from collections.abc import Iterable, Sequence
@@ -31,16 +32,12 @@ def etc_binds() -> list[str]:
     return found
 
 
-def command(
-    *,
-    workdir: Path,
-    argv: Sequence[str],
-    env: dict[str, str],
-    seccomp_fd: int,
-    tmpfs_bytes: int,
-    ro_binds: Iterable[tuple[str, str]] = (),
-) -> list[str]:
-    """The full bwrap argv running `argv` in a fresh sandbox rooted on `workdir`."""
+@functools.lru_cache(maxsize=1)
+def _static_prefix() -> tuple[str, ...]:
+    """The part of every command line that depends on nothing but the host: namespaces and the
+    read-only system mounts. Built once per process (globbing /etc for each sandbox cost more
+    supervisor CPU than the rest of the command line); toolchains installed later appear after a
+    restart of the engine's process."""
     args = [
         BWRAP,
         "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
@@ -55,6 +52,25 @@ def command(
         args += ["--symlink", "usr/lib64", "/lib64"]
     for path in etc_binds():
         args += ["--ro-bind", path, path]
+    return tuple(args)
+
+
+def command(
+    *,
+    workdir: Path,
+    argv: Sequence[str],
+    env: dict[str, str],
+    seccomp_fd: int,
+    tmpfs_bytes: int,
+    ro_binds: Iterable[tuple[str, str]] = (),
+    as_pid_1: bool = False,
+) -> list[str]:
+    """The full bwrap argv running `argv` in a fresh sandbox rooted on `workdir`.
+
+    `as_pid_1` runs argv itself as the PID namespace's init instead of under bwrap's reaper:
+    for a program's parent that reports its wait status (pid 1 also cannot be signalled from
+    inside the namespace, so the program cannot kill its reporter), and one process fewer."""
+    args = list(_static_prefix())
     for host, inside in ro_binds:
         args += ["--ro-bind", host, inside]
     args += [
@@ -64,5 +80,7 @@ def command(
     ]
     for key, value in {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **env}.items():
         args += ["--setenv", key, value]
+    if as_pid_1:
+        args.append("--as-pid-1")
     args += ["--seccomp", str(seccomp_fd), "--remount-ro", "/", "--", *argv]
     return args
