@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workers.sandbox import Engine, EngineConfig, ExecutionRequest
+from workers.sandbox.process import parse_status
 from workers.sandbox.scoring import assert_request, humaneval_request, score, stdio_request
 from workers.sandbox.spec import ExecutionResult, Limits, Status, StdioCase, TraceOptions
 
@@ -149,3 +150,13 @@ def test_module_level_entry_points() -> None:
     assert execute(ExecutionRequest(language="python", code="print(6 * 7)")).stdout == "42\n"
     results = execute_batch([ExecutionRequest(language="bash", code=f"echo {i}") for i in range(3)])
     assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"]
+
+
+def test_status_lines_are_parsed_only_when_complete_and_tagged() -> None:
+    assert parse_status(b"", b"t ") is None
+    assert parse_status(b"t EXIT 13", b"t ") is None  # the line is not finished yet
+    assert parse_status(b"t EXIT 130\n", b"t ") == (130, None)
+    assert parse_status(b"t SIGNAL 11\n", b"t ") == (None, 11)
+    assert parse_status(b"u EXIT 0\nt PASS \nt SIGNAL 9\n", b"t ") == (None, 9)
+    assert parse_status(b"t EXIT x\nt EXIT 256\n", b"t ") == (0, None)  # status & 0xFF
+    assert parse_status(b"t SIGNAL 0\nt SIGNAL 300\n", b"t ") is None  # not a signal number

@@ -111,3 +111,37 @@ def test_runtime_error_reports_exit_code_and_stderr(run: Callable[..., Execution
     high = run("python", "raise SystemExit(137)\n")
     assert (high.status, high.exit_code, high.signal) == (Status.RE, 137, None)
     assert run("bash", "exit 255").exit_code == 255
+
+
+# (language, program exiting with 130, program killed by a signal, that signal)
+EXIT_VS_SIGNAL = [
+    ("python", "import sys\nsys.exit(130)\n",
+     "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n", 15),
+    ("python", "import os\nprint('x', flush=True)\nos._exit(130)\n",
+     "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", 9),
+    ("c", "#include <stdlib.h>\nint main(void){ exit(130); }\n",
+     "#include <signal.h>\nint main(void){ raise(SIGINT); return 0; }\n", 2),
+    ("bash", "exit 130\n", "kill -TERM $$\n", 15),
+    ("javascript", "process.exit(130);\n", "process.kill(process.pid, 'SIGTERM');\n", 15),
+]
+
+
+@pytest.mark.parametrize(("language", "exits", "killed", "signal_no"), EXIT_VS_SIGNAL,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(EXIT_VS_SIGNAL)])
+def test_exit_status_129_to_192_is_not_mistaken_for_a_signal(
+    run: Callable[..., ExecutionResult], language: str, exits: str, killed: str, signal_no: int
+) -> None:
+    _require(language)
+    exited = run(language, exits)
+    assert (exited.status, exited.exit_code, exited.signal) == (Status.RE, 130, None)
+    assert exited.message == "exit code 130"
+    died = run(language, killed)
+    assert (died.status, died.exit_code, died.signal) == (Status.RE, None, signal_no)
+    assert died.message == f"killed by signal {signal_no}"
+
+
+def test_a_forked_child_exiting_does_not_end_the_run(run: Callable[..., ExecutionResult]) -> None:
+    code = ("import os, sys, time\nif os.fork() == 0:\n    sys.exit(3)\n"
+            "os.wait()\ntime.sleep(0.05)\nprint('parent finished')\nsys.exit(5)\n")
+    result = run("python", code)
+    assert (result.stdout, result.exit_code) == ("parent finished\n", 5)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.sandbox import Engine, EngineConfig, ExecutionRequest, process
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest, process, workdir
 from workers.sandbox.scoring import assert_request, humaneval_request, score
 from workers.sandbox.spec import ExecutionResult, Limits, Status
 
@@ -264,6 +264,33 @@ def test_filling_tmpfs_stops_at_its_size(run: Run) -> None:
     result = run("python", code, limits=Limits(tmpfs_mb=8, file_size_mb=512, memory_mb=256))
     assert "full 28" in result.stdout  # ENOSPC
     assert int(result.stdout.split("written ")[1]) <= 8 << 20
+
+
+def test_filling_the_work_directory_stops_at_its_cap_not_the_host_disk(run: Run) -> None:
+    """Each file is under the file-size limit; together they would fill the disk without the
+    work directory's own tmpfs cap. Then an inode flood of empty files."""
+    host = os.statvfs(workdir.BASE)
+    host_free = host.f_bavail * host.f_frsize
+    code = (
+        "import os\nst = os.statvfs('/work')\nprint('size', st.f_blocks * st.f_frsize)\n"
+        "n = 0\ntry:\n    for n in range(200):\n        with open(f'f{n}', 'wb') as f:\n"
+        "            f.write(b'0' * (1 << 20))\n"
+        "except OSError as e:\n    print('full', e.errno, n)\n"
+        "for i in range(200):\n    os.remove(f'f{i}') if os.path.exists(f'f{i}') else None\n"
+        "try:\n    for m in range(100000):\n        open(f'e{m}', 'w').close()\n"
+        "except OSError as e:\n    print('inodes', e.errno, m)\n"
+    )
+    result = run("python", code, limits=Limits(workdir_mb=8, file_size_mb=4, wall_ms=30_000,
+                                               cpu_ms=20_000))
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert int(lines["size"]) <= (8 << 20) + (1 << 20)  # the cap, plus main.py's pages
+    errno_, files = lines["full"].split()
+    assert errno_ == "28" and int(files) <= 8  # ENOSPC after about 8 MB, not 200
+    errno_, inodes = lines["inodes"].split()
+    assert errno_ == "28" and int(inodes) <= workdir.INODES
+    host = os.statvfs(workdir.BASE)
+    assert host_free - host.f_bavail * host.f_frsize < 100 << 20  # 200 MB never reached it
+    assert run("python", "print('alive')").stdout == "alive\n"
 
 
 def test_nested_user_namespace_is_denied(run: Run) -> None:
