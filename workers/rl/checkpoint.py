@@ -4,6 +4,7 @@ Layout of one checkpoint, `<dir>/step-000040/`:
   hf/          the policy + tokenizer in Hugging Face format (loadable by any tool)
   ds/          DeepSpeed state: model, optimizer and LR-scheduler partitions of every rank
   rng-rank<r>.pt   python/numpy/torch RNG states of rank r
+  rank<r>.json     rank r's own loop state (its curriculum sampler: data position, pass rates)
   state.json   step, data cursor, NaN streak, last metrics (written last)
 
 All ranks write into `.tmp-step-000040/`; rank 0 renames it into place once everyone is done, so
@@ -112,6 +113,7 @@ def save(
     state: dict[str, Any],
     keep: int,
     zero_stage: int,
+    rank_state: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank must call it with the same step."""
     final = step_dir(root, step)
@@ -124,6 +126,8 @@ def save(
     engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
     save_hf(engine.module, tokenizer, tmp / "hf", zero_stage)
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    if rank_state is not None:
+        (tmp / f"rank{rank}.json").write_text(json.dumps(rank_state, sort_keys=True))
     _barrier()
     if rank == 0:
         with (tmp / "state.json").open("w") as f:
@@ -149,3 +153,9 @@ def load(engine, path: Path) -> dict[str, Any]:
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return json.loads((path / "state.json").read_text())
+
+
+def load_rank_state(path: Path) -> dict[str, Any] | None:
+    """This rank's own loop state, or None for a checkpoint written without one."""
+    f = path / f"rank{_rank()}.json"
+    return json.loads(f.read_text()) if f.is_file() else None

@@ -105,6 +105,25 @@ class SftSpec(_Strict):
     batch_size: PosInt = 32
 
 
+class CurriculumSpec(_Strict):
+    """Online difficulty filtering and a pass-rate band over tasks (see curriculum.py)."""
+
+    filter_uniform: bool = False  # skip groups whose rewards are all equal, sample more
+    max_rounds: PosInt = 4  # generation rounds per step to replace skipped groups
+    band_low: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    band_high: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    min_seen: PosInt = 1  # groups seen before a task's pass rate is trusted
+    explore: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1  # chance to take an out-of-band task
+    ema: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5  # weight of the newest group's pass rate
+    pass_threshold: float = 0.5  # a completion with reward >= this counts as a pass
+
+    @model_validator(mode="after")
+    def _check(self) -> CurriculumSpec:
+        if self.band_low > self.band_high:
+            raise ValueError("band_low must be <= band_high")
+        return self
+
+
 class AlgorithmSpec(_Strict):
     advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo"] = "grpo"
     loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] = "token_mean"
@@ -144,6 +163,9 @@ class TrainerSpec(_Strict):
     max_consecutive_nan: PosInt = 3
     eval_every: NonNegInt = 0
     eval_samples: PosInt = 4  # completions per held-out prompt
+    # Async actor-learner: generation for step n+k overlaps training of step n (0 = synchronous).
+    max_async_steps: NonNegInt = 0
+    sync_timeout_s: Annotated[float, Field(gt=0.0)] = 300.0  # a stalled weight/batch hand-off
 
 
 class CheckpointSpec(_Strict):
@@ -168,6 +190,7 @@ class RunSpec(_Strict):
     rollout: RolloutSpec = RolloutSpec()
     sft: SftSpec = SftSpec()
     algorithm: AlgorithmSpec = AlgorithmSpec()
+    curriculum: CurriculumSpec = CurriculumSpec()
     trainer: TrainerSpec = TrainerSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     output: OutputSpec = OutputSpec()

@@ -9,6 +9,7 @@ replays exactly what an uninterrupted one would have done.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -21,6 +22,8 @@ import torch.distributed as dist
 
 from workers.rl import advantages as adv_lib
 from workers.rl import checkpoint as ckpt
+from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
+from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import all_reduce_sum, any_rank, process_group
 from workers.rl.losses import (
     aggregate,
@@ -34,7 +37,7 @@ from workers.rl.losses import (
     token_logprobs,
 )
 from workers.rl.model import build_policy, is_moe
-from workers.rl.rollout import RolloutBatch, make_backend, position_ids
+from workers.rl.rollout import HFRollout, RolloutBatch, make_backend, position_ids
 from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import RunSpec, TrainerSpec
 from workers.rl.tasks import Example, Task, build_task
@@ -53,6 +56,8 @@ class RunResult:
     skipped_steps: list[int] = field(default_factory=list)
     final_dir: str | None = None
     steps_per_s: float = 0.0
+    train_time: dict[int, float] = field(default_factory=dict)  # step -> RL wall s, no evals
+    curriculum: dict[str, Any] = field(default_factory=dict)  # rank 0's sampler state at end
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
@@ -102,6 +107,16 @@ def make_engine(model, ts: TrainerSpec, lr: float, total_steps: int, micro: int,
         model=model, optimizer=opt, lr_scheduler=sched, config=config
     )
     return engine
+
+
+def weight_snapshot(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor]:
+    """A full copy of the policy's weights for the actor (collective under ZeRO-3)."""
+    import deepspeed
+
+    ctx = (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+           if zero_stage == 3 else contextlib.nullcontext())
+    with ctx:
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 def pad_right(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,16 +177,9 @@ class Run:
         g.manual_seed(hash((self.spec.trainer.seed, *key)) & 0x7FFF_FFFF_FFFF)
         return g
 
-    def prompt_slice(self, cursor: int, n_global: int) -> list[Example]:
-        """This rank's prompts at data cursor `cursor`, walking seeded per-epoch shuffles."""
-        train = self.task.train
-        per_rank = n_global // self.world
-        out = []
-        for i in range(cursor + self.rank * per_rank, cursor + (self.rank + 1) * per_rank):
-            epoch, pos = divmod(i, len(train))
-            order = torch.randperm(len(train), generator=self.generator(10_000 + epoch))
-            out.append(train[int(order[pos])])
-        return out
+    def permutation(self, epoch: int, n: int) -> list[int]:
+        """The seeded shuffle of the training set for one epoch (same on every rank)."""
+        return torch.randperm(n, generator=self.generator(10_000 + epoch)).tolist()
 
     def tokenizer(self):
         if self.spec.tokenizer.source == "model":
@@ -265,89 +273,111 @@ class Run:
         engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas)
         backend = make_backend(spec.rollout.backend, engine.module, tok, ts.zero_stage == 3)
 
-        start, cursor, nan_streak = 0, 0, 0
+        per_rank = ts.prompts_per_step // self.world
+        sampler = TaskSampler(self.task.train, spec.curriculum, ts.seed, self.rank, self.world,
+                              self.permutation)
+        bound = ts.max_async_steps
+        producer = Producer(spec, self.task, sampler, tok.pad_token_id, per_rank, self.rank,
+                            self.generator, bound)
+        start, nan_streak = 0, 0
         result = RunResult(steps=0)
         last = ckpt.latest(self.root) if resume else None
         if last is not None:
             state = ckpt.load(engine, last)
-            start, cursor, nan_streak = state["step"], state["cursor"], state["nan_streak"]
+            start, nan_streak = state["step"], state["nan_streak"]
+            rank_state = ckpt.load_rank_state(last)
+            if rank_state is not None:
+                sampler.load_state_dict(rank_state["sampler"])
+            else:  # a checkpoint from before the curriculum: only the global cursor is known
+                sampler.cursor = state["cursor"] // self.world
             self.sink.event("info", f"resumed from {last} at step {start}", {"step": start})
         else:
             result.eval_reward[0] = self.evaluate(backend, tok)
             self.sink.log(0, {"eval/reward_mean": result.eval_reward[0]})
 
+        actor: AsyncActor | None = None
+        store = WeightStore()
+        if bound:
+            # The actor samples from its own plain (unsharded) copy of the policy, refreshed
+            # from versioned snapshots the learner publishes after every update.
+            gen_model = build_policy(model_spec, len(tok), tok.pad_token_id,
+                                     tok.eos_token_id).to(self.device).eval()
+            if use_bf16(ts):
+                gen_model = gen_model.to(torch.bfloat16)
+            store.publish(start, weight_snapshot(engine.module, ts.zero_stage))
+            actor = AsyncActor(producer, gen_model, HFRollout(gen_model, copy.deepcopy(tok)),
+                               store, start, ts.steps, bound, ts.sync_timeout_s)
+            actor.start()
+        lockstep_agree = any_rank if (self.world > 1 and ts.zero_stage == 3) else None
+
         t_run = time.perf_counter()
-        for step in range(start, ts.steps):
-            examples = self.prompt_slice(cursor, ts.prompts_per_step)
-            cursor += ts.prompts_per_step
-            reps = [e for e in examples for _ in range(group)]
-
-            t0 = time.perf_counter()
-            batch = backend.generate([e.prompt for e in reps], spec.rollout,
-                                     self.generator(step, self.rank))
-            t_gen = time.perf_counter() - t0
-            rewards_l, components = self.task.reward(reps, batch.texts)
-            rewards = torch.tensor(rewards_l, dtype=torch.float32)  # (n_seq,)
-            advs = adv_lib.compute(algo.advantage, rewards.view(-1, group)).reshape(-1)
-
-            ref_logp = None
-            if ref is not None:
-                with torch.no_grad():
-                    ref_logp = torch.cat([
-                        token_logprobs(forward_completion(ref, batch, slice(i, i + micro),
-                                                          False, self.device)[0],
-                                       batch.completion_ids[i:i + micro].to(self.device),
-                                       spec.rollout.temperature).float().cpu()
-                        for i in range(0, n_seq, micro)
-                    ])
-
-            t1 = time.perf_counter()
-            stats: dict[str, float] = {}
-            skipped = False
-            for _ in range(algo.updates_per_batch):
-                upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
-                                           top_k)
-                for k, v in upd.items():
-                    stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
+        t_evals = 0.0
+        try:
+            for step in range(start, ts.steps):
+                t_step = time.perf_counter()
+                if actor is not None:
+                    sb = actor.get(step)
+                    t_wait = time.perf_counter() - t_step
+                else:
+                    sb = producer.produce(step, lambda s=step: (s, backend), lockstep_agree)
+                    t_wait = time.perf_counter() - t_step
+                metrics, skipped = self.learn(engine, sb, ref, micro, moe, top_k)
+                if actor is not None:
+                    store.publish(step + 1, weight_snapshot(engine.module, ts.zero_stage))
+                t_total = time.perf_counter() - t_step
+                counts = {**sb.counts, **lag_histogram(sb.versions, step, bound,
+                                                        spec.rollout.group_size)}
+                if actor is not None:
+                    gen_idle = sb.gen_idle_s / max(sb.gen_idle_s + sb.gen_s, 1e-9)
+                else:
+                    gen_idle = 1.0 - t_wait / max(t_total, 1e-9)
+                fractions = {"async/learner_idle": t_wait / max(t_total, 1e-9),
+                             "async/generator_idle": gen_idle}
+                metrics.update(self.reduce_counts(counts, fractions))
+                metrics["lr"] = float(engine.get_lr()[0])
                 if skipped:
-                    break
-            t_train = time.perf_counter() - t1
+                    nan_streak += 1
+                    result.skipped_steps.append(step + 1)
+                    self.sink.event("warning", f"step {step + 1}: non-finite loss, step skipped",
+                                    {"step": step + 1, "nan_streak": nan_streak})
+                    if nan_streak >= ts.max_consecutive_nan:
+                        self.sink.event("error", f"{nan_streak} consecutive non-finite steps; "
+                                        "stopping with the last good checkpoint intact",
+                                        {"last_checkpoint": str(ckpt.latest(self.root))})
+                        raise TrainingFailed(
+                            f"{nan_streak} consecutive non-finite losses at step {step + 1}; "
+                            f"last good checkpoint: {ckpt.latest(self.root)}"
+                        )
+                else:
+                    nan_streak = 0
+                    result.losses[step + 1] = metrics["loss"]
+                    if metrics.get("dropped_microbatches"):
+                        self.sink.event("warning",
+                                        f"step {step + 1}: non-finite micro-batch dropped",
+                                        {"step": step + 1,
+                                         "dropped": metrics["dropped_microbatches"]})
+                done = step + 1
+                result.train_time[done] = time.perf_counter() - t_run - t_evals
+                if ts.eval_every and done % ts.eval_every == 0:
+                    t0 = time.perf_counter()
+                    result.eval_reward[done] = metrics["eval/reward_mean"] = self.evaluate(
+                        backend, tok)
+                    t_evals += time.perf_counter() - t0
+                self.sink.log(done, metrics)
+                if spec.checkpoint.every and done % spec.checkpoint.every == 0 and not skipped:
+                    cursor = sb.sampler_state["cursor"] * self.world
+                    path = ckpt.save(engine, tok, self.root, done,
+                                     {"cursor": cursor, "nan_streak": nan_streak,
+                                      "metrics": metrics}, spec.checkpoint.keep, ts.zero_stage,
+                                     rank_state={"sampler": sb.sampler_state})
+                    self.sink.checkpoint(done, str(path / "hf"), metrics)
+                result.steps = done
+                result.curriculum = sb.sampler_state
+        finally:
+            if actor is not None:
+                actor.stop()
 
-            metrics = self.step_metrics(rewards, components, batch, stats, t_gen, t_train)
-            metrics["lr"] = float(engine.get_lr()[0])
-            if skipped:
-                nan_streak += 1
-                result.skipped_steps.append(step + 1)
-                self.sink.event("warning", f"step {step + 1}: non-finite loss, step skipped",
-                                {"step": step + 1, "nan_streak": nan_streak})
-                if nan_streak >= ts.max_consecutive_nan:
-                    self.sink.event("error", f"{nan_streak} consecutive non-finite steps; "
-                                    "stopping with the last good checkpoint intact",
-                                    {"last_checkpoint": str(ckpt.latest(self.root))})
-                    raise TrainingFailed(
-                        f"{nan_streak} consecutive non-finite losses at step {step + 1}; "
-                        f"last good checkpoint: {ckpt.latest(self.root)}"
-                    )
-            else:
-                nan_streak = 0
-                result.losses[step + 1] = metrics["loss"]
-                if metrics.get("dropped_microbatches"):
-                    self.sink.event("warning", f"step {step + 1}: non-finite micro-batch dropped",
-                                    {"step": step + 1,
-                                     "dropped": metrics["dropped_microbatches"]})
-            done = step + 1
-            if ts.eval_every and done % ts.eval_every == 0:
-                result.eval_reward[done] = metrics["eval/reward_mean"] = self.evaluate(backend,
-                                                                                     tok)
-            self.sink.log(done, metrics)
-            if spec.checkpoint.every and done % spec.checkpoint.every == 0 and not skipped:
-                path = ckpt.save(engine, tok, self.root, done,
-                                 {"cursor": cursor, "nan_streak": nan_streak,
-                                  "metrics": metrics}, spec.checkpoint.keep, ts.zero_stage)
-                self.sink.checkpoint(done, str(path / "hf"), metrics)
-            result.steps = done
-
-        elapsed = time.perf_counter() - t_run
+        elapsed = time.perf_counter() - t_run - t_evals
         result.steps_per_s = (ts.steps - start) / elapsed if elapsed > 0 else 0.0
         if ts.steps not in result.eval_reward:
             result.eval_reward[ts.steps] = self.evaluate(backend, tok)
@@ -359,6 +389,49 @@ class Run:
             self.sink.checkpoint(ts.steps, str(final), {"eval/reward_mean":
                                                         result.eval_reward[ts.steps]})
         return result
+
+    def learn(self, engine, sb: StepBatch, ref, micro: int, moe: bool,
+              top_k: int) -> tuple[dict[str, float], bool]:
+        """Advantages, reference log-probs and `updates_per_batch` optimizer steps on one
+        step's batch. Returns (rank-averaged metrics, skipped)."""
+        spec, algo = self.spec, self.spec.algorithm
+        group = spec.rollout.group_size
+        batch, rewards = sb.batch, sb.rewards
+        n_seq = batch.completion_ids.shape[0]
+        advs = adv_lib.compute(algo.advantage, rewards.view(-1, group)).reshape(-1)
+        ref_logp = None
+        if ref is not None:
+            with torch.no_grad():
+                ref_logp = torch.cat([
+                    token_logprobs(forward_completion(ref, batch, slice(i, i + micro),
+                                                      False, self.device)[0],
+                                   batch.completion_ids[i:i + micro].to(self.device),
+                                   spec.rollout.temperature).float().cpu()
+                    for i in range(0, n_seq, micro)
+                ])
+        t1 = time.perf_counter()
+        stats: dict[str, float] = {}
+        skipped = False
+        for _ in range(algo.updates_per_batch):
+            upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
+                                       top_k)
+            for k, v in upd.items():
+                stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
+            if skipped:
+                break
+        t_train = time.perf_counter() - t1
+        return self.step_metrics(rewards, sb.components, batch, stats, sb.gen_s,
+                                 t_train), skipped
+
+    def reduce_counts(self, counts: dict[str, float],
+                      fractions: dict[str, float]) -> dict[str, float]:
+        """Counts summed over ranks, fractions averaged (same keys on every rank)."""
+        ck, fk = sorted(counts), sorted(fractions)
+        local = [counts[k] for k in ck] + [fractions[k] for k in fk]
+        tot = all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        out = dict(zip(ck, tot[: len(ck)], strict=True))
+        out.update({k: v / self.world for k, v in zip(fk, tot[len(ck):], strict=True)})
+        return out
 
     def update(self, engine, batch: RolloutBatch, advs, rewards, ref_logp, micro: int,
                moe: bool, top_k: int) -> tuple[dict[str, float], bool]:

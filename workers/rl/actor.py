@@ -1,0 +1,312 @@
+"""The actor side of the loop: producing one step's scored, filtered groups, inline or async.
+
+`Producer.produce(step)` samples prompts from the curriculum, generates `group_size`
+completions per prompt with the current weights, scores them, drops groups that teach nothing
+and samples more (up to `max_rounds`), and returns a `StepBatch` whose every group carries the
+weight version that generated it.
+
+With `max_async_steps = k > 0` an `AsyncActor` thread runs the producer on its own copy of the
+policy while the learner trains: batch n is generated with weights of version >= n - k (the
+learner publishes version v after its v-th update), so generation of step n+k overlaps training
+of step n. Surplus groups of a round are kept for later steps while they are fresh; groups older
+than the bound are dropped and counted. Hand-offs in both directions (weights to the actor,
+batches to the learner) time out with `AsyncStall` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workers.rl.curriculum import TaskSampler, is_uniform
+from workers.rl.rollout import RolloutBackend, RolloutBatch
+from workers.rl.spec import RunSpec
+from workers.rl.tasks import Example, Task
+
+
+class AsyncStall(RuntimeError):
+    """A weight or batch hand-off between learner and actor did not happen in time."""
+
+
+@dataclass
+class Group:
+    """One prompt's `group_size` completions, scored, and the weight version that sampled them."""
+
+    example: Example
+    batch: RolloutBatch
+    rewards: list[float]
+    components: dict[str, list[float]]
+    version: int
+
+
+@dataclass
+class StepBatch:
+    step: int
+    batch: RolloutBatch
+    rewards: torch.Tensor  # (groups * G,)
+    components: dict[str, list[float]]
+    versions: list[int]  # per group
+    sampler_state: dict[str, Any]  # curriculum state right after this batch was drawn
+    counts: dict[str, float] = field(default_factory=dict)  # summed over ranks
+    gen_s: float = 0.0  # time spent generating and scoring
+    gen_idle_s: float = 0.0  # time the actor waited (weights, queue) for this batch
+
+
+def pad_cat(parts: list[torch.Tensor], pad: float, left: bool) -> torch.Tensor:
+    """Concatenate (b_i, w_i) tensors along dim 0, padding each to the widest on the left or
+    right."""
+    width = max(p.shape[1] for p in parts)
+    out = []
+    for p in parts:
+        fill = torch.full((p.shape[0], width - p.shape[1]), pad, dtype=p.dtype)
+        out.append(torch.cat([fill, p] if left else [p, fill], 1))
+    return torch.cat(out, 0)
+
+
+def merge(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One batch from several, keeping the layout: prompts left-padded, completions right."""
+    if len(batches) == 1:
+        return batches[0]
+    return RolloutBatch(
+        prompt_ids=pad_cat([b.prompt_ids for b in batches], pad_id, left=True),
+        prompt_mask=pad_cat([b.prompt_mask for b in batches], 0, left=True),
+        completion_ids=pad_cat([b.completion_ids for b in batches], pad_id, left=False),
+        completion_mask=pad_cat([b.completion_mask for b in batches], 0, left=False),
+        logprobs=pad_cat([b.logprobs for b in batches], 0.0, left=False),
+        texts=[t for b in batches for t in b.texts],
+    )
+
+
+def split_groups(batch: RolloutBatch, group: int) -> list[RolloutBatch]:
+    """Per-prompt views of a batch of consecutive groups."""
+    out = []
+    for i in range(0, batch.completion_ids.shape[0], group):
+        sl = slice(i, i + group)
+        out.append(RolloutBatch(batch.prompt_ids[sl], batch.prompt_mask[sl],
+                                batch.completion_ids[sl], batch.completion_mask[sl],
+                                batch.logprobs[sl], batch.texts[sl]))
+    return out
+
+
+def take_fresh(pool: list[Group], step: int, bound: int) -> tuple[list[Group], int]:
+    """Groups usable at `step` (lag = step - version <= bound), and how many were too old."""
+    fresh = [g for g in pool if step - g.version <= bound]
+    return fresh, len(pool) - len(fresh)
+
+
+def lag_histogram(versions: list[int], step: int, bound: int, group: int) -> dict[str, float]:
+    """Samples per lag 0..bound: the staleness of what a step trains on. A lag outside the
+    bound is a broken invariant of the producer, not a metric."""
+    hist = {f"async/lag{i}": 0.0 for i in range(bound + 1)}
+    for v in versions:
+        if not 0 <= step - v <= bound:
+            raise AssertionError(f"step {step + 1} got a sample of version {v}: lag outside "
+                                 f"0..{bound}")
+        hist[f"async/lag{step - v}"] += group
+    return hist
+
+
+class Producer:
+    """Builds StepBatches. `weights()` returns (version, backend) to generate with now;
+    `agree(flag)` makes ranks agree on another round (collective under ZeRO-3 lockstep)."""
+
+    def __init__(self, spec: RunSpec, task: Task, sampler: TaskSampler, pad_id: int,
+                 per_rank: int, rank: int, generator: Callable[..., torch.Generator],
+                 bound: int):
+        self.spec, self.task, self.sampler = spec, task, sampler
+        self.pad_id, self.per_rank, self.rank = pad_id, per_rank, rank
+        self.generator, self.bound = generator, bound
+        self.pool: list[Group] = []  # informative surplus kept for later steps (async only)
+
+    def produce(
+        self,
+        step: int,
+        weights: Callable[[], tuple[int, RolloutBackend]],
+        agree: Callable[[bool], bool] | None = None,
+    ) -> StepBatch:
+        spec, cur, group = self.spec, self.spec.curriculum, self.spec.rollout.group_size
+        kept, stale = take_fresh(self.pool, step, self.bound)
+        self.pool = []
+        uniform: list[Group] = []
+        rounds, gen_s = 0, 0.0
+        while True:
+            want = self.per_rank - len(kept)
+            more = want > 0 and (rounds == 0 or (cur.filter_uniform and rounds < cur.max_rounds))
+            if agree is not None:
+                more = agree(more)
+            if not more:
+                break
+            # Async rounds draw full batches (the surplus feeds later steps); sync rounds
+            # draw what is missing (at least one prompt: lockstep ranks generate together).
+            n = self.per_rank if self.bound else max(want, 1)
+            examples = self.sampler.take(n)
+            version, backend = weights()
+            t0 = time.perf_counter()
+            key = (step, self.rank) if rounds == 0 else (step, self.rank, rounds)
+            reps = [e for e in examples for _ in range(group)]
+            batch = backend.generate([e.prompt for e in reps], spec.rollout,
+                                     self.generator(*key))
+            rewards, components = self.task.reward(reps, batch.texts)
+            gen_s += time.perf_counter() - t0
+            rounds += 1
+            for j, (ex, part) in enumerate(zip(examples, split_groups(batch, group),
+                                               strict=True)):
+                sl = slice(j * group, (j + 1) * group)
+                g = Group(ex, part, list(rewards[sl]),
+                          {k: list(v[sl]) for k, v in components.items()}, version)
+                self.sampler.record(ex, g.rewards)
+                if cur.filter_uniform and is_uniform(g.rewards):
+                    uniform.append(g)
+                else:
+                    kept.append(g)
+        fallback = max(0, self.per_rank - len(kept))
+        if fallback > len(uniform):
+            raise AssertionError(f"step {step + 1}: {len(kept)} groups for {self.per_rank}")
+        chosen = kept[: self.per_rank] + uniform[len(uniform) - fallback:] if fallback else \
+            kept[: self.per_rank]
+        if self.bound:
+            self.pool = kept[self.per_rank:]
+        names = sorted(chosen[0].components)
+        counts = {
+            "filter/uniform_groups": float(len(uniform)),
+            "filter/fallback_groups": float(fallback),
+            "filter/rounds": float(rounds),
+            "async/stale_dropped": float(stale * group),
+            "curriculum/band_skipped": float(self.sampler.band_skipped),
+            "curriculum/tracked_tasks": float(len(self.sampler.buffer.entries)),
+        }
+        return StepBatch(
+            step=step,
+            batch=merge([g.batch for g in chosen], self.pad_id),
+            rewards=torch.tensor([r for g in chosen for r in g.rewards], dtype=torch.float32),
+            components={k: [x for g in chosen for x in g.components[k]] for k in names},
+            versions=[g.version for g in chosen],
+            sampler_state=self.sampler.state_dict(),
+            counts=counts,
+            gen_s=gen_s,
+        )
+
+
+class WeightStore:
+    """Versioned weight hand-off from the learner to the actor. The learner publishes a full
+    state dict (fresh tensors, never mutated afterwards) with its version."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.version = -1
+        self.state: dict[str, torch.Tensor] | None = None
+        self.closed = False
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        with self._cond:
+            self.version, self.state = version, state
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def wait(self, min_version: int, timeout: float) -> tuple[int, dict[str, torch.Tensor]]:
+        """The latest weights once their version is >= min_version; AsyncStall on timeout."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self.version >= min_version or self.closed,
+                                     timeout)
+            if self.closed:
+                raise AsyncStall("weight store closed")
+            if not ok or self.state is None:
+                raise AsyncStall(
+                    f"actor waited {timeout:.1f} s for policy weights of version >= "
+                    f"{min_version}; the learner last published version {self.version} "
+                    "(trainer.sync_timeout_s)"
+                )
+            return self.version, self.state
+
+
+class _Stop(Exception):
+    pass
+
+
+class AsyncActor(threading.Thread):
+    """Runs the producer for steps [start, total) on its own policy copy, at most `bound`
+    versions behind the learner, handing batches over through a bounded queue."""
+
+    def __init__(self, producer: Producer, model: torch.nn.Module, backend: RolloutBackend,
+                 store: WeightStore, start: int, total: int, bound: int, timeout: float):
+        super().__init__(name="rl-actor", daemon=True)
+        self.producer, self.model, self.backend = producer, model, backend
+        self.store, self.start_step, self.total = store, start, total
+        self.bound, self.timeout = bound, timeout
+        self.batches: queue.Queue[StepBatch | BaseException] = queue.Queue(maxsize=bound)
+        self._stop_event = threading.Event()
+        self.loaded = -1
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+
+    def _weights(self, min_version: int) -> tuple[int, RolloutBackend]:
+        t0 = time.perf_counter()
+        version, state = self.store.wait(min_version, self.timeout)
+        self.idle_s += time.perf_counter() - t0
+        if version != self.loaded:
+            self.model.load_state_dict(state)
+            self.loaded = version
+        return version, self.backend
+
+    def _put(self, item: StepBatch | BaseException) -> None:
+        t0 = time.perf_counter()
+        while not self._stop_event.is_set():
+            try:
+                self.batches.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        self.idle_s += time.perf_counter() - t0
+        if self._stop_event.is_set():
+            raise _Stop
+
+    def run(self) -> None:
+        torch.set_grad_enabled(False)
+        try:
+            for step in range(self.start_step, self.total):
+                idle0, t0 = self.idle_s, time.perf_counter()
+                floor = max(0, step - self.bound)
+                # Later rounds of the same step take whatever is newest, never older.
+                sb = self.producer.produce(
+                    step, lambda f=floor: self._weights(max(f, self.loaded)))
+                sb.gen_idle_s = self.idle_s - idle0
+                self.busy_s += time.perf_counter() - t0 - sb.gen_idle_s
+                self._put(sb)
+        except _Stop:
+            return
+        except BaseException as err:  # handed to the learner, which re-raises it
+            try:
+                self._put(err)
+            except _Stop:
+                return
+
+    def get(self, step: int) -> StepBatch:
+        """The batch for `step`; re-raises an actor failure; AsyncStall on timeout. The learner
+        waits twice the actor's weight timeout, so a stalled weight sync is reported as such."""
+        try:
+            item = self.batches.get(timeout=2 * self.timeout)
+        except queue.Empty:
+            raise AsyncStall(
+                f"learner waited {2 * self.timeout:.1f} s for the rollout batch of step {step + 1}; "
+                f"the actor is alive={self.is_alive()} (trainer.sync_timeout_s)"
+            ) from None
+        if isinstance(item, BaseException):
+            raise item
+        if item.step != step:
+            raise AsyncStall(f"actor handed over step {item.step + 1} for step {step + 1}")
+        return item
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.store.close()
+        self.join(timeout=self.timeout)

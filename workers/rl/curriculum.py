@@ -1,0 +1,126 @@
+"""Online difficulty filtering and curriculum: which prompts a step trains on.
+
+A group whose completions all got the same reward has zero group-relative advantage: it costs
+a rollout and an update and teaches nothing. Such groups are skipped (counted) and replaced by
+sampling more prompts. Every scored group also updates a per-task pass-rate buffer, and the
+sampler skips tasks whose known pass rate lies outside a configured band (with a small
+exploration probability, so a task judged too easy or too hard is re-measured now and then).
+
+The sampler state (its position in the data stream, the buffer, its counters) is plain JSON and
+is saved with every checkpoint, so a resumed run continues with exactly the same curriculum.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from workers.rl.spec import CurriculumSpec
+from workers.rl.tasks import Example
+
+
+def is_uniform(rewards: Sequence[float]) -> bool:
+    """True when a group teaches nothing: every completion got the same reward."""
+    return max(rewards) == min(rewards)
+
+
+def group_pass_rate(rewards: Sequence[float], threshold: float) -> float:
+    return sum(1.0 for r in rewards if r >= threshold) / len(rewards)
+
+
+class PassRates:
+    """Per-task pass rates: an exponential moving average of each group's pass rate, keyed by
+    prompt, with the number of groups seen. The first observation sets the rate outright."""
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+        self.entries: dict[str, tuple[int, float]] = {}  # prompt -> (groups seen, rate)
+
+    def update(self, key: str, rate: float) -> None:
+        seen, old = self.entries.get(key, (0, rate))
+        self.entries[key] = (seen + 1, old + self.alpha * (rate - old) if seen else rate)
+
+    def rate(self, key: str, min_seen: int = 1) -> float | None:
+        seen, value = self.entries.get(key, (0, 0.0))
+        return value if seen >= min_seen else None
+
+    def state_dict(self) -> dict[str, list[float]]:
+        return {k: [seen, rate] for k, (seen, rate) in sorted(self.entries.items())}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        self.entries = {k: (int(seen), float(rate)) for k, (seen, rate) in state.items()}
+
+
+def in_band(rate: float | None, low: float, high: float) -> bool:
+    """Unmeasured tasks are always in the band: they have to be tried to be measured."""
+    return rate is None or low <= rate <= high
+
+
+class TaskSampler:
+    """This rank's stream of training examples over seeded per-epoch shuffles of the task.
+
+    Rank r of W reads stream positions r, r+W, r+2W, ...; with a world of one and no band this
+    is exactly the shuffled order. `cursor` counts positions this rank has consumed (taken or
+    skipped); everything random is derived from (seed, position), so state = JSON.
+    """
+
+    def __init__(
+        self,
+        train: Sequence[Example],
+        spec: CurriculumSpec,
+        seed: int,
+        rank: int,
+        world: int,
+        permutation: Callable[[int, int], list[int]],
+    ):
+        if not train:
+            raise ValueError("the task has no training examples")
+        self.train, self.spec, self.seed = train, spec, seed
+        self.rank, self.world = rank, world
+        self.permutation = permutation  # (epoch, n) -> order
+        self.cursor = 0
+        self.band_skipped = 0
+        self.buffer = PassRates(spec.ema)
+        self._order: tuple[int, list[int]] = (-1, [])
+
+    def _example(self, pos: int) -> Example:
+        epoch, i = divmod(pos * self.world + self.rank, len(self.train))
+        if self._order[0] != epoch:
+            self._order = (epoch, self.permutation(epoch, len(self.train)))
+        return self.train[self._order[1][i]]
+
+    def _explore(self, pos: int) -> bool:
+        if self.spec.explore <= 0.0:
+            return False
+        return random.Random(f"{self.seed}:{self.rank}:{pos}").random() < self.spec.explore
+
+    def take(self, n: int) -> list[Example]:
+        """The next n examples whose pass rate is in the band. After a full pass over the data
+        with nothing in the band, the band is ignored rather than looping forever."""
+        spec, out, misses = self.spec, [], 0
+        while len(out) < n:
+            pos = self.cursor
+            self.cursor += 1
+            ex = self._example(pos)
+            rate = self.buffer.rate(ex.prompt, spec.min_seen)
+            if (in_band(rate, spec.band_low, spec.band_high) or self._explore(pos)
+                    or misses >= len(self.train)):
+                out.append(ex)
+                misses = 0
+            else:
+                self.band_skipped += 1
+                misses += 1
+        return out
+
+    def record(self, example: Example, rewards: Sequence[float]) -> None:
+        self.buffer.update(example.prompt, group_pass_rate(rewards, self.spec.pass_threshold))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": self.cursor, "band_skipped": self.band_skipped,
+                "buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = int(state["cursor"])
+        self.band_skipped = int(state["band_skipped"])
+        self.buffer.load_state_dict(state["buffer"])
