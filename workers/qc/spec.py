@@ -1,0 +1,27 @@
+"""Thresholds of a QC run: pure pydantic, so the control plane validates a launch without
+importing the engine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class QcSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repeats: Annotated[int, Field(ge=1, le=10, description="scorings of each reference (>= 2 "
+                                                            "checks determinism)")] = 2
+    quarantine_threshold: Annotated[float, Field(
+        ge=0.0, le=1.0, description="block the version when the quarantined share exceeds "
+                                    "this")] = 0.1
+    full_reward: Annotated[float, Field(
+        gt=0.0, le=1.0, description="share of the rubric's maximum the reference must "
+                                    "earn")] = 1.0
+    trivial: bool = Field(True, description="score the environment's trivial answers")
+    perturbations: bool = Field(True, description="score near-miss wrong answers")
+    near_duplicate_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
+    max_task_seconds: Annotated[float, Field(gt=0.0, description="a reference run slower than "
+                                                                 "this is quarantined")] = 60.0
+    chunk_size: Annotated[int, Field(ge=1, le=100_000)] = 512
