@@ -234,8 +234,9 @@ def _train(session: WorkerSession) -> None:
 ENGINES: dict[str, Callable[[WorkerSession], None]] = {"profile": _profile, "train": _train}
 
 
-# Errors another attempt would meet again: a bad config or model folder, a run that diverged.
-FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed"}
+# Errors another attempt would meet again: a bad config or model folder, a run that
+# diverged, a file (a checkpoint object) that is not there.
+FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed", "FileNotFoundError"}
 TRANSIENT_ERRORS = (OSError, MemoryError, RuntimeError, TimeoutError, ApiError,
                     httpx.TransportError)
 

@@ -310,9 +310,9 @@ def _retry_or_give_up(actor: Actor, run: Run, why: str) -> None:
         transition(actor=actor, run=run, to=S.FAILED, locked=True,
                    error=f"{why}; gave up after {used} of {run.max_attempts} attempts")
     else:
-        _append_events(run, [{"kind": "status", "level": EventLevel.ERROR,
+        _append_events(run, [{"kind": "log", "level": EventLevel.ERROR,
                               "message": f"gave up after {used} of {run.max_attempts} attempts",
-                              "data": {"status": run.status, "attempts": used}}])
+                              "data": {"attempts": used}}])
 
 
 def sweep_expired(*, actor: Actor) -> list[Run]:
