@@ -10,9 +10,9 @@ from apps.teams import views as team_views
 
 urlpatterns = [
     path("launch/", views.run_launch, name="run-launch"),
-    path("compare/", views.run_compare, name="run-compare"),
-    path("runs/<str:run>/samples/", views.run_samples, name="run-samples"),
-    path("runs/<str:run>/<str:action>/", views.run_action, name="run-action"),
+    path("compare/", views.run_compare, name="runs-compare"),
+    path("runs/<str:run>/samples/", views.run_samples, name="run-page-samples"),
+    path("runs/<str:run>/<str:action>/", views.run_action, name="run-page-action"),
     path("team/", team_views.team_page, name="team-page"),
     path("team/tokens/<str:kind>/", team_views.token_create, name="token-create"),
     path("team/tokens/<str:prefix>/revoke/", team_views.token_revoke, name="token-revoke"),

@@ -14,7 +14,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from apps.core.access import access_team
@@ -239,13 +238,6 @@ def _report_or_none(run: Run) -> dict[str, Any] | None:
     except (DomainError, OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def compare_url(team: str, run_ids: list[str]) -> str:
-    from urllib.parse import urlencode
-
-    return reverse("run-compare", kwargs={"team": team}) + "?" + urlencode(
-        [("run", i) for i in run_ids])
 
 
 def _uuid(value: str) -> str | None:

@@ -145,7 +145,11 @@
             ctx.fillRect(x * cw, e * ch, cw, ch);
           }
         });
-        c.setAttribute("aria-label", `Expert utilisation, layer ${index}: ${experts} experts over ${steps.length} steps (last step ${steps[steps.length - 1]})`);
+        c.style.height = Math.max(64, experts * 16) + "px";
+        const first = steps[0], last = steps[steps.length - 1];
+        c.parentElement.querySelector("figcaption").textContent =
+          `Layer ${index} · ${experts} experts · steps ${first}–${last}`;
+        c.setAttribute("aria-label", `Expert utilisation, layer ${index}: ${experts} experts over ${steps.length} steps (${first} to ${last})`);
       });
     };
     return {
@@ -171,7 +175,24 @@
     apply();
   }
 
+  // Charts follow their box's width (window resizes, groups reflowing).
+  const resizer = window.ResizeObserver ? new ResizeObserver((entries) => {
+    for (const entry of entries) {
+      const plot = entry.target.__plot;
+      const width = Math.max(200, Math.floor(entry.contentRect.width) - 8);
+      if (plot && Math.abs(plot.width - width) > 4) plot.setSize({ width, height: plot.height });
+    }
+  }) : null;
+  const fit = (box, plot) => { box.__plot = plot; if (resizer) resizer.observe(box); };
+
   function makeChart(container, name) {
+    // Groups share a row: a group grows with its number of charts (up to three wide).
+    const group = container.closest(".chart-group");
+    if (group) {
+      const n = container.children.length + 1;
+      group.style.flexGrow = n;
+      group.style.flexBasis = Math.min(n, 3) * 370 + "px";
+    }
     const box = document.createElement("figure");
     box.className = "chart";
     box.dataset.metric = name;
@@ -193,6 +214,7 @@
       ],
       axes: [{ stroke: "#5b6474" }, { stroke: "#5b6474" }],
     }, data, box);
+    fit(box, plot);
     return { box, plot, data, lastStep: -Infinity };
   }
 
@@ -319,12 +341,13 @@
           box.appendChild(cap);
           container.appendChild(box);
           const width = Math.max(280, Math.floor(box.clientWidth || 420) - 8);
-          new uPlot({
+          const plot = new uPlot({
             width, height: 200, scales: { x: { time: false } }, legend: { show: false },
             series: [{ label: "step" }, ...runs.map((r, i) => ({
               label: r.label, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true }))],
             axes: [{ stroke: "#5b6474" }, { stroke: "#5b6474" }],
           }, data, box);
+          fit(box, plot);
         });
       });
   }

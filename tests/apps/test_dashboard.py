@@ -222,6 +222,7 @@ def test_run_page_shows_checkpoints_samples_and_lineage(member, qa, project):
     assert "file:///x/10" in html and "reward_mean" in html
     assert "dataset qa v1" in html  # lineage neighbour, labelled
     assert html.index("2+2=") < html.index("3+3=")  # highest reward first
+    assert f'hx-get="/t/acme/runs/{run.pk}/samples/"' in html  # the page's partial, not the API
     low_first = client.get(f"/t/acme/runs/{run.pk}/samples/?step=10&sort=reward").content
     assert low_first.index(b"3+3=") < low_first.index(b"2+2=")
     assert b"<th scope=\"col\">correct</th>" in low_first
