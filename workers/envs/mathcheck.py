@@ -1,9 +1,9 @@
 """Symbolic answer checking: 1/2, 0.5 and \\frac{1}{2} are the same answer.
 
 math-verify does the parsing (LaTeX and plain expressions) and the comparison; sympy is the
-fallback for what it cannot parse. Its timeouts use SIGALRM, which only works in the main thread:
-elsewhere we run without them, so answers that could make sympy work for long (very long text,
-power towers) are refused before parsing.
+fallback for reference answers it cannot parse. Its timeouts use SIGALRM, which only works in
+the main thread: elsewhere we run without them, so answers that could make sympy work for long
+(very long text, power towers) are refused before parsing, and so is prose.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from fractions import Fraction
 MAX_ANSWER_CHARS = 200
 _POWER_TOWER = re.compile(  # an exponent inside an exponent, or one with 4+ digits
     r"\^\s*\{[^{}]*\^|\^\s*\w+\s*\^|\*\*\s*\(?[\w.\s]*\*\*|(\^|\*\*)\s*\{?\s*\(?\s*\d{4,}")
+_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}")
+_MATH_WORDS = {"sqrt", "infty", "frac", "dfrac", "tfrac", "text", "cdot", "left", "right",
+               "mathrm", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh"}
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)?\s*[:=]?\s*(.+)", re.IGNORECASE)
 
 
@@ -100,6 +103,8 @@ def equivalent(pred: str, gold: str) -> bool:
         return True
     if len(pred) > MAX_ANSWER_CHARS or _POWER_TOWER.search(pred):
         return False
+    if any(w.lower() not in _MATH_WORDS for w in _WORD.findall(pred)):
+        return False  # prose ("I don't know"), not a mathematical answer: skip the slow parse
     a, b = _plain_number(pred), _plain_number(gold)
     if a is not None and b is not None:
         return a == b
@@ -108,9 +113,12 @@ def equivalent(pred: str, gold: str) -> bool:
     timeout = _timeout()
     try:
         parsed_gold = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
-        parsed_pred = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
-        if parsed_gold and parsed_pred:
-            return bool(verify(parsed_gold, parsed_pred, timeout_seconds=timeout))
+        if parsed_gold:
+            # A prediction math-verify cannot read is not an answer (no sympy second try:
+            # it is slow on prose and would read "nope" as n*o*p*e).
+            parsed_pred = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
+            return bool(parsed_pred) and bool(
+                verify(parsed_gold, parsed_pred, timeout_seconds=timeout))
     except Exception:  # noqa: BLE001 - math-verify's own timeout and parse errors: fall back
         pass
     return _sympy_equal(pred, gold)

@@ -86,14 +86,14 @@ class VerifiersEnvironment(Environment):
     version = "1"
 
     def __init__(self, spec: VerifiersEnvSpec) -> None:
-        vf = _vf()
-        from verifiers.v1.utils.generic import concrete_type
-
         try:
             self.module = importlib.import_module(spec.module)
         except ImportError as exc:
             raise VerifiersError(
                 f"cannot import environment module {spec.module!r}: {exc}") from exc
+        vf = _vf()
+        from verifiers.v1.utils.generic import concrete_type
+
         cls = taskset_class(self.module)
         config_type = concrete_type(cls, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig
         try:

@@ -23,7 +23,8 @@ def test_equal_forms(pred: str, gold: str) -> None:
 
 
 @pytest.mark.parametrize(("pred", "gold"), [
-    ("2", "1/2"), ("-4", "4"), ("41", "4"), ("", "1"), ("0.51", "1/2"), ("x", "y"),
+    ("2", "1/2"), ("-4", "4"), ("I don't know", "1/2"), ("nope", "1/2"), ("41", "4"),
+    ("", "1"), ("0.51", "1/2"), ("x", "y"),
     ("10^{10^{10}}", "5"),  # refused before sympy could spend minutes on it
 ])
 def test_different_answers(pred: str, gold: str) -> None:
