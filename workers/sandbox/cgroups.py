@@ -167,6 +167,7 @@ class CgroupV1(Cgroup):
         self._usage = f"{cpu}/cpuacct.usage"
         self._has_memsw = os.path.exists(f"{mem}/memory.memsw.limit_in_bytes")
         self._limits: tuple[int, int] | None = None
+        self._fds: dict[str, int] = {}
 
     def set_limits(self, *, memory_bytes: int, pids: int) -> None:
         if self._limits == (memory_bytes, pids):
@@ -192,12 +193,27 @@ class CgroupV1(Cgroup):
         for path in self._procs:
             _write(path, str(pid))
 
+    def _pread(self, path: str) -> str:
+        """Read a counter polled several times per execution through an fd kept open (each
+        read at offset 0 of cpuacct.usage reports the current value)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                return ""
+            self._fds[path] = fd
+        return os.pread(fd, 1 << 16, 0).decode()
+
     def procs(self) -> list[int]:
-        text = _read(self._procs[1]) + " " + _read(self._procs[0])
-        return sorted({int(p) for p in text.split()})
+        # Every process is added to all three hierarchies and its children inherit them, so the
+        # pids hierarchy lists them all. Opened afresh each time: v1 caches the pid list of an
+        # open cgroup.procs file for a second, so re-reading a kept fd shows the dead.
+        return sorted({int(p) for p in _read(self._procs[1]).split()})
 
     def cpu_ns(self) -> int:
-        return _int(self._usage)
+        text = self._pread(self._usage).strip()
+        return int(text) if text.isdigit() else 0
 
     def peak_memory(self) -> int:
         return _int(f"{self._mem}/memory.max_usage_in_bytes")
@@ -210,6 +226,10 @@ class CgroupV1(Cgroup):
         return _keyed(f"{self._mem}/memory.oom_control", "oom_kill")
 
     def remove(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
         for path in self.dirs.values():
             _rmdir(path)
 

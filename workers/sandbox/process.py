@@ -1,10 +1,11 @@
 """One sandboxed process: spawn under bubblewrap in its own cgroup, feed it, watch it, kill it.
 
 Start-up order matters. The process must be in its cgroup before it can fork, so the child first
-runs a tiny bash "gate" that blocks on a pipe; the supervisor moves it into the cgroup and opens
-the gate; bash lowers its rlimits (`ulimit`: root here lacks CAP_SYS_RESOURCE, so limits cannot be
-set from outside) and execs setpriv, which drops to the unprivileged sandbox uid (a root-started
-bwrap would keep real uid 0) and execs bwrap. Dropping privileges in the child's exec chain rather
+runs a tiny shell "gate" (dash where present) that blocks reading a line from its stdin; the
+supervisor moves it into the cgroup and writes that line; the shell lowers its rlimits (`ulimit`:
+root here lacks CAP_SYS_RESOURCE, so limits cannot be set from outside) and execs setpriv,
+which drops to the unprivileged sandbox uid (a root-started bwrap would keep real uid 0) and
+execs bwrap. Dropping privileges in the child's exec chain rather
 than in Popen keeps Popen on vfork, which matters when the supervisor is a large worker process.
 
 The supervisor is a child subreaper, so a sandbox orphaned by a kill is re-parented to it and
@@ -34,6 +35,7 @@ from .spec import Limits
 SANDBOX_UID = int(os.environ.get("CRUCIBLE_SANDBOX_UID", "65534"))
 SANDBOX_GID = int(os.environ.get("CRUCIBLE_SANDBOX_GID", "65534"))
 BASH = "/bin/bash"
+DASH = "/usr/bin/dash"  # Debian's /bin/sh: starts in about half the CPU time of bash
 SETPRIV = "/usr/bin/setpriv"
 _PR_SET_CHILD_SUBREAPER = 36
 _FEEDBACK_CAP = 32 << 20
@@ -126,12 +128,24 @@ def reap(pids: set[int], timeout: float = 2.0) -> set[int]:
     return pending
 
 
-def _ulimits(limits: Limits, cpu_ms: int | None = None) -> str:
-    """bash `ulimit` arguments; the process lowers its own limits (root here lacks
-    CAP_SYS_RESOURCE, so prlimit on another uid's process is refused)."""
+def gate_shell() -> tuple[str, int]:
+    """(shell, bytes per `ulimit -f` unit): dash counts 512-byte blocks, bash kilobytes."""
+    return (DASH, 512) if os.access(DASH, os.X_OK) else (BASH, 1024)
+
+
+def gate_script(limits: Limits, cpu_ms: int | None, fsize_unit: int) -> str:
+    """The gate: wait for the line that says the process is in its cgroup, lower the rlimits
+    (hard and soft: the program cannot raise them again), drop to the sandbox uid and exec bwrap.
+    The process lowers its own limits because root here lacks CAP_SYS_RESOURCE, so prlimit on a
+    process of another uid is refused. One limit per `ulimit` (dash takes no more)."""
     cpu_s = math.ceil((cpu_ms if cpu_ms is not None else limits.cpu_ms) / 1000) + 1
+    fsize = (limits.file_size_mb << 20) // fsize_unit
     return (
-        f"ulimit -t {cpu_s} -f {limits.file_size_mb * 1024} -n {limits.open_files} -c 0"
+        "read -r _ || exit 125; "
+        f"ulimit -t {cpu_s} && ulimit -f {fsize} && ulimit -n {limits.open_files} && "
+        "ulimit -c 0 || exit 125; "
+        f"exec {SETPRIV} --reuid={SANDBOX_UID} --regid={SANDBOX_GID} --clear-groups "
+        '--inh-caps=-all -- "$@"'
     )
 
 
@@ -201,7 +215,7 @@ class SandboxProcess:
         as_pid_1: bool = False,
         data: bytes | None = None,
     ) -> None:
-        for tool in (bwrap.BWRAP, SETPRIV, BASH):
+        for tool in (bwrap.BWRAP, SETPRIV, gate_shell()[0]):
             if not os.access(tool, os.X_OK):
                 raise SandboxError(f"{tool} is missing: run scripts/install_sandbox_deps.sh "
                                    "(apt-get install bubblewrap util-linux bash)")
@@ -229,10 +243,9 @@ class SandboxProcess:
         with_control: bool, cpu_backstop_ms: int | None, as_pid_1: bool,
         data: bytes | None,
     ) -> None:
-        gate_r, self.gate_w = self._pipe()
         fb_r, fb_w = self._pipe()
         self.feedback_r = fb_r
-        child_fds = [gate_r, fb_w]
+        child_fds = [fb_w]
         self.control_w: int | None = None
         if with_control:
             ctl_r, self.control_w = self._pipe()
@@ -252,15 +265,11 @@ class SandboxProcess:
             tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds, as_pid_1=as_pid_1,
         )
         # RLIMIT_CPU is only a backstop: the supervisor watches the cgroup's CPU time itself.
-        gate = (
-            f'read -r -u {gate_r} _ || exit 125; exec {gate_r}<&-; '
-            f'{_ulimits(self.limits, cpu_backstop_ms)} || exit 125; '
-            f"exec {SETPRIV} --reuid={SANDBOX_UID} --regid={SANDBOX_GID} --clear-groups "
-            '--inh-caps=-all -- "$@"'
-        )
+        shell, fsize_unit = gate_shell()
+        gate = gate_script(self.limits, cpu_backstop_ms, fsize_unit)
         try:
             self.proc = subprocess.Popen(
-                [BASH, "--noprofile", "--norc", "-c", gate, "gate", *inner],
+                [shell, "-c", gate, "gate", *inner],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=child_fds, env={"PATH": bwrap.PATH}, cwd="/",
             )
@@ -271,8 +280,10 @@ class SandboxProcess:
         for fd in child_fds:  # the child holds its ends now
             self._close(fd)
         self.cgroup.add(self.proc.pid)
-        os.write(self.gate_w, b"go\n")
-        self._close(self.gate_w)
+        # Opens the gate: the shell reads exactly this line (byte by byte, from a pipe), so the
+        # program's own stdin, written later on the same pipe, reaches the program intact.
+        assert self.proc.stdin is not None
+        os.write(self.proc.stdin.fileno(), b"go\n")
 
     def _close(self, fd: int) -> None:
         if fd in self._fds:

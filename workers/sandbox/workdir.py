@@ -31,6 +31,7 @@ INODES = 16_384
 _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 0x2, 0x4, 0x20
 _MNT_DETACH = 0x2
 _libc = ctypes.CDLL(None, use_errno=True)
+_base_ready = False
 
 
 class UnsafeFile(ValueError):
@@ -61,8 +62,11 @@ def create(
 ) -> Path:
     """A fresh size-capped directory holding `files`, writable by the sandbox user only;
     `size_bytes` is the room left for the program on top of the files."""
-    BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
-    os.chmod(BASE, 0o711)  # the unprivileged bwrap must traverse it to bind the work directory
+    global _base_ready
+    if not _base_ready:
+        BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(BASE, 0o711)  # the unprivileged bwrap must traverse it to bind the work dir
+        _base_ready = True
     path = Path(tempfile.mkdtemp(prefix="w-", dir=BASE))
     try:
         _mount_tmpfs(path, files_bytes(files) + size_bytes, owner_uid, owner_gid, remount=False)
@@ -88,17 +92,24 @@ def capacity(path: Path) -> tuple[int, int]:
 
 
 def write(path: Path, files: dict[str, str], *, owner_uid: int, owner_gid: int) -> None:
-    """Write files (relative names, already validated) before the program starts."""
+    """Write files (relative names, already validated) before the program starts, owned by the
+    sandbox user (the directories made for them too)."""
     for name, text in files.items():
         target = path / name
         if target.parent != path:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            made = [p for p in reversed(target.relative_to(path).parents) if str(p) != "."]
+            for rel in made:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path / rel, 0o755)
+                    os.chown(path / rel, owner_uid, owner_gid, follow_symlinks=False)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    for root, dirs, names in os.walk(path):
-        for entry in [*dirs, *names]:
-            os.chown(os.path.join(root, entry), owner_uid, owner_gid, follow_symlinks=False)
+        try:
+            os.fchown(fd, owner_uid, owner_gid)
+            view = memoryview(text.encode())
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
 
 
 def read(path: Path, name: str, *, limit: int = 1 << 20) -> bytes:
