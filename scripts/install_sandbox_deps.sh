@@ -2,6 +2,8 @@
 # Installs what the sandbox engine and its tests need, only when it is missing (idempotent).
 #   - bubblewrap: the isolation tool (namespaces, mounts, seccomp hand-off); setpriv (util-linux)
 #     drops to the sandbox uid; libseccomp2 is the library PyPI pyseccomp loads
+#   - dash runs the start-up gate (bash works too, slower); perl runs the status waiter that tells
+#     exit(130) from death by SIGINT (both are Essential on Debian, checked anyway)
 #   - toolchains for the language tests: gcc/g++, Node.js, Go, Java, Rust, Python 3
 #   - TypeScript compiler from npm, under /opt/crucible/sandbox-toolchains (world-readable and
 #     outside the checkout, so the sandbox user can read it wherever the repo is cloned)
@@ -13,6 +15,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 [ -x /usr/bin/setpriv ] || need+=(util-linux)
+[ -x /usr/bin/dash ] || need+=(dash)
+[ -x /usr/bin/perl ] || need+=(perl-base)
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)  # for PyPI pyseccomp
 [ -x /usr/bin/python3 ] || need+=(python3)
 [ -x /usr/bin/gcc ] || need+=(gcc)
