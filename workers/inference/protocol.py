@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 MAX_N = 128
 MAX_STOPS = 4
@@ -83,6 +90,34 @@ class _Sampling(_Req):
     user: str | None = None
     # vLLM's extension, for RL clients: the response carries prompt and completion token ids.
     return_token_ids: bool = False
+    # vLLM extensions clients such as `verifiers` may pass; only their neutral values are
+    # accepted (anything else would change sampling in a way this server cannot honour).
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    ignore_eos: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        # OpenAI treats an explicit null like an omitted field.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+    @model_validator(mode="after")
+    def _neutral_extensions(self) -> _Sampling:
+        neutral = {"top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,),
+                   "skip_special_tokens": (True,), "include_stop_str_in_output": (False,),
+                   "ignore_eos": (False,)}
+        for name, ok in neutral.items():
+            value = getattr(self, name)
+            if value is not None and value not in ok:
+                raise ValueError(f"{name}={value!r} is not supported by this server "
+                                 f"(accepted: {', '.join(map(repr, ok))} or omit it)")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -187,6 +222,8 @@ def parse_request(cls: type[T], body: Any) -> T:
             msg = f"Unrecognized request argument supplied: {param}"
         elif e["type"] == "missing":
             msg = f"Missing required parameter: {param}"
+        elif param is None:
+            msg = e["msg"].removeprefix("Value error, ")
         else:
             msg = f"Invalid value for {param}: {e['msg'].removeprefix('Value error, ')}"
         raise ApiError(msg, param=param,

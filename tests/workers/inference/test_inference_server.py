@@ -174,6 +174,7 @@ def test_streaming_chat_delivers_the_same_text_and_usage(client):
         ({"messages": []}, "messages", "at least 1"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"presence_penalty": 0.5}, "presence_penalty", "penalties are not supported"),
+        ({"top_k": 5}, "", "top_k=5 is not supported"),
     ],
 )
 def test_bad_chat_requests_get_openai_errors(client, body, param, fragment):
@@ -183,8 +184,16 @@ def test_bad_chat_requests_get_openai_errors(client, body, param, fragment):
                                        extra_body=body)
     error = err.value.body
     assert error["type"] == "invalid_request_error"
-    assert error["param"].split(".")[0] == param
+    assert (error["param"] or "").split(".")[0] == param
     assert fragment in error["message"]
+
+
+def test_nulls_and_neutral_vllm_extensions_are_accepted(client):
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "1+2="}], max_tokens=3,
+        extra_body={"n": None, "temperature": None, "top_k": -1, "min_p": 0.0,
+                    "repetition_penalty": 1.0, "reasoning_effort": None})
+    assert len(r.choices) == 1 and r.usage.completion_tokens >= 1
 
 
 def test_transport_level_errors_are_json(server, client):
