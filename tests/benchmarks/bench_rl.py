@@ -1,99 +1,241 @@
-"""RL engine benchmark: GRPO steps/s of Crucible's engine next to TRL's GRPOTrainer.
+"""RL engine benchmark: Crucible's GRPO loop next to TRL's GRPOTrainer, and sync vs async.
 
-Same tiny Qwen3-MoE (random init from the preset), same BPE tokenizer, same batch (prompts x
-generations), same completion length, one CPU process each, no reference model (beta 0).
-Crucible's figure is its RL loop through DeepSpeed (ZeRO-0): rollouts, rewards, update, metrics,
-engine setup excluded; TRL's is `trainer.train()` over the same number of steps (its own setup
-inside train() included, amortised over the steps). Runs are interleaved, medians quoted.
+Both start from the same SFT warm start of the tiny Qwen3-MoE preset (Crucible's SFT phase,
+saved in HF format; a random-init policy does not learn) with the same BPE tokenizer, and run
+the same GRPO settings: prompts per step, group size, max new tokens, temperature, learning
+rate with linear decay to 0, PPO clip 0.2 both sides, no KL (beta 0), token-mean loss, one
+update per batch, seed, CPU, one torch thread. Held-out reward is measured by the same code for
+both (Crucible's HF sampler on the 20 held-out problems, same temperature and seed) every
+`--eval-every` steps, outside the timed window.
+
+Figures (one process each, interleaved over `--repeats`, medians):
+  steps_per_s       RL steps per second of training wall time (evals excluded)
+  gen_tokens_per_s  completion tokens sampled per second of training wall time
+  time_to_reward    training wall time until held-out reward >= `--threshold`
+  learner_idle      fraction of a step the learner waits for rollouts: Crucible k=0 (sync)
+                    vs `max_async_steps` k=1, 2 (the async figure quoted is k=2's)
 Run from the repository root: `.venv/bin/python -m tests.benchmarks.bench_rl` (needs the `rl`
-extra and `trl`). Ends with:
-    <figure>: crucible=<value> trl=<value> ratio=<crucible/trl> target=<op><value>
+and `bench` extras). Ends with DESIGN.md's lines:
+    <figure>: crucible=<value> <peer>=<value> ratio=<crucible/peer> target=<op><value>
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import tempfile
 import time
 import warnings
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from workers.rl.model import build_policy
+from workers.rl.distributed import process_group
+from workers.rl.rollout import HFRollout
 from workers.rl.sinks import NullSink
-from workers.rl.spec import parse_spec
+from workers.rl.spec import RunSpec, parse_spec
 from workers.rl.tasks import build_task
-from workers.rl.tokenizer import train_bpe
-from workers.rl.trainer import train
+from workers.rl.tokenizer import load_tokenizer
+from workers.rl.trainer import Run, train
 
-PROMPTS, GROUP, NEW_TOKENS = 4, 8, 8
+PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 8, 4, 1.5, 1.5e-3
+LAYERS, SFT_STEPS, EVAL_SAMPLES = 4, 250, 16
 
 
-def spec_for(steps: int, root: str):
-    return parse_spec({
-        "model": {"preset": {"num_layers": 2}},
-        "rollout": {"group_size": GROUP, "max_new_tokens": NEW_TOKENS},
+def base_spec(root: str, steps: int, eval_every: int, **trainer: Any) -> dict[str, Any]:
+    return {
+        "model": {"preset": {"num_layers": LAYERS}},
+        "sft": {"steps": SFT_STEPS, "lr": 3e-3, "batch_size": 32},
+        "rollout": {"group_size": GROUP, "max_new_tokens": NEW_TOKENS,
+                    "temperature": TEMPERATURE},
+        "algorithm": {"advantage": "grpo", "clip_low": 0.2, "clip_high": 0.2},
         "trainer": {"steps": steps, "prompts_per_step": PROMPTS,
-                    "micro_batch_size": PROMPTS * GROUP, "zero_stage": 0},
+                    "micro_batch_size": PROMPTS * GROUP, "zero_stage": 0, "lr": LR,
+                    "schedule": "linear", "min_lr_ratio": 0.0, "seed": 0,
+                    "eval_every": eval_every, "eval_samples": EVAL_SAMPLES, **trainer},
         "checkpoint": {"dir": root, "save_final": False},
         "output": {"stdout": False},
-    })
+    }
 
 
-def crucible(steps: int) -> float:
+def warm_start(root: Path) -> Path:
+    """Crucible's SFT phase once; both engines start RL from `<root>/sft` (HF format)."""
+    spec = parse_spec(base_spec(str(root), 1, 0))
+    with process_group() as (rank, world):
+        run = Run(spec, NullSink(), None, rank, world)
+        return run.sft(run.tokenizer())
+
+
+def rl_spec(sft: Path, root: str, steps: int, eval_every: int, **trainer: Any) -> RunSpec:
+    data = base_spec(root, steps, eval_every, **trainer)
+    data["model"] = {"source": "path", "path": str(sft)}
+    data["tokenizer"] = {"source": "model"}
+    data["sft"] = {"steps": 0}
+    return parse_spec(data)
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if "loss" in metrics:
+            self.steps.append(metrics)
+
+    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+        pass
+
+    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
+        pass
+
+
+def first_reaching(curve: dict[int, float], times: dict[int, float], threshold: float) -> float:
+    for step in sorted(curve):
+        if step and curve[step] >= threshold:
+            return times[step]
+    return math.inf
+
+
+def crucible(sft: Path, steps: int, eval_every: int, threshold: float,
+             k: int = 0) -> dict[str, float]:
+    sink = ListSink()
     with tempfile.TemporaryDirectory() as root:
-        return train(spec_for(steps, root), NullSink()).steps_per_s
+        res = train(rl_spec(sft, root, steps, eval_every, max_async_steps=k), sink)
+    tokens = sum(m["completion_len"] * PROMPTS * GROUP for m in sink.steps)
+    return {
+        "steps_per_s": res.steps_per_s,
+        "gen_tokens_per_s": tokens / res.train_time[steps],
+        "time_to_reward": first_reaching(res.eval_reward, res.train_time, threshold),
+        "learner_idle": statistics.mean(m["async/learner_idle"] for m in sink.steps),
+        "final_reward": res.eval_reward[steps],
+    }
 
 
-def trl(steps: int) -> float:
+def trl(sft: Path, steps: int, eval_every: int, threshold: float) -> dict[str, float]:
     from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    spec = spec_for(steps, "unused")
+    spec = rl_spec(sft, "unused", steps, eval_every)
     task = build_task(spec.task)
-    tok = train_bpe(task.corpus(), spec.tokenizer.vocab_size)
-    model = build_policy(spec.model, len(tok), tok.pad_token_id, tok.eos_token_id)
+    tok = load_tokenizer(sft)
+    model = AutoModelForCausalLM.from_pretrained(sft, local_files_only=True,
+                                                 dtype=torch.float32)
     data = Dataset.from_list([{"prompt": e.prompt, "answer": e.reference} for e in task.train])
+    tokens = [0]
 
-    def exact(completions, answer, **_):
+    def exact(completions, answer, completion_ids, **_):
+        tokens[0] += sum(len(c) for c in completion_ids)
         return [float(c.split("\n")[0].strip() == a) for c, a in zip(completions, answer,
                                                                      strict=True)]
+
+    def held_out(m) -> float:
+        """The same measurement as Crucible's `Run.evaluate` (world of one)."""
+        reps = [e for e in task.eval for _ in range(EVAL_SAMPLES)]
+        g = torch.Generator()
+        g.manual_seed(hash((spec.trainer.seed, 30_000)) & 0x7FFF_FFFF_FFFF)
+        batch = HFRollout(m, tok).generate([e.prompt for e in reps], spec.rollout, g)
+        rewards, _ = task.reward(reps, batch.texts)
+        return sum(rewards) / len(rewards)
+
+    curve: dict[int, float] = {}
+    times: dict[int, float] = {}
+    clock = {"start": 0.0, "evals": 0.0}
+
+    class Eval(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            clock["start"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            step = state.global_step
+            times[step] = time.perf_counter() - clock["start"] - clock["evals"]
+            if step % eval_every == 0 or step == steps:
+                t0 = time.perf_counter()
+                curve[step] = held_out(model)
+                clock["evals"] += time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out, max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP,
-            num_generations=GROUP, max_completion_length=NEW_TOKENS, learning_rate=1e-3,
-            beta=0.0, temperature=1.0, use_cpu=True, use_vllm=False, bf16=False,
+            num_generations=GROUP, max_completion_length=NEW_TOKENS, learning_rate=LR,
+            lr_scheduler_type="linear", warmup_steps=0, beta=0.0, epsilon=0.2,
+            temperature=TEMPERATURE, use_cpu=True, use_vllm=False, bf16=False,
             report_to=[], save_strategy="no", logging_steps=10**6, seed=0,
-            disable_tqdm=True,
+            disable_tqdm=True, loss_type="dapo", scale_rewards="group",
         )
         trainer = GRPOTrainer(model=model, reward_funcs=exact, args=args, train_dataset=data,
-                              processing_class=tok)
-        t0 = time.perf_counter()
+                              processing_class=tok, callbacks=[Eval()])
         trainer.train()
-        return steps / (time.perf_counter() - t0)
+    wall = times[steps]
+    return {
+        "steps_per_s": steps / wall,
+        "gen_tokens_per_s": tokens[0] / wall,
+        "time_to_reward": first_reaching(curve, times, threshold),
+        "final_reward": curve[steps],
+    }
+
+
+def line(figure: str, ours: float, peer_name: str | None, peer: float | None,
+         target: str, fmt: str = ".2f") -> str:
+    if peer is None:
+        return f"{figure}: crucible={ours:{fmt}} target={target}"
+    ratio = ours / peer if peer and math.isfinite(peer) else 0.0
+    return (f"{figure}: crucible={ours:{fmt}} {peer_name}={peer:{fmt}} ratio={ratio:.2f} "
+            f"target={target}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--threshold", type=float, default=0.55,
+                        help="held-out reward for time_to_reward")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--async-steps", type=int, default=30,
+                        help="steps of each k=0/1/2 learner-idle run")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
-    ours, peer = [], []
-    for _ in range(args.repeats):  # interleaved: the machine is shared and noisy
-        ours.append(crucible(args.steps))
-        peer.append(trl(args.steps))
-        print(f"crucible {ours[-1]:.2f} steps/s  trl {peer[-1]:.2f} steps/s", flush=True)
-    c, t = statistics.median(ours), statistics.median(peer)
-    samples = PROMPTS * GROUP
-    print(f"grpo_steps_per_s: crucible={c:.2f} trl={t:.2f} ratio={c / t:.2f} target=>=1.0")
-    print(f"grpo_samples_per_s: crucible={c * samples:.1f} trl={t * samples:.1f} "
-          f"ratio={c / t:.2f} target=>=1.0")
+    with tempfile.TemporaryDirectory() as tmp:
+        sft = warm_start(Path(tmp) / "warm")
+        ours: list[dict[str, float]] = []
+        peer: list[dict[str, float]] = []
+        for _ in range(args.repeats):  # interleaved: the machine is shared and noisy
+            ours.append(crucible(sft, args.steps, args.eval_every, args.threshold))
+            peer.append(trl(sft, args.steps, args.eval_every, args.threshold))
+            print("crucible", {k: round(v, 3) for k, v in ours[-1].items()}, flush=True)
+            print("trl     ", {k: round(v, 3) for k, v in peer[-1].items()}, flush=True)
+        idle: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        async_sps: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        for _ in range(args.repeats):
+            for k in idle:
+                r = crucible(sft, args.async_steps, 0, args.threshold, k=k)
+                idle[k].append(r["learner_idle"])
+                async_sps[k].append(r["steps_per_s"])
+                print(f"k={k}: learner_idle={r['learner_idle']:.3f} "
+                      f"steps_per_s={r['steps_per_s']:.2f}", flush=True)
+
+    def med(rows: list[dict[str, float]], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    print(f"held-out reward threshold for time_to_reward: {args.threshold}; "
+          f"final reward crucible={med(ours, 'final_reward'):.3f} "
+          f"trl={med(peer, 'final_reward'):.3f} after {args.steps} steps")
+    print("learner_idle by max_async_steps: " + ", ".join(
+        f"k={k}: {statistics.median(v):.3f} ({statistics.median(async_sps[k]):.2f} steps/s)"
+        for k, v in idle.items()))
+    print(line("steps_per_s", med(ours, "steps_per_s"), "trl", med(peer, "steps_per_s"),
+               ">=2"))
+    print(line("gen_tokens_per_s", med(ours, "gen_tokens_per_s"), "trl",
+               med(peer, "gen_tokens_per_s"), ">=2", ".1f"))
+    print(line("time_to_reward", med(ours, "time_to_reward"), "trl",
+               med(peer, "time_to_reward"), "<=0.5", ".1f"))
+    print(line("learner_idle", statistics.median(idle[2]), "sync",
+               statistics.median(idle[0]), "<=0.1", ".3f"))
 
 
 if __name__ == "__main__":
