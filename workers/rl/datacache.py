@@ -33,9 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from workers.rl.spec_data import DataCacheSpec
+from workers.rl.tasks.base import Example
 from workers.storage import ObjectStore
 
 MANIFEST_FORMAT = "crucible.shards/1"
@@ -453,13 +454,14 @@ class RecordStream:
     def __init__(self, cache: DataCache, source: str) -> None:
         self.cache, self.source = cache, source
         self.manifest = self._load_manifest(source)
-        self._starts = [0]
+        self._starts = [0]  # global index of each shard's first record
         for s in self.manifest.shards:
             self._starts.append(self._starts[-1] + (s.records or 0))
         self.size = self._starts[-1]
         if self.size == 0:
             raise DataError(f"{source} holds no records")
         self._orders: dict[int, list[int]] = {}  # epoch -> shard order (a few kept)
+        self._within: dict[tuple[int, int], list[int]] = {}  # (epoch, shard) -> record order
 
     def _load_manifest(self, source: str) -> Manifest:
         if source.endswith(".jsonl"):  # one JSONL object: a one-shard dataset
@@ -477,68 +479,98 @@ class RecordStream:
     def __len__(self) -> int:
         return self.size
 
-    def _shard_order(self, epoch: int) -> list[int]:
+    # ---- the order ---------------------------------------------------------------------------
+
+    def shard_order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
             order = list(range(len(self.manifest.shards)))
             random.Random(f"{self.cache.spec.seed}:shards:{epoch}").shuffle(order)
-            if len(self._orders) > 4:
+            if len(self._orders) >= 4:
                 self._orders.pop(min(self._orders))
             self._orders[epoch] = order
         return self._orders[epoch]
+
+    def _record_order(self, epoch: int, shard: int) -> list[int]:
+        key = (epoch, shard)
+        if key not in self._within:
+            within = list(range(self.manifest.shards[shard].records or 0))
+            random.Random(f"{self.cache.spec.seed}:records:{epoch}:{shard}").shuffle(within)
+            if len(self._within) >= 64:
+                self._within.pop(next(iter(self._within)))
+            self._within[key] = within
+        return self._within[key]
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Global record indices (shard start + index within) in epoch `epoch`'s visiting order:
+        `epoch_order(e)[k]` is the record at stream position e * N + k."""
+        out: list[int] = []
+        for shard in self.shard_order(epoch):
+            start = self._starts[shard]
+            out += [start + i for i in self._record_order(epoch, shard)]
+        return out
 
     def locate(self, position: int) -> tuple[int, int]:
         """(shard index, record index within it) of a stream position."""
         if position < 0:
             raise ValueError("stream positions start at 0")
         epoch, offset = divmod(position, self.size)
-        order = self._shard_order(epoch)
-        sizes = [self.manifest.shards[s].records or 0 for s in order]
-        starts = [0]
-        for n in sizes:
-            starts.append(starts[-1] + n)
-        slot = bisect.bisect_right(starts, offset) - 1
-        shard = order[slot]
-        within = list(range(sizes[slot]))
-        random.Random(f"{self.cache.spec.seed}:records:{epoch}:{shard}").shuffle(within)
-        return shard, within[offset - starts[slot]]
+        order = self.shard_order(epoch)
+        ends = list(_cumsum([self.manifest.shards[s].records or 0 for s in order]))
+        slot = bisect.bisect_right(ends, offset)
+        start = ends[slot - 1] if slot else 0
+        return order[slot], self._record_order(epoch, order[slot])[offset - start]
 
-    def _upcoming(self, position: int, count: int) -> list[int]:
-        """The `count` shards visited after the one holding `position`."""
+    def _after(self, epoch: int, shard: int, count: int) -> list[int]:
+        """The `count` shards visited after `shard` in epoch `epoch` (running into the next)."""
+        order = self.shard_order(epoch)
+        slot = order.index(shard)
         out: list[int] = []
-        epoch, offset = divmod(position, self.size)
-        order = self._shard_order(epoch)
-        sizes = [self.manifest.shards[s].records or 0 for s in order]
-        slot = bisect.bisect_right(list(_cumsum(sizes)), offset)
-        target = min(count, len(order))
-        while len(out) < target:
+        while len(out) < min(count, len(order)):
             slot += 1
             if slot >= len(order):
                 epoch, slot = epoch + 1, 0
-                order = self._shard_order(epoch)
+                order = self.shard_order(epoch)
             if order[slot] not in out:
                 out.append(order[slot])
         return out
+
+    def _prefetch_after(self, epoch: int, shard: int) -> None:
+        shards = self.manifest.shards
+        self.cache.prefetch((shards[s].uri, shards[s].sha256)
+                            for s in self._after(epoch, shard, self.cache.spec.prefetch_shards))
+
+    def _shard_records(self, shard: int) -> list[dict[str, Any]]:
+        s = self.manifest.shards[shard]
+        recs = self.cache.get(s.uri, s.sha256)
+        if len(recs) != (s.records or 0):
+            raise ObjectCorrupt(f"{s.uri} has {len(recs)} records; the manifest says {s.records}")
+        return recs
+
+    # ---- reading -----------------------------------------------------------------------------
 
     def records(self, positions: Sequence[int]) -> list[dict[str, Any]]:
         """The records at these stream positions; prefetches the shards that come next."""
         if not positions:
             return []
         located = [self.locate(p) for p in positions]
-        upcoming = self._upcoming(max(positions), self.cache.spec.prefetch_shards)
-        shards = self.manifest.shards
-        self.cache.prefetch((shards[s].uri, shards[s].sha256) for s in upcoming)
+        last = max(positions)
+        self._prefetch_after(last // self.size, self.locate(last)[0])
         loaded: dict[int, list[dict[str, Any]]] = {}  # one cache request per shard per call
         out = []
         for shard, idx in located:
-            s = shards[shard]
             if shard not in loaded:
-                loaded[shard] = self.cache.get(s.uri, s.sha256)
-            recs = loaded[shard]
-            if idx >= len(recs):
-                raise ObjectCorrupt(f"{s.uri} has {len(recs)} records; the manifest says "
-                                    f"{s.records}")
-            out.append(recs[idx])
+                loaded[shard] = self._shard_records(shard)
+            out.append(loaded[shard][idx])
         return out
+
+    def record_at(self, index: int, epoch: int) -> dict[str, Any]:
+        """Record number `index` (global, unshuffled), prefetching what follows its shard in
+        epoch `epoch`'s order."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"record {index} of {self.size}")
+        shard = bisect.bisect_right(self._starts, index) - 1
+        self._prefetch_after(epoch, shard)
+        return self._shard_records(shard)[index - self._starts[shard]]
 
 
 def _cumsum(sizes: list[int]) -> Iterable[int]:
@@ -546,6 +578,47 @@ def _cumsum(sizes: list[int]) -> Iterable[int]:
     for n in sizes:
         total += n
         yield total
+
+
+class RecordExamples(Sequence[Example]):
+    """Task records as the trainer's `Task.train`, read through the cache.
+
+    Give `order` to `TaskSampler` as its `permutation`: it is the stream's shard-major epoch
+    order, so the sampler walks one shard at a time and the shards after the current one are
+    prefetched while the step trains.
+    """
+
+    def __init__(self, stream: RecordStream, prompt_field: str = "prompt",
+                 reference_field: str = "reference") -> None:
+        self.stream, self.prompt_field, self.reference_field = stream, prompt_field, \
+            reference_field
+        self._epoch = 0
+
+    def __len__(self) -> int:
+        return self.stream.size
+
+    def order(self, epoch: int, n: int) -> list[int]:
+        if n != self.stream.size:
+            raise ValueError(f"asked to order {n} records; the source holds {self.stream.size}")
+        self._epoch = epoch
+        return self.stream.epoch_order(epoch)
+
+    @overload
+    def __getitem__(self, index: int) -> Example: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Example]: ...
+
+    def __getitem__(self, index: int | slice) -> Example | list[Example]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        rec = self.stream.record_at(index, self._epoch)
+        uri = self.stream.source
+        meta = {k: v for k, v in rec.items()
+                if k not in (self.prompt_field, self.reference_field) and isinstance(v, str)}
+        return Example(prompt=record_text(rec, self.prompt_field, uri),
+                       reference=record_text(rec, self.reference_field, uri), meta=meta)
 
 
 def record_text(record: dict[str, Any], field: str, uri: str) -> str:

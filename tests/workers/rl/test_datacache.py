@@ -12,15 +12,18 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from workers.rl.curriculum import TaskSampler
 from workers.rl.datacache import (
     DataCache,
     DataError,
     ObjectCorrupt,
     ObjectMissing,
+    RecordExamples,
     RecordStream,
     parse_manifest,
     write_shards,
 )
+from workers.rl.spec import CurriculumSpec
 from workers.rl.spec_data import DataCacheSpec
 from workers.storage import LocalStore, S3Store
 
@@ -202,6 +205,44 @@ def test_stream_order_is_seeded_epochal_and_resumable(tmp_path, store, dataset):
         assert w["data/requests"] > 0 and cache.window()["data/requests"] == 0
     with DataCache(store, spec(tmp_path, seed=1)) as cache:
         assert [r["id"] for r in RecordStream(cache, uri).records(range(40))] != e0
+
+
+def test_epoch_order_agrees_with_stream_positions(tmp_path, store):
+    uri = write_shards(store, "uneven", make_records(23), shard_records=5)  # 5,5,5,5,3
+    with DataCache(store, spec(tmp_path)) as cache:
+        stream = RecordStream(cache, uri)
+        for epoch in (0, 1):
+            by_position = [r["id"] for r in stream.records(range(epoch * 23, epoch * 23 + 23))]
+            assert stream.epoch_order(epoch) == by_position
+            assert sorted(by_position) == list(range(23))
+
+
+def test_records_feed_the_trainers_task_sampler_one_shard_at_a_time(tmp_path, dataset):
+    uri, _ = dataset
+    store = RecordingStore((tmp_path / "objects").as_uri())
+    with DataCache(store, spec(tmp_path, prefetch_shards=1, disk_dir=None)) as cache:
+        train = RecordExamples(RecordStream(cache, uri))
+        store.reads.clear()
+        sampler = TaskSampler(train, CurriculumSpec(), seed=0, rank=0, world=1,
+                              permutation=train.order)
+        taken = [sampler.take(10) for _ in range(4)]
+        st = cache.stats()
+    prompts = [ex.prompt for batch in taken for ex in batch]
+    assert sorted(prompts) == sorted(f"{i}+1=" for i in range(40))
+    assert taken[0][0].reference == str(int(taken[0][0].prompt.split("+")[0]) + 1)
+    assert len(store.reads) == 4  # each shard fetched once: the sampler walks shard by shard
+    assert sum(name.startswith("datacache") for name, _ in store.reads) == 3
+    assert st["data/hit_rate_store"] < 0.1  # 1 of 40 lookups hit the store
+
+
+def test_records_without_the_task_fields_are_named(tmp_path, store):
+    uri = write_shards(store, "nofield", [{"question": "1+1="}], shard_records=5)
+    with DataCache(store, spec(tmp_path)) as cache:
+        train = RecordExamples(RecordStream(cache, uri))
+        with pytest.raises(DataError, match="no string field 'prompt'.*question"):
+            train[0]
+        with pytest.raises(IndexError):
+            train[1]
 
 
 def test_spec_refuses_non_store_sources():
