@@ -12,9 +12,9 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
 
 from apps.core.access import access_team
 from apps.core.actor import Actor
@@ -107,8 +107,8 @@ def team_projects(request: HttpRequest, team: str) -> HttpResponse:
 @login_required
 def run_launch(request: HttpRequest, team: str) -> HttpResponse:
     team_obj, membership = _team(request, team)
-    if not role_at_least(membership.role, Role.MEMBER):
-        raise Http404("Viewers cannot launch runs.")
+    if request.method == "POST" and not role_at_least(membership.role, Role.MEMBER):
+        raise PermissionDenied("Viewers cannot launch runs; ask a team admin for the member role.")
     preview = None
     if request.method == "POST":
         form = LaunchForm(request.POST, team=team_obj)
@@ -147,6 +147,8 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
 def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
     team_obj, membership = _team(request, team)
     obj = _run(team_obj, run)
+    if request.method == "POST":
+        return _run_action(request, team_obj, membership, obj)
     events = list(obj.events.order_by("-seq")[:EVENT_TAIL])[::-1]
     steps = dashboard.sample_steps(obj)
     context = _context(
@@ -186,20 +188,18 @@ def run_samples(request: HttpRequest, team: str, run: str) -> HttpResponse:
     return render(request, "runs/_samples.html", context)
 
 
-@login_required
-@require_POST
-def run_action(request: HttpRequest, team: str, run: str, action: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpResponse:  # noqa: ANN001
+    """Cancel or resume from the run page (a POST to the page, ``op`` names the action)."""
     if not role_at_least(membership.role, Role.MEMBER):
-        raise Http404("Viewers cannot change runs.")
-    obj = _run(team_obj, run)
+        raise PermissionDenied("Viewers cannot change runs.")
+    action = request.POST.get("op", "")
     try:
         if action == "cancel":
             services.cancel(actor=Actor.of_user(request.user), run=obj)
         elif action == "resume":
             services.resume(actor=Actor.of_user(request.user), run=obj)
         else:
-            raise Http404("No such action.")
+            messages.error(request, f"Unknown action '{action[:40]}'; use cancel or resume.")
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("run-page", team=team_obj.slug, run=str(obj.pk))

@@ -9,7 +9,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
 
 from apps.core.access import access_team
 from apps.core.actor import Actor
@@ -47,19 +46,31 @@ def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
 
 @login_required
 def team_page(request: HttpRequest, team: str) -> HttpResponse:
+    """GET shows the page; POST does one operation, named by the form's ``op`` field (one
+    URL for the page and its forms, so every team URL is a page a viewer can open)."""
     team_obj, membership = _team(request, team)
-    return _page(request, team_obj, membership)
+    if request.method != "POST":
+        return _page(request, team_obj, membership)
+    op = request.POST.get("op", "")
+    handlers = {"token-create": _token_create, "token-revoke": _token_revoke,
+                "member-add": _member_add, "member-change": _member_change}
+    if op not in handlers:
+        return _page(request, team_obj, membership, status=400,
+                     form_errors={"op": f"Unknown operation '{op[:40]}'."})
+    return handlers[op](request, team_obj, membership)
 
 
 def _name(request: HttpRequest) -> str:
     return (request.POST.get("name") or "").strip()[:100]
 
 
-@login_required
-@require_POST
-def token_create(request: HttpRequest, team: str, kind: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+    kind = request.POST.get("kind", "")
     name = _name(request)
+    if kind not in ("personal", "worker"):
+        raise Http404("No such token kind.")
+    if kind == "worker" and not role_at_least(membership.role, Role.ADMIN):
+        raise Http404("Only team admins manage worker tokens.")
     if not name:
         return _page(request, team_obj, membership, status=400,
                      form_errors={kind: "Give the token a name, e.g. the machine or script "
@@ -67,20 +78,14 @@ def token_create(request: HttpRequest, team: str, kind: str) -> HttpResponse:
     actor = Actor.of_user(request.user)
     if kind == "personal":
         token, raw = services.personal_token_create(actor=actor, user=request.user, name=name)
-    elif kind == "worker":
-        if not role_at_least(membership.role, Role.ADMIN):
-            raise Http404("Only team admins manage worker tokens.")
-        token, raw = services.worker_token_create(actor=actor, team=team_obj, name=name)
     else:
-        raise Http404("No such token kind.")
+        token, raw = services.worker_token_create(actor=actor, team=team_obj, name=name)
     return _page(request, team_obj, membership, new_token={"token": token, "secret": raw},
                  status=201)
 
 
-@login_required
-@require_POST
-def token_revoke(request: HttpRequest, team: str, prefix: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+    prefix = request.POST.get("prefix", "")
     mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user, prefix=prefix)
     token = mine.first()
     if token is None and role_at_least(membership.role, Role.ADMIN):
@@ -93,10 +98,7 @@ def token_revoke(request: HttpRequest, team: str, prefix: str) -> HttpResponse:
     return redirect("team-page", team=team_obj.slug)
 
 
-@login_required
-@require_POST
-def member_add(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+def _member_add(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
     if not role_at_least(membership.role, Role.ADMIN):
         raise Http404("Only team admins manage members.")
     username = (request.POST.get("username") or "").strip()
@@ -114,10 +116,8 @@ def member_add(request: HttpRequest, team: str) -> HttpResponse:
     return redirect("team-page", team=team_obj.slug)
 
 
-@login_required
-@require_POST
-def member_change(request: HttpRequest, team: str, username: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+    username = request.POST.get("username", "")
     if not role_at_least(membership.role, Role.ADMIN):
         raise Http404("Only team admins manage members.")
     target = Membership.objects.filter(team=team_obj, user__username=username).select_related(

@@ -20,6 +20,7 @@ from apps.teams.models import ApiToken, Membership, Role, TokenKind
 from tests.factories import DatasetFactory, make_run, make_version
 
 PAGE = "/t/acme/"
+TEAM = "/t/acme/team/"
 
 
 def browser_for(caller) -> Client:  # noqa: ANN001
@@ -198,8 +199,10 @@ def test_clone_prefills_from_run(member, qa, project):
 
 def test_viewers_cannot_launch(viewer, qa):
     client = browser_for(viewer)
-    assert client.get("/t/acme/launch/").status_code == 404
-    assert client.post("/t/acme/launch/", form()).status_code == 404
+    page = client.get("/t/acme/launch/").content.decode()
+    assert "you can read this form but not launch runs" in page
+    assert 'value="launch"' not in page
+    assert client.post("/t/acme/launch/", form()).status_code == 403
     assert not Run.objects.exists()
 
 
@@ -232,12 +235,13 @@ def test_run_page_shows_checkpoints_samples_and_lineage(member, qa, project):
 
 def test_run_page_cancel_and_resume(member, viewer, qa, project):
     run = make_run(project, qa)
-    assert browser_for(viewer).post(f"/t/acme/runs/{run.pk}/cancel/").status_code == 404
+    page = f"/t/acme/runs/{run.pk}/"
+    assert browser_for(viewer).post(page, {"op": "cancel"}).status_code == 403
     client = browser_for(member)
-    assert client.post(f"/t/acme/runs/{run.pk}/cancel/").status_code == 302
+    assert client.post(page, {"op": "cancel"}).status_code == 302
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELED
-    client.post(f"/t/acme/runs/{run.pk}/resume/")
+    client.post(page, {"op": "resume"})
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
 
@@ -297,7 +301,7 @@ def test_compare_caps_and_scopes(member, outsider, project):
 
 def test_personal_token_shown_once_and_revoked(member):
     client = browser_for(member)
-    created = client.post("/t/acme/team/tokens/personal/", {"name": "laptop"})
+    created = client.post(TEAM, {"op": "token-create", "kind": "personal", "name": "laptop"})
     assert created.status_code == 201
     secret = re.search(r'id="new-token-secret" type="text" readonly value="([^"]+)"',
                        created.content.decode()).group(1)
@@ -308,25 +312,27 @@ def test_personal_token_shown_once_and_revoked(member):
     # The secret works against the API until revoked.
     api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert api.get("/api/v1/teams/acme/runs").status_code == 200
-    assert client.post(f"/t/acme/team/tokens/{token.prefix}/revoke/").status_code == 302
+    assert client.post(TEAM, {"op": "token-revoke", "prefix": token.prefix}).status_code == 302
     token.refresh_from_db()
     assert token.revoked_at is not None
     assert api.get("/api/v1/teams/acme/runs").status_code == 401
-    assert client.post("/t/acme/team/tokens/personal/", {"name": " "}).status_code == 400
+    assert client.post(TEAM, {"op": "token-create", "kind": "personal",
+                              "name": " "}).status_code == 400
+    assert client.post(TEAM, {"op": "drop-tables"}).status_code == 400
 
 
 def test_worker_tokens_are_for_admins(member, admin):
     assert "Worker tokens" not in browser_for(member).get("/t/acme/team/").content.decode()
-    assert browser_for(member).post("/t/acme/team/tokens/worker/",
-                                    {"name": "pool"}).status_code == 404
+    worker = {"op": "token-create", "kind": "worker", "name": "pool"}
+    assert browser_for(member).post(TEAM, worker).status_code == 404
     client = browser_for(admin)
-    assert client.post("/t/acme/team/tokens/worker/", {"name": "pool"}).status_code == 201
+    assert client.post(TEAM, worker).status_code == 201
     token = ApiToken.objects.get(kind=TokenKind.WORKER, name="pool")
     assert token.team.slug == "acme"
     # A member cannot revoke the team's worker token; an admin can.
-    assert browser_for(member).post(
-        f"/t/acme/team/tokens/{token.prefix}/revoke/").status_code == 404
-    client.post(f"/t/acme/team/tokens/{token.prefix}/revoke/")
+    revoke = {"op": "token-revoke", "prefix": token.prefix}
+    assert browser_for(member).post(TEAM, revoke).status_code == 404
+    client.post(TEAM, revoke)
     token.refresh_from_db()
     assert token.revoked_at is not None
 
@@ -334,20 +340,20 @@ def test_worker_tokens_are_for_admins(member, admin):
 def test_members_and_roles(owner, admin, member, make_caller):
     make_caller(None, username="newbie")
     client = browser_for(admin)
-    assert client.post("/t/acme/team/members/", {"username": "newbie",
-                                                 "role": "viewer"}).status_code == 302
+    add = {"op": "member-add", "role": "viewer"}
+    assert client.post(TEAM, {**add, "username": "newbie"}).status_code == 302
     assert Membership.objects.get(user__username="newbie").role == Role.VIEWER
-    missing = client.post("/t/acme/team/members/", {"username": "ghost", "role": "member"})
+    missing = client.post(TEAM, {**add, "username": "ghost"})
     assert missing.status_code == 404 and b"No user" in missing.content
-    client.post("/t/acme/team/members/newbie/", {"role": "member"})
+    change = {"op": "member-change", "username": "newbie"}
+    client.post(TEAM, {**change, "role": "member"})
     assert Membership.objects.get(user__username="newbie").role == Role.MEMBER
     # Only owners grant ownership; the service's message is shown, nothing changes.
-    response = client.post("/t/acme/team/members/newbie/", {"role": "owner"}, follow=True)
+    response = client.post(TEAM, {**change, "role": "owner"}, follow=True)
     assert b"Only an owner" in response.content
     assert Membership.objects.get(user__username="newbie").role == Role.MEMBER
-    assert browser_for(member).post("/t/acme/team/members/newbie/",
-                                    {"remove": "1"}).status_code == 404
-    client.post("/t/acme/team/members/newbie/", {"remove": "1"})
+    assert browser_for(member).post(TEAM, {**change, "remove": "1"}).status_code == 404
+    client.post(TEAM, {**change, "remove": "1"})
     assert not Membership.objects.filter(user__username="newbie").exists()
     html = browser_for(member).get("/t/acme/team/").content.decode()
     assert "olivia" in html and "Add a member" not in html
