@@ -287,6 +287,19 @@ def test_compare_page_diffs_configs(member, qa, project):
     assert "None of these runs has a report" in html
 
 
+def test_compare_page_puts_reports_side_by_side(member, qa, project, object_store):
+    runs = [make_run(project, qa, name=n) for n in ("base", "worse", "better")]
+    for run, accuracy in zip(runs, (0.8, 0.6, 0.9), strict=True):
+        uri = object_store.put_bytes(f"reports/{run.pk}.json",
+                                     json.dumps({"eval": {"accuracy": accuracy}}).encode())
+        Run.objects.filter(pk=run.pk).update(report_uri=uri)
+    query = "&".join(f"run={r.pk}" for r in runs)
+    html = browser_for(member).get(f"/t/acme/compare/?{query}").content.decode()
+    row = re.search(r"<code>eval\.accuracy</code></th>(.*?)</tr>", html, re.S).group(1)
+    cells = re.findall(r'<td class="num( regression| improvement)?">([^<]+)', row)
+    assert cells == [("", "0.8"), (" regression", "0.6"), (" improvement", "0.9")]
+
+
 def test_compare_caps_and_scopes(member, outsider, project):
     runs = bulk_runs(project, 12)
     query = "&".join(f"run={r.pk}" for r in runs)
