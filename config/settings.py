@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "apps.metrics",
     "apps.lineage",
     "apps.sandbox",
+    "apps.review",
 ]
 
 MIDDLEWARE = [

@@ -86,6 +86,8 @@ urlpatterns = [
     path("t/<slug:team>/projects/", run_views.team_projects, name="team-projects"),
     path("t/<slug:team>/runs/<str:run>/", run_views.run_detail, name="run-page"),
     path("t/<slug:team>/", include("apps.runs.page_urls")),
+    path("", include("apps.datasets.urls")),
+    path("", include("apps.review.urls")),
     path("healthz", core_views.healthz, name="healthz"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

@@ -16,6 +16,7 @@ from apps.core.idempotency import idempotent
 from apps.core.viewsets import TeamScopedViewSet
 from apps.datasets import records as rec
 from apps.datasets import selectors, services
+from apps.datasets.diff import DEFAULT_KEYS
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.projects.selectors import project_by_slug
 
@@ -27,7 +28,7 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = DatasetVersion
         fields = ["digest", "number", "dataset", "record_count", "size_bytes", "schema",
-                  "message", "parents", "uri", "created_at"]
+                  "message", "manifest", "parents", "uri", "created_at"]
         read_only_fields = fields
 
 
@@ -64,6 +65,52 @@ class VersionUploadSerializer(serializers.Serializer):
 
 class SetCurrentSerializer(serializers.Serializer):
     version = serializers.CharField(help_text="digest or v<number>")
+
+
+class RollbackSerializer(serializers.Serializer):
+    version = serializers.CharField(help_text="digest or v<number> of an earlier version")
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class RollbackResultSerializer(serializers.Serializer):
+    dataset = DatasetSerializer()
+    previous = DatasetVersionSerializer(allow_null=True)
+    changed = serializers.BooleanField()
+
+
+class DiffRefSerializer(serializers.Serializer):
+    digest = serializers.CharField()
+    number = serializers.IntegerField()
+
+
+class DiffCountsSerializer(serializers.Serializer):
+    old = serializers.IntegerField()
+    new = serializers.IntegerField()
+    added = serializers.IntegerField()
+    removed = serializers.IntegerField()
+    changed = serializers.IntegerField()
+    unchanged = serializers.IntegerField()
+
+
+class ChangedRecordSerializer(serializers.Serializer):
+    key = serializers.JSONField()
+    before = serializers.DictField()
+    after = serializers.DictField()
+    fields = serializers.ListField(child=serializers.CharField())
+
+
+class DiffSerializer(serializers.Serializer):
+    base = DiffRefSerializer(allow_null=True, help_text="null: compared with an empty dataset")
+    version = DiffRefSerializer()
+    mode = serializers.ChoiceField(choices=["key", "content"],
+                                   help_text="records matched by key field or by content")
+    key = serializers.CharField(allow_null=True)
+    counts = DiffCountsSerializer()
+    added = serializers.ListField(child=serializers.DictField())
+    removed = serializers.ListField(child=serializers.DictField())
+    changed = ChangedRecordSerializer(many=True)
+    limit = serializers.IntegerField()
+    truncated = serializers.BooleanField()
 
 
 class DatasetViewSet(TeamScopedViewSet):
@@ -105,6 +152,25 @@ class DatasetViewSet(TeamScopedViewSet):
             raise NotFound(f"Dataset '{obj.slug}' has no version '{wanted}'.")
         obj = services.set_current_version(actor=self.actor, dataset=obj, version=version)
         return Response(DatasetSerializer(obj).data)
+
+    @extend_schema(request=RollbackSerializer, responses=RollbackResultSerializer)
+    @action(detail=True, methods=["post"])
+    def rollback(self, request: Request, team: str, dataset: str) -> Response:
+        """Move the current version back to an earlier one (audited). Naming the current
+        version again changes nothing (``changed: false``)."""
+        data = RollbackSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        obj = self.get_object()
+        wanted = data.validated_data["version"]
+        version = selectors.version_by_digest(dataset=obj, digest=wanted)
+        if version is None:
+            raise NotFound(f"Dataset '{obj.slug}' has no version '{wanted}'.")
+        obj, previous = services.rollback(actor=self.actor, dataset=obj, version=version,
+                                          reason=data.validated_data["reason"])
+        obj = self.get_queryset().get(pk=obj.pk)
+        return Response({"dataset": DatasetSerializer(obj).data,
+                         "previous": DatasetVersionSerializer(previous).data if previous else None,
+                         "changed": previous is None or previous.pk != version.pk})
 
 
 class DatasetVersionViewSet(TeamScopedViewSet):
@@ -180,3 +246,41 @@ class DatasetVersionViewSet(TeamScopedViewSet):
         rows = selectors.read_records(obj, offset=offset, limit=limit)
         return Response({"offset": offset, "limit": limit, "total": obj.record_count,
                          "records": rows})
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("base", OpenApiTypes.STR,
+                             description="digest or v<number> to compare with; default: the "
+                                         "version's parent in this dataset, else the one "
+                                         "before it"),
+            OpenApiParameter("key", OpenApiTypes.STR,
+                             description="record field that identifies a record; default: "
+                                         "'id', else 'uid', when every record has a unique "
+                                         "one; empty: match by content only"),
+            OpenApiParameter("limit", OpenApiTypes.INT,
+                             description="records shown per kind (1-1000, default 50)"),
+        ],
+        responses=DiffSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def diff(self, request: Request, team: str, dataset: str, version: str) -> Response:
+        """Records added, removed and changed from ``base`` to this version."""
+        obj = self._version()
+        base_ref = request.query_params.get("base")
+        if base_ref:
+            base = selectors.version_by_digest(dataset=obj.dataset, digest=base_ref)
+            if base is None:
+                raise InvalidInput(f"Dataset '{obj.dataset.slug}' has no version '{base_ref}'.",
+                                   details={"base": [base_ref]})
+        else:
+            base = selectors.default_base(obj)
+        raw_key = request.query_params.get("key")
+        keys = DEFAULT_KEYS if raw_key is None else tuple(k for k in [raw_key.strip()] if k)
+        try:
+            limit = int(request.query_params.get("limit", 50))
+        except ValueError as exc:
+            raise InvalidInput("limit must be an integer.", details={"limit": ["integer"]}) \
+                from exc
+        if not 1 <= limit <= 1000:
+            raise InvalidInput("limit must be between 1 and 1000.", details={"limit": [limit]})
+        return Response(selectors.diff_versions(base=base, version=obj, keys=keys, limit=limit))

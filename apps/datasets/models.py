@@ -45,6 +45,9 @@ class DatasetVersion(models.Model):
     size_bytes = models.PositiveBigIntegerField()
     schema = models.JSONField(default=dict)
     message = models.CharField(max_length=500, blank=True)
+    #: How the records were made (generator config, seed, parents, stage statistics), for
+    #: versions that come from an accepted synthesis batch; empty for plain uploads.
+    manifest = models.JSONField(default=dict, blank=True)
     parents = models.ManyToManyField("self", symmetrical=False, related_name="children",
                                      blank=True)
     created_by = models.ForeignKey(

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any
 
+from django.db.models import Count, Q, QuerySet
+
 from apps.core.exceptions import InvalidInput
+from apps.core.models import AuditLog
 from apps.core.storage import store
+from apps.datasets.diff import DEFAULT_KEYS, diff_records
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.teams.models import Team
 
@@ -51,3 +56,56 @@ def version_by_digest(*, dataset: Dataset, digest: str) -> DatasetVersion | None
 def read_records(version: DatasetVersion, *, offset: int, limit: int) -> list[dict[str, Any]]:
     lines = islice(store().open_lines(version.uri), offset, offset + limit)
     return [json.loads(line) for line in lines]
+
+
+def _lines(version: DatasetVersion | None) -> Callable[[], Iterable[bytes]]:
+    if version is None:
+        return lambda: iter(())
+    return lambda: store().open_lines(version.uri)
+
+
+def default_base(version: DatasetVersion) -> DatasetVersion | None:
+    """What a version is compared with when no base is named: its parent in the same
+    dataset, else the version numbered just before it (None for a first version)."""
+    parent = version.parents.filter(dataset_id=version.dataset_id).order_by("-number").first()
+    if parent is not None:
+        return parent
+    return (DatasetVersion.objects.filter(dataset_id=version.dataset_id,
+                                          number__lt=version.number)
+            .order_by("-number").first())
+
+
+def diff_versions(*, base: DatasetVersion | None, version: DatasetVersion,
+                  keys: Sequence[str] = DEFAULT_KEYS, limit: int = 50) -> dict[str, Any]:
+    """Records added, removed and changed from ``base`` (None: an empty dataset) to
+    ``version``. See apps.datasets.diff for how records are matched."""
+    result = diff_records(_lines(base), _lines(version), keys=keys, limit=limit)
+
+    def ref(v: DatasetVersion | None) -> dict[str, Any] | None:
+        return None if v is None else {"digest": v.digest, "number": v.number}
+
+    return {"base": ref(base), "version": ref(version), **result}
+
+
+def versions_of(dataset: Dataset) -> QuerySet[DatasetVersion]:
+    return dataset.versions.select_related("created_by").prefetch_related("parents") \
+        .order_by("-number")
+
+
+def current_history(dataset: Dataset, limit: int = 20) -> list[AuditLog]:
+    """Recent moves of the dataset's current version (rollbacks and explicit sets)."""
+    return list(AuditLog.objects.filter(
+        team_id=dataset.team_id, target_type="dataset", target_id=dataset.slug,
+        action__in=("dataset.rollback", "dataset.current"),
+    ).select_related("actor").order_by("-created_at", "-id")[:limit])
+
+
+def datasets_overview(team: Team) -> QuerySet[Dataset]:
+    """The team's datasets with their current version, version count and batches awaiting
+    review (``batches`` is apps.review's relation), for the datasets page."""
+    return (Dataset.objects.filter(team=team)
+            .select_related("project", "current_version")
+            .annotate(version_count=Count("versions", distinct=True),
+                      open_batches=Count("batches", distinct=True, filter=Q(
+                          batches__status__in=("pending_review", "resampling"))))
+            .order_by("slug"))

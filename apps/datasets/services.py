@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Model
 
 from apps.core import audit
 from apps.core.actor import Actor
@@ -44,11 +44,15 @@ def version_create(
     parents: list[DatasetVersion] | None = None,
     message: str = "",
     set_current: bool = True,
+    manifest: dict[str, Any] | None = None,
+    source: Model | None = None,
 ) -> tuple[DatasetVersion, bool]:
     """Store records as a new version; returns (version, created).
 
     Uploading content identical to an existing version of the same dataset returns that
-    version (created=False): versions are content-addressed.
+    version (created=False): versions are content-addressed. ``manifest`` (how the records
+    were made: generator config, seed, stage statistics) is frozen with the version;
+    ``source`` (e.g. the run that generated the records) gets a lineage edge to it.
     """
     for parent in parents or []:
         if parent.team_id != dataset.team_id:
@@ -75,12 +79,16 @@ def version_create(
             team_id=locked.team_id, dataset=locked, number=number, digest=canonical.digest,
             uri=uri, record_count=canonical.record_count, size_bytes=canonical.size_bytes,
             schema=canonical.schema, message=message, created_by=actor.user,
+            manifest=manifest or {},
         )
         if parents:
             version.parents.set(parents)
             for parent in parents:
                 lineage.edge_create(team_id=locked.team_id, source=parent, target=version,
                                     relation="derived")
+        if source is not None:
+            lineage.edge_create(team_id=locked.team_id, source=source, target=version,
+                                relation="produced")
         if set_current:
             locked.current_version = version
             locked.save(update_fields=["current_version"])
@@ -100,3 +108,32 @@ def set_current_version(*, actor: Actor, dataset: Dataset, version: DatasetVersi
     audit.record(actor=actor, action="dataset.current", team_id=dataset.team_id,
                  target_type="dataset", target_id=dataset.slug, data={"digest": version.digest})
     return dataset
+
+
+@transaction.atomic
+def rollback(*, actor: Actor, dataset: Dataset, version: DatasetVersion,
+             reason: str = "") -> tuple[Dataset, DatasetVersion | None]:
+    """Move the dataset's current version back to an earlier one; returns (dataset, the
+    version that was current before). Rolling back to the current version changes nothing
+    (a retried request is harmless); rolling "back" to a newer version is refused."""
+    locked = Dataset.objects.select_for_update().get(pk=dataset.pk)
+    if version.dataset_id != locked.pk:
+        raise InvalidInput(f"Version {version.digest[:12]} is not a version of '{locked.slug}'.")
+    previous = (DatasetVersion.objects.get(pk=locked.current_version_id)
+                if locked.current_version_id else None)
+    if previous is not None and previous.pk == version.pk:
+        return locked, previous
+    if previous is not None and version.number > previous.number:
+        raise Conflict(
+            f"v{version.number} is newer than the current v{previous.number}; a rollback "
+            f"goes back. To move forward, POST its digest to .../datasets/{locked.slug}/current."
+        )
+    locked.current_version = version
+    locked.save(update_fields=["current_version"])
+    audit.record(actor=actor, action="dataset.rollback", team_id=locked.team_id,
+                 target_type="dataset", target_id=locked.slug,
+                 data={"from": previous.digest if previous else None,
+                       "from_number": previous.number if previous else None,
+                       "to": version.digest, "to_number": version.number,
+                       "reason": reason})
+    return locked, previous
