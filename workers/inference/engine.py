@@ -8,6 +8,7 @@ always gives the same completions).
 
 from __future__ import annotations
 
+import copy
 import secrets
 import threading
 from concurrent.futures import Future
@@ -102,6 +103,9 @@ class Policy:
         )
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.rollout = HFRollout(self.model, self.tok)
+        # Fast tokenizers refuse concurrent calls that touch their padding state ("Already
+        # borrowed"): the batcher thread samples with `tok`, request handlers use their own.
+        self.request_tok = copy.deepcopy(self.tok)
         self.context: int | None = getattr(model.config, "max_position_embeddings", None)
         has_template = bool(getattr(self.tok, "chat_template", None))
         if chat_format == "auto":
@@ -114,7 +118,7 @@ class Policy:
 
     def render_chat(self, messages: list[tuple[str, str]]) -> str:
         if self.chat_format == "template":
-            return self.tok.apply_chat_template(
+            return self.request_tok.apply_chat_template(
                 [{"role": r, "content": c} for r, c in messages],
                 tokenize=False, add_generation_prompt=True,
             )
@@ -122,11 +126,15 @@ class Policy:
             return raw_chat(messages)
         return plain_chat(messages)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt exactly as sampling sees it (request threads only)."""
+        return self.request_tok(text, add_special_tokens=False)["input_ids"]
+
     def count_tokens(self, text: str) -> int:
-        return len(self.tok(text, add_special_tokens=False)["input_ids"])
+        return len(self.encode(text))
 
     def token_text(self, token_id: int) -> str:
-        return self.tok.decode([token_id])
+        return self.request_tok.decode([token_id])
 
     # ---- sampling --------------------------------------------------------------------------
 

@@ -194,8 +194,7 @@ class OpenAIApp:
                                 "model": self.config.model_name, "choices": choices,
                                 "usage": self._usage(lengths, results)}
         if req.return_token_ids:
-            body["prompt_token_ids"] = self.policy.tok(prompt, add_special_tokens=False)[
-                "input_ids"]
+            body["prompt_token_ids"] = self.policy.encode(prompt)
         if req.stream:
             return self._stream(self._chat_chunks(body, req))
         return JSONResponse(body)
@@ -238,8 +237,7 @@ class OpenAIApp:
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = s.token_ids
-                    choice["prompt_token_ids"] = self.policy.tok(
-                        prompts[p], add_special_tokens=False)["input_ids"]
+                    choice["prompt_token_ids"] = self.policy.encode(prompts[p])
                 choices.append(choice)
         body = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion",
                 "created": int(time.time()), "model": self.config.model_name,
