@@ -24,7 +24,13 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from workers.envs.base import Environment, EnvTask, Message
-from workers.envs.spec import EndpointPolicySpec, SamplingSpec
+from workers.envs.spec import (
+    CheckpointPolicySpec,
+    EndpointPolicySpec,
+    EnvironmentSpec,
+    EvalSpec,
+    SamplingSpec,
+)
 
 REPORT_SCHEMA = "crucible.eval/1"
 COMPARISON_SCHEMA = "crucible.eval-comparison/1"
@@ -179,12 +185,13 @@ def _episode(env: Environment, task: EnvTask, policy: Policy, sampling: Sampling
 def evaluate(
     env: Environment, policy: Policy, *, split: str = "eval", samples_per_task: int = 1,
     k: Sequence[int] = (1,), sampling: SamplingSpec | None = None, limit: int | None = None,
-    concurrency: int = 4, success_threshold: float | None = None,
+    concurrency: int = 4, success_threshold: float | None = None, include_samples: bool = False,
 ) -> dict[str, Any]:
     """Run `policy` on `env`'s split and return the report (see docs/environments.md).
 
     A sample counts as correct for pass@k when its reward reaches `success_threshold`
-    (default: the rubric's maximum total, i.e. full marks)."""
+    (default: the rubric's maximum total, i.e. full marks). `include_samples` adds every
+    sample's final answer and reward (for inspection; reports stay small without)."""
     sampling = sampling or SamplingSpec()
     bad_k = [x for x in k if x < 1 or x > samples_per_task]
     if bad_k:
@@ -212,6 +219,11 @@ def evaluate(
     report = build_report(env, tasks, samples, k=k, threshold=threshold, split=split,
                           samples_per_task=samples_per_task)
     report["policy"] = {"name": policy.name, "sampling": sampling.model_dump()}
+    if include_samples:
+        report["samples"] = [
+            {"task_id": s.task_id, "final_answer": env.final_answer(s.messages),
+             "reward": s.reward, "components": s.components, "error": s.error}
+            for s in samples]
     report["started_at"] = started.isoformat()
     report["timings"] = {"total_s": round(time.perf_counter() - t0, 3),
                          "generate_s": round(generate_s, 3), "score_s": round(score_s, 3)}
@@ -419,3 +431,45 @@ def render_comparison_html(comparison: dict[str, Any]) -> str:
             + "</thead><tbody>" + "".join(rows) + "</tbody></table>"
             + (f"<h4>Tasks that regressed</h4><ul>{tasks}</ul>" if tasks else "")
             + "</section>")
+
+
+# -- entry point for the control plane ----------------------------------------------------------
+
+def _checkpoint_dir(spec: CheckpointPolicySpec) -> str:
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(spec.uri)
+    if parsed.scheme not in ("", "file"):
+        raise ValueError(f"checkpoint {spec.uri!r} is not local: fetch it from the object store "
+                         "first and pass its directory")
+    path = Path(unquote(parsed.path) if parsed.scheme else spec.uri)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+    return str(path)
+
+
+def run_eval(
+    env_spec: EnvironmentSpec | dict[str, Any], eval_spec: EvalSpec | dict[str, Any], *,
+    include_samples: bool = False, **load_kwargs: Any,
+) -> dict[str, Any]:
+    """Load the environment, build the policy (an endpoint, or a local checkpoint served by
+    the inference engine for the duration), evaluate, and return the report."""
+    from workers.envs.load import load_environment
+
+    spec = eval_spec if isinstance(eval_spec, EvalSpec) else EvalSpec.model_validate(eval_spec)
+    env = load_environment(env_spec, **load_kwargs)
+    kwargs: dict[str, Any] = {
+        "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
+        "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
+        "include_samples": include_samples}
+    if isinstance(spec.policy, EndpointPolicySpec):
+        return evaluate(env, EndpointPolicy(spec.policy), **kwargs)
+    from workers.inference import start_server
+
+    model_dir = _checkpoint_dir(spec.policy)
+    with start_server(model_dir, name="policy") as server:
+        endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
+        report = evaluate(env, EndpointPolicy(endpoint), **kwargs)
+    report["policy"]["checkpoint"] = spec.policy.uri
+    return report
