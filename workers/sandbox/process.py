@@ -174,29 +174,35 @@ class Outcome:
 Status = tuple[int | None, int | None]
 
 
-def parse_status(feedback: bytes | bytearray, prefix: bytes) -> Status | None:
-    """(exit code, signal) from the first complete `<prefix>EXIT <n>` or `<prefix>SIGNAL <n>` line
-    on the feedback channel, or None while no such line has arrived. The process that reports
-    is the program's parent inside the sandbox (the bootstrap's waiting half, or the status
-    waiter of compiled languages), which saw the real wait status: exit(130) and death by
-    SIGINT differ there, while bwrap folds both into 130."""
+def parse_status(
+    feedback: bytes | bytearray, prefix: bytes, *, last: bool = False
+) -> Status | None:
+    """(exit code, signal) from the first (or, with `last`, the last) complete
+    `<prefix>EXIT <n>` or `<prefix>SIGNAL <n>` line on the feedback channel; None while there is
+    none. The process that reports is the program's parent inside the sandbox (the status waiter
+    of compiled languages) or the bootstrap around it, which saw the real status: exit(130) and
+    death by SIGINT differ there, while bwrap folds both into 130."""
+    found: Status | None = None
     at = 0
     while True:
         at = feedback.find(prefix, at)
         if at < 0:
-            return None
+            return found
         end = feedback.find(b"\n", at)
         if end < 0:
-            return None
+            return found
         kind, _, value = bytes(feedback[at + len(prefix):end]).partition(b" ")
         at = end
         number = value.strip()
-        if not number.isdigit():
-            continue
-        if kind == b"EXIT":
-            return int(number) & 0xFF, None
-        if kind == b"SIGNAL" and 0 < int(number) < 128:
-            return None, int(number)
+        status: Status | None = None
+        if number.isdigit() and kind == b"EXIT":
+            status = int(number) & 0xFF, None
+        elif number.isdigit() and kind == b"SIGNAL" and 0 < int(number) < 128:
+            status = None, int(number)
+        if status is not None:
+            if not last:
+                return status
+            found = status
 
 
 class SandboxProcess:
@@ -337,7 +343,10 @@ class SandboxProcess:
         sandbox reported its exit status on the feedback pipe as `<status_prefix>EXIT <n>` or
         `SIGNAL <n>`: the program is gone and its output is in the pipes, so the sandbox is
         killed here rather than waited for (interpreter and namespace teardown stay off the
-        critical path). Without `end_on_status` a reported status is still used, as the exact one.
+        critical path). Without `end_on_status` the run ends when the sandbox exits, and the last
+        reported status is used as the exact one: a line the program forged earlier (it can
+        reach the waiter's fd through /proc/1/fd) is overridden by the waiter's own, which is
+        written last, just before PID 1 exits and takes the namespace with it.
         """
         assert self.proc is not None and self.proc.stdin and self.proc.stdout and self.proc.stderr
         limits = self.limits
@@ -417,9 +426,9 @@ class SandboxProcess:
                             sel.unregister(key.fd)
                             continue
                         take(name, chunk)
-                        if name == "feedback" and status_prefix and reported is None:
+                        if name == "feedback" and status_prefix and end_on_status:
                             reported = parse_status(bufs["feedback"], status_prefix)
-                            ended = reported is not None and end_on_status
+                            ended = reported is not None
             if ended:
                 # The bootstrap flushed before reporting: drain what is already in the pipes.
                 for key in list(sel.get_map().values()):
@@ -436,11 +445,11 @@ class SandboxProcess:
         if not ended:
             out.returncode = self._wait()
             out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
-            if reported is None and status_prefix:  # reported as it exited: read what is left
+            if status_prefix:  # reported as it exited: read what is left, keep the last
                 with contextlib.suppress(OSError):
                     while chunk := os.read(self.feedback_r, 65536):
                         take("feedback", chunk)
-                reported = parse_status(bufs["feedback"], status_prefix)
+                reported = parse_status(bufs["feedback"], status_prefix, last=True)
         if reported is not None:
             code, signal_no = reported
             out.returncode = code if code is not None else 128 + (signal_no or 0)

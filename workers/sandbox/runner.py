@@ -367,7 +367,9 @@ class Engine:
         proc = SandboxProcess(argv=wrapped, workdir=path, limits=limits, env=lang.env,
                               ro_binds=lang.binds, as_pid_1=wrapped is not argv)
         try:
-            out = proc.run(stdin.encode(), status_prefix=f"{tag} ".encode())
+            # Waits for the sandbox to end rather than for the first status line, which the
+            # program could forge to end a run early (e.g. print the answer, then hang).
+            out = proc.run(stdin.encode(), status_prefix=f"{tag} ".encode(), end_on_status=False)
         finally:
             proc.destroy()
         return phase_result(out, limits, compile_phase=compile_phase), out

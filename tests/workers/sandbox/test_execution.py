@@ -160,3 +160,6 @@ def test_status_lines_are_parsed_only_when_complete_and_tagged() -> None:
     assert parse_status(b"u EXIT 0\nt PASS \nt SIGNAL 9\n", b"t ") == (None, 9)
     assert parse_status(b"t EXIT x\nt EXIT 256\n", b"t ") == (0, None)  # status & 0xFF
     assert parse_status(b"t SIGNAL 0\nt SIGNAL 300\n", b"t ") is None  # not a signal number
+    forged_then_real = b"t EXIT 0\nt SIGNAL 9\n"
+    assert parse_status(forged_then_real, b"t ") == (0, None)
+    assert parse_status(forged_then_real, b"t ", last=True) == (None, 9)

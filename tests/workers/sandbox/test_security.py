@@ -293,6 +293,19 @@ def test_filling_the_work_directory_stops_at_its_cap_not_the_host_disk(run: Run)
     assert run("python", "print('alive')").stdout == "alive\n"
 
 
+def test_a_forged_exit_status_does_not_end_the_run(run: Run) -> None:
+    """The status waiter's fd and tag are in PID 1's /proc entries: writing a fake `EXIT 0`
+    there, then printing the answer and hanging, must still be a TLE."""
+    code = (
+        "mapfile -d '' args < /proc/1/cmdline\n"
+        'echo "${args[4]} EXIT 0" > /proc/1/fd/${args[3]} && echo forged\n'
+        "echo 42\nsleep 30\n"
+    )
+    result = run("bash", code, limits=Limits(wall_ms=1500))
+    assert result.status == Status.TLE
+    assert result.stdout.endswith("42\n")
+
+
 def test_nested_user_namespace_is_denied(run: Run) -> None:
     code = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
