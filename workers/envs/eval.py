@@ -186,18 +186,21 @@ def evaluate(
     env: Environment, policy: Policy, *, split: str = "eval", samples_per_task: int = 1,
     k: Sequence[int] = (1,), sampling: SamplingSpec | None = None, limit: int | None = None,
     concurrency: int = 4, success_threshold: float | None = None, include_samples: bool = False,
+    exclude: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run `policy` on `env`'s split and return the report (see docs/environments.md).
 
     A sample counts as correct for pass@k when its reward reaches `success_threshold`
     (default: the rubric's maximum total, i.e. full marks). `include_samples` adds every
-    sample's final answer and reward (for inspection; reports stay small without)."""
+    sample's final answer and reward (for inspection; reports stay small without). `exclude`
+    drops task ids (e.g. a QC report's `quarantined_ids`)."""
     sampling = sampling or SamplingSpec()
     bad_k = [x for x in k if x < 1 or x > samples_per_task]
     if bad_k:
         raise ValueError(f"pass@k needs 1 <= k <= samples_per_task ({samples_per_task}); "
                          f"got {bad_k}")
-    tasks = env.split(split)  # type: ignore[arg-type]
+    skipped = set(exclude)
+    tasks = [t for t in env.split(split) if t.id not in skipped]  # type: ignore[arg-type]
     if limit is not None:
         tasks = tasks[:limit]
     if not tasks:
@@ -451,7 +454,7 @@ def _checkpoint_dir(spec: CheckpointPolicySpec) -> str:
 
 def run_eval(
     env_spec: EnvironmentSpec | dict[str, Any], eval_spec: EvalSpec | dict[str, Any], *,
-    include_samples: bool = False, **load_kwargs: Any,
+    include_samples: bool = False, exclude: Sequence[str] = (), **load_kwargs: Any,
 ) -> dict[str, Any]:
     """Load the environment, build the policy (an endpoint, or a local checkpoint served by
     the inference engine for the duration), evaluate, and return the report."""
@@ -462,7 +465,7 @@ def run_eval(
     kwargs: dict[str, Any] = {
         "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
         "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
-        "include_samples": include_samples}
+        "include_samples": include_samples, "exclude": exclude}
     if isinstance(spec.policy, EndpointPolicySpec):
         return evaluate(env, EndpointPolicy(spec.policy), **kwargs)
     from workers.inference import start_server

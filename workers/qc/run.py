@@ -138,6 +138,7 @@ def _judge(state: _TaskState, spec: QcSpec, full: float) -> dict[str, Any]:
                                       f"reward {probe.score.total:g}")
     row["probes"] = len(state.probes)
     row["status"] = "quarantined" if state.reasons else "ok"
+    row["reasons"] = sorted({r["check"] for r in state.reasons})
     return row
 
 

@@ -128,3 +128,11 @@ def test_multi_turn_evaluation_replays_test_failures(sandbox: Sandbox) -> None:
     assert report["summary"]["mean_reward"] == 1.0
     assert all(t["turns"] == 2 for t in report["tasks"])
     assert len(seen_feedback) == len(tasks)
+
+
+def test_excluded_tasks_are_not_evaluated() -> None:
+    env = load_environment({"source": "builtin", "name": "arithmetic"})
+    skip = [t.id for t in env.split("eval")[:3]]
+    report = evaluate(env, CallablePolicy(lambda m: "0"), exclude=skip)
+    assert report["summary"]["tasks"] == len(env.split("eval")) - 3
+    assert not {t["task_id"] for t in report["tasks"]} & set(skip)
