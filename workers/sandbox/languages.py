@@ -8,6 +8,8 @@ toolchain is reported with the Debian or npm package that provides it.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,12 +128,32 @@ class ToolchainMissing(RuntimeError):
     """The language is known but its toolchain is not installed where the sandbox can use it."""
 
 
+_CHECK_TTL_S = 10.0
+_checked: dict[tuple[str, ...], tuple[float, list[str]]] = {}
+_checked_lock = threading.Lock()
+
+
+def _missing_cached(lang: Language) -> list[str]:
+    """lang.missing(), remembered for a few seconds: resolving and stat-ing every directory of
+    every toolchain path on each request cost more supervisor CPU than writing its files. A
+    toolchain installed or removed meanwhile is noticed within the TTL."""
+    now = time.monotonic()
+    with _checked_lock:
+        hit = _checked.get(lang.requires)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    missing = lang.missing()
+    with _checked_lock:
+        _checked[lang.requires] = (now + _CHECK_TTL_S, missing)
+    return missing
+
+
 def get(name: str, table: dict[str, Language] | None = None) -> Language:
     """The language, or ToolchainMissing naming what to install."""
     lang = (LANGUAGE_TABLE if table is None else table).get(name)
     if lang is None:
         raise ToolchainMissing(f"unknown language {name!r}")
-    missing = lang.missing()
+    missing = _missing_cached(lang)
     if missing:
         raise ToolchainMissing(
             f"{name}: toolchain not found or not readable by the sandbox user "
