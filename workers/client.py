@@ -309,10 +309,19 @@ class WorkerSession:
         return self._lost.is_set()
 
     def set_status(self, status: str, error: str = "", *, retry: bool = False) -> dict[str, Any]:
+        """Retried on network errors and 5xx; if an earlier try was applied but its answer
+        lost, the server's 409 "already <status>" counts as done."""
         body: dict[str, Any] = {"status": status, "error": error}
         if retry:
             body["retry"] = True
-        return self._post("status", body)
+        try:
+            return self._post("status", body, idempotent=True)
+        except ApiError as exc:
+            details = exc.body.get("errors") if isinstance(exc.body, dict) else None
+            if exc.code == "illegal_transition" and isinstance(details, dict) \
+                    and details.get("status") == status:
+                return {"status": status}
+            raise
 
     def log_metrics(self, points: list[dict[str, Any]], seq: int | None = None) -> dict[str, Any]:
         """Points are ``{"name", "step", "value", "wall_time"?}``; ``seq`` numbers batches.

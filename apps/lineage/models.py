@@ -14,6 +14,7 @@ class ArtifactType(models.TextChoices):
     ENVIRONMENT_VERSION = "environment_version"
     RUN = "run"
     CHECKPOINT = "checkpoint"
+    REPORT = "report"  # a run's report (eval scores, profile), keyed by the run's id
 
 
 class LineageEdge(models.Model):

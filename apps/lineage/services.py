@@ -19,10 +19,14 @@ def artifact_key(obj: Model) -> tuple[str, str]:
     return kind, str(obj.pk)
 
 
-def edge_create(*, team_id: int, source: Model, target: Model, relation: str) -> LineageEdge:
-    """Called inside the caller's transaction; repeating an edge is a no-op."""
-    source_type, source_id = artifact_key(source)
-    target_type, target_id = artifact_key(target)
+def edge_create(
+    *, team_id: int, source: Model | tuple[str, str], target: Model | tuple[str, str],
+    relation: str,
+) -> LineageEdge:
+    """Called inside the caller's transaction; repeating an edge is a no-op. An end is a
+    model instance or a ``(type, id)`` key for artifacts without a row of their own."""
+    source_type, source_id = source if isinstance(source, tuple) else artifact_key(source)
+    target_type, target_id = target if isinstance(target, tuple) else artifact_key(target)
     # Content-addressed ids repeat across teams (same records, same digest): the team is
     # part of an edge's identity.
     edge, _ = LineageEdge.objects.get_or_create(

@@ -19,6 +19,7 @@ from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
 from apps.core.storage import store
 from apps.lineage import services as lineage
+from apps.lineage.models import ArtifactType
 from apps.runs import dispatch
 from apps.runs.models import (
     ACTIVE_STATUSES,
@@ -394,6 +395,8 @@ def set_report(*, run: Run, lease_id: str, uri: str) -> Run:
         check_lease(run, lease_id)
         run.report_uri = uri
         run.save(update_fields=["report_uri"])
+        lineage.edge_create(team_id=run.team_id, source=run,
+                            target=(ArtifactType.REPORT, str(run.pk)), relation="reported")
         _append_events(run, [{"kind": "artifact", "message": "report stored",
                               "data": {"uri": uri}}])
     return run

@@ -632,6 +632,11 @@ def test_report_artifact_round_trip(worker, running, member, object_store):
     got = member.client.get(f"{RUNS}/{run.pk}/report")
     assert got.status_code == 200 and got.json() == report
     assert RunEvent.objects.filter(run=run, kind="artifact", data__uri=uri).exists()
+    # Lineage: the report hangs off its run, which hangs off its inputs.
+    graph = member.client.get("/api/v1/teams/acme/lineage",
+                              {"artifact": f"report:{run.pk}"}).json()
+    assert {(e["source"]["type"], e["relation"], e["target"]["type"]) for e in graph["edges"]} \
+        == {("dataset_version", "input", "run"), ("run", "reported", "report")}
     bad = worker.post(f"{W}/runs/{run.pk}/artifacts", {"kind": "model", "uri": uri},
                       format="json", **lease)
     assert bad.status_code == 400

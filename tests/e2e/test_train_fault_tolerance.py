@@ -31,8 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 STEPS = 8
 TINY = {
     "model": {"preset": {"num_layers": 1}},
+    "task": {"eval_size": 4},
     "rollout": {"group_size": 2, "max_new_tokens": 2},
-    "trainer": {"steps": STEPS, "prompts_per_step": 2, "micro_batch_size": 4, "zero_stage": 0},
+    "trainer": {"steps": STEPS, "prompts_per_step": 2, "micro_batch_size": 4, "zero_stage": 0,
+                "eval_samples": 1},
     "checkpoint": {"every": 2, "keep": 1},
 }
 SFT_RECORDS = [{"prompt": f"{a} + {b} =", "completion": str(a + b)}
@@ -158,7 +160,7 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         child = client.launch_run(
             "ft", project="demo", kind="train", name="child", base_model=f"run:{rid}",
             environments=["arith"],
-            config={"rollout": TINY["rollout"],
+            config={"rollout": TINY["rollout"], "task": TINY["task"],
                     "trainer": {**TINY["trainer"], "steps": 200},
                     "checkpoint": {"every": 1, "keep": 1}})
         assert child["base_model"]["checkpoint"] == last["id"]
