@@ -24,10 +24,10 @@ T = TypeVar("T", bound=Disposable)
 class WarmPool(Generic[T]):
     """Keeps up to `size` ready items made by `spawn`, refilled by background threads.
 
-    Several spawns run at once (up to `spawners`, default min(size, 4)): most of a spawn's wall
-    time is waiting, not CPU (on cgroup v1, moving a process into a cgroup waits for an RCU grace
-    period, ~10 ms here), and one refill thread waiting in series capped the pool at about 50
-    sandboxes/s whatever the core count."""
+    Several spawns run at once (up to `spawners`, default min(size, 4)): much of a spawn's wall
+    time is waiting, not CPU (moving a process into a cgroup waits for every fork and exit in
+    progress on the host: up to ~12 ms median on a busy machine), and one refill thread waiting
+    in series capped the pool at about 50 sandboxes/s whatever the core count."""
 
     def __init__(
         self, spawn: Callable[[], T], size: int, name: str = "warm-pool",
