@@ -13,7 +13,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F, Model
 from django.utils import timezone
 
 from apps.core import audit
@@ -316,8 +317,19 @@ def _reviewer(actor: Actor) -> Any:
     return actor.user
 
 
+def _take_write_lock(model: type[Model], pk: Any) -> None:
+    """Make a transaction's first statement a write on SQLite (where FOR UPDATE is ignored):
+    a transaction that reads first and writes later fails at once with "database is locked"
+    when another writer committed in between (WAL snapshot upgrade), whereas a transaction
+    that starts by writing waits for the lock under the busy timeout."""
+    if connection.vendor == "sqlite":
+        name = model._meta.pk.name
+        model.objects.filter(pk=pk).update(**{name: F(name)})
+
+
 def _open_item(item: ReviewItem) -> tuple[Batch, ReviewItem]:
     """Lock the batch, then the item (always in that order), and check both are open."""
+    _take_write_lock(Batch, item.batch_id)
     batch = Batch.objects.select_for_update().get(pk=item.batch_id)
     item = ReviewItem.objects.select_for_update().select_related("locked_by").get(pk=item.pk)
     if not batch.is_open:
@@ -367,6 +379,7 @@ def claim(*, actor: Actor, item: ReviewItem) -> ReviewItem:
 def release(*, actor: Actor, item: ReviewItem) -> ReviewItem:
     """Give up this reviewer's lock; releasing an item nobody holds changes nothing."""
     user = _reviewer(actor)
+    _take_write_lock(ReviewItem, item.pk)
     item = ReviewItem.objects.select_for_update().select_related("locked_by").get(pk=item.pk)
     holder = item.lock_holder()
     if holder is None:

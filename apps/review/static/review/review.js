@@ -27,7 +27,16 @@
     status.classList.toggle("error", !!isError);
   }
 
-  async function api(id, action, body) {
+  // One request at a time, in order: a verdict never overtakes the claim before it.
+  let chain = Promise.resolve();
+  function api(id, action, body) {
+    const run = () => send(id, action, body);
+    const result = chain.then(run, run);
+    chain = result.catch(() => {});
+    return result;
+  }
+
+  async function send(id, action, body) {
     const response = await fetch(`/api/v1/teams/${team}/review-items/${id}/${action}`, {
       method: "POST", credentials: "same-origin",
       headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
