@@ -22,6 +22,7 @@ from pydantic import (
 MAX_N = 128
 MAX_STOPS = 4
 T = TypeVar("T", bound=BaseModel)
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list"}  # union-member parts of a loc
 
 
 class ApiError(Exception):
@@ -183,7 +184,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | Annotated[list[str], Field(min_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1024)]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
@@ -216,8 +217,13 @@ def parse_request(cls: type[T], body: Any) -> T:
     try:
         return cls.model_validate(body)
     except ValidationError as err:
-        e = err.errors()[0]
-        param = ".".join(str(p) for p in e["loc"]) or None
+        errors = err.errors()
+        # A union reports one error per member; the interesting one is not a type mismatch.
+        same = [e for e in errors if e["loc"][:1] == errors[0]["loc"][:1]]
+        e = next((x for x in same if not x["type"].endswith("_type")), same[0])
+        loc = [p for p in e["loc"]
+               if not (isinstance(p, str) and (p in _TYPE_TAGS or "[" in p))]
+        param = ".".join(str(p) for p in loc) or None
         if e["type"] == "extra_forbidden":
             msg = f"Unrecognized request argument supplied: {param}"
         elif e["type"] == "missing":

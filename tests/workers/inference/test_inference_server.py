@@ -14,6 +14,12 @@ import torch
 from workers.inference import start_server
 from workers.inference.__main__ import main as cli_main
 from workers.inference.engine import Batcher, SamplingParams, plain_chat, raw_chat
+from workers.inference.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 from workers.rl.model import build_policy
 from workers.rl.rollout import position_ids
 from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
@@ -242,6 +248,24 @@ def test_parallel_http_clients_all_get_answers(client):
     for t in threads:
         t.join(60)
     assert sorted(out) and len(out) == 6 and set(out) <= {"stop", "length"}
+
+
+@pytest.mark.parametrize(
+    ("cls", "body", "param", "fragment"),
+    [
+        (CompletionRequest, {"model": "m", "prompt": ["x"] * 1025}, "prompt", "at most 1024"),
+        (CompletionRequest, {"model": "m"}, "prompt", "Missing required parameter"),
+        (ChatCompletionRequest,
+         {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages.0.content.0.type", "should be 'text'"),
+        (ChatCompletionRequest, {"model": "m", "messages": [{"role": "bot", "content": "x"}]},
+         "messages.0.role", "'user'"),
+    ],
+)
+def test_validation_errors_name_the_parameter(cls, body, param, fragment):
+    with pytest.raises(ApiError) as err:
+        parse_request(cls, body)
+    assert err.value.param == param and fragment in err.value.message
 
 
 def test_chat_formats():
