@@ -255,6 +255,7 @@ class AsyncActor(threading.Thread):
         self.idle_s += time.perf_counter() - t0
         if version != self.loaded:
             self.model.load_state_dict(state)
+            self.backend.sync_weights(self.model)  # a no-op for HF; a push for a server
             self.loaded = version
         return version, self.backend
 
