@@ -209,12 +209,14 @@ class VllmRollout:
     tokenizer: e.g. the SFT output or a checkpoint's `hf/`); the trainer's weights replace the
     directory's after every update."""
 
-    def __init__(self, model_dir: str | Path, tokenizer: Any, spec: VllmSpec) -> None:
+    def __init__(self, model_dir: str | Path, tokenizer: Any, spec: VllmSpec,
+                 version: int = 0) -> None:
+        """`version`: the weight version the directory holds (the resumed step, say)."""
         vllm = import_vllm()
         if not torch.cuda.is_available():
             raise VllmUnavailable(f"{INSTALL_HINT}; no CUDA device is visible")
         self.spec, self.tok = spec, tokenizer
-        self.versions = WeightVersions()
+        self.versions = WeightVersions(current=version)
         self._sampling_cls = vllm.SamplingParams
         if spec.tensor_parallel_size == 1:
             # In-process engine: collective_rpc hands tensors over without serialising them.
