@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from workers.envs.base import Environment, EnvTask, Message, Score
 
@@ -147,3 +147,38 @@ def run_episode(
     max_tokens: int = 4096, score: bool = True,
 ) -> Episode:
     return run_episodes(env, [task], generate, codec, max_tokens=max_tokens, score=score)[0]
+
+
+def pad_episodes(episodes: Sequence[Episode], pad_id: int) -> dict[str, Any]:
+    """Episodes as tensors in the RL engine's rollout layout: left-padded prompt (B,P), then the
+    rest of the conversation right-padded (B,C). Unlike a single-turn batch, the completion
+    needs two masks: `completion_attention_mask` (1 on every real token, environment replies
+    included: the policy must attend to them when re-scoring) and `completion_loss_mask` (1 only
+    on tokens the policy sampled)."""
+    import torch
+
+    if not episodes:
+        raise ValueError("no episodes to pad")
+    p = max(e.prompt_len for e in episodes)
+    c = max(len(e.token_ids) - e.prompt_len for e in episodes)
+    b = len(episodes)
+    prompt_ids = torch.full((b, p), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((b, p), dtype=torch.long)
+    comp_ids = torch.full((b, c), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, c), dtype=torch.long)
+    loss = torch.zeros((b, c), dtype=torch.long)
+    logprobs = torch.zeros((b, c), dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        head, tail = e.token_ids[: e.prompt_len], e.token_ids[e.prompt_len:]
+        if head:
+            prompt_ids[i, p - len(head):] = torch.tensor(head)
+            prompt_mask[i, p - len(head):] = 1
+        if tail:
+            comp_ids[i, : len(tail)] = torch.tensor(tail)
+            attn[i, : len(tail)] = 1
+            loss[i, : len(tail)] = torch.tensor(e.loss_mask[e.prompt_len:])
+            logprobs[i, : len(tail)] = torch.tensor(e.logprobs[e.prompt_len:])
+    rewards = torch.tensor([e.score.total if e.score else 0.0 for e in episodes])
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": comp_ids,
+            "completion_attention_mask": attn, "completion_loss_mask": loss,
+            "logprobs": logprobs, "rewards": rewards}

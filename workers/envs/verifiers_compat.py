@@ -171,9 +171,9 @@ class VerifiersEnvironment(Environment):
         for task, completion in zip(tasks, completions, strict=True):
             vt = self.vf_tasks[task.id]
             nodes = []
-            for m in self.initial_messages(task):
-                message = (vf.SystemMessage if m["role"] == "system" else vf.UserMessage)(
-                    content=m["content"])
+            kinds = {"system": vf.SystemMessage, "assistant": vf.AssistantMessage}
+            for m in self.initial_messages(task):  # few-shot turns keep their roles
+                message = kinds.get(m["role"], vf.UserMessage)(content=m["content"])
                 nodes.append(MessageNode(parent=len(nodes) - 1 if nodes else None,
                                          message=message))
             nodes.append(MessageNode(parent=len(nodes) - 1 if nodes else None, sampled=True,

@@ -148,3 +148,28 @@ def test_calculator_is_exact(expression: str, expected: str) -> None:
 def test_calculator_refuses_anything_else(expression: str) -> None:
     env = load_environment(TOOL_ENV)
     assert env.call_tool("calculator", {"expression": expression})["content"].startswith("error")
+
+
+def test_padded_batch_keeps_environment_tokens_attended_but_out_of_the_loss() -> None:
+    torch = pytest.importorskip("torch")
+    from workers.envs.rollout import pad_episodes
+
+    env = load_environment(TOOL_ENV)
+    task = env.task("t")
+    two_turns = run_episode(env, task, Scripted([chars(CALL) + [END], chars("42") + [END]]),
+                            CharCodec())
+    one_turn = run_episode(env, task, Scripted([chars("7") + [END]]), CharCodec())
+    batch = pad_episodes([two_turns, one_turn], pad_id=0)
+    tail = two_turns.token_ids[two_turns.prompt_len:]
+    b, c = batch["completion_ids"].shape
+    assert (b, c) == (2, len(tail))
+    assert batch["completion_ids"][0].tolist() == tail
+    assert batch["completion_loss_mask"][0].tolist() == two_turns.loss_mask[two_turns.prompt_len:]
+    assert batch["completion_attention_mask"][0].tolist() == [1] * len(tail)
+    short = len(one_turn.token_ids) - one_turn.prompt_len  # [ASSISTANT, "7", END]
+    assert batch["completion_attention_mask"][1].tolist() == [1] * short + [0] * (c - short)
+    assert batch["completion_loss_mask"][1].tolist() == [0, 1, 1] + [0] * (c - short)
+    assert batch["prompt_mask"].sum().item() == two_turns.prompt_len + one_turn.prompt_len
+    assert batch["logprobs"][0][batch["completion_loss_mask"][0].bool()].eq(-0.5).all()
+    assert batch["rewards"].tolist() == [1.0, 0.0]
+    assert batch["logprobs"].dtype == torch.float32
