@@ -100,3 +100,36 @@ def test_humaneval_style_tasks_accept_continuations_and_whole_functions(
 
     env = HumanEvalEnvironment(HumanEvalParams(), sandbox, problems=[problem])
     assert env.score(env.tasks, [completion])[0].total == expected
+
+
+def test_uploaded_stdio_tasks_give_partial_credit_and_repair_turns(sandbox: Sandbox) -> None:
+    spec = {"source": "tasks", "tasks": [{
+        "id": "double", "prompt": "Read n, print 2n.", "reference": "print(2 * int(input()))",
+        "cases": [{"stdin": "1\n", "expected_stdout": "2\n"},
+                  {"stdin": "5\n", "expected_stdout": "10\n"},
+                  {"stdin": "-3\n", "expected_stdout": "-6\n"}]}],
+        "rubric": {"components": [{"name": "cases", "checker": "stdio_cases"},
+                                  {"name": "fenced", "checker": "regex", "weight": 0.1,
+                                   "params": {"pattern": "```"}}]},
+        "interaction": {"mode": "multi_turn", "max_turns": 2}}
+    env = load_environment(spec, sandbox=sandbox)
+    task = env.task("double")
+    good, partial, broken = env.score([task] * 3, [
+        "```python\nprint(2 * int(input()))\n```", "print(abs(2 * int(input())))", "print(("])
+    assert good.total == pytest.approx(1.1) and good.components["cases"] == 1.0
+    assert partial.components["cases"] == pytest.approx(2 / 3) and partial.total == \
+        pytest.approx(2 / 3)
+    assert broken.total == 0.0 and "SyntaxError" in broken.info["feedback"]
+    conversation = [*env.initial_messages(task), {"role": "assistant", "content": "print(("}]
+    reply = env.respond(task, conversation)
+    assert not reply.done and "SyntaxError" in reply.messages[0]["content"]
+
+
+def test_python_tool_runs_in_the_sandbox(sandbox: Sandbox) -> None:
+    env = load_environment({"source": "builtin", "name": "math",
+                            "params": {"count": 5, "tools": ["python"]}}, sandbox=sandbox)
+    out = env.call_tool("python", {"code": "print(sum(range(10)))"})["content"]
+    assert out.startswith("status: OK") and "45" in out
+    out = env.call_tool("python", {"code": "import socket\nsocket.create_connection("
+                                            "('1.1.1.1', 80), timeout=2)"})["content"]
+    assert "status: RE" in out  # no network in the sandbox
