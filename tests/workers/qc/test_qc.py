@@ -151,3 +151,13 @@ def test_near_duplicates_exact_and_lsh_paths_agree() -> None:
     # 23 words -> 21 shingles; one extra word adds one: 21/22. "odd" changes 3: 18/24.
     assert exact == lsh == [("a", "b", 0.9545), ("b", "e", 0.9545)]
     assert [[t.id for t in g] for g in exact_groups(tasks)] == [["a", "e"]]
+
+
+def test_every_builtin_passes_qc(sandbox: Sandbox) -> None:
+    for spec in ({"source": "builtin", "name": "arithmetic", "params": {"ops": ["+", "*"]}},
+                 {"source": "builtin", "name": "code_repair"}):
+        report = run_qc_spec(spec, sandbox=sandbox)
+        assert report["passed"] and report["quarantined"] == [], report["quarantined"][:3]
+        assert report["summary"]["reference_full_reward"] == report["summary"]["tasks"]
+    # code_repair's trivial answers include the buggy starting code: it must earn nothing.
+    assert all(r["trivial_reward"] == 0.0 for r in report["tasks"])
