@@ -6,7 +6,9 @@ Workers hold no database credentials: ``CRUCIBLE_API_URL`` and ``CRUCIBLE_WORKER
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
 import math
 import os
@@ -212,6 +214,82 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path) -> tup
     return spec, True
 
 
+class MixedTask:
+    """Several environments as one RL task: their examples side by side, each completion
+    scored by the environment it came from. Reward components are named
+    ``<environment>/<component>`` and are 0 for the other environments' examples."""
+
+    def __init__(self, tasks: list[Any], names: list[str]) -> None:
+        self.tasks, self.names = tasks, names
+        self.train = [self._tag(e, i) for i, t in enumerate(tasks) for e in t.train]
+        self.eval = [self._tag(e, i) for i, t in enumerate(tasks) for e in t.eval]
+        self.components = [f"{names[i]}/{c.name}" for i, t in enumerate(tasks)
+                           for c in t.env.rubric.components]
+        self.reward = self.score
+
+    @staticmethod
+    def _tag(example: Any, index: int) -> Any:
+        meta = {**example.meta, "env": str(index),
+                "task_id": f"{index}:{example.meta.get('task_id', '')}"}
+        return dataclasses.replace(example, meta=meta)
+
+    @staticmethod
+    def _untag(example: Any) -> Any:
+        meta = {k: v for k, v in example.meta.items() if k != "env"}
+        meta["task_id"] = example.meta["task_id"].split(":", 1)[1]
+        return dataclasses.replace(example, meta=meta)
+
+    def score(self, examples: list[Any], completions: list[str]
+              ) -> tuple[list[float], dict[str, list[float]]]:
+        totals = [0.0] * len(examples)
+        parts = {name: [0.0] * len(examples) for name in self.components}
+        for i, task in enumerate(self.tasks):
+            rows = [j for j, e in enumerate(examples) if e.meta["env"] == str(i)]
+            if not rows:
+                continue
+            got, comps = task.reward([self._untag(examples[j]) for j in rows],
+                                     [completions[j] for j in rows])
+            for k, j in enumerate(rows):
+                totals[j] = got[k]
+                for name, values in comps.items():
+                    parts.setdefault(f"{self.names[i]}/{name}",
+                                     [0.0] * len(examples))[j] = values[k]
+        return totals, parts
+
+    def corpus(self) -> list[str]:
+        return [line for t in self.tasks for line in t.corpus()]
+
+
+def environment_task(session: WorkerSession, store: ObjectStore) -> Any:
+    """The RL task made of the run's pinned environment versions (QC-quarantined tasks left
+    out), or None when it pins none and the engine uses the task in its config."""
+    pinned = session.run.get("environments") or []
+    if not pinned:
+        return None
+    from workers.envs.adapter import as_rl_task
+    from workers.envs.load import load_environment
+
+    tasks = []
+    for env in pinned:
+        uris: dict[str, str] = env.get("dataset_uris") or {}
+
+        def records(ref: Any, uris: dict[str, str] = uris) -> Any:
+            uri = uris.get(ref.digest)
+            if uri is None:
+                raise FileNotFoundError(f"environment dataset {ref.dataset} v{ref.version} "
+                                        f"({ref.digest[:12]}) is not among the team's datasets")
+            return (json.loads(line) for line in store.open_lines(uri) if line.strip())
+
+        loaded = load_environment(env["spec"], resolve_dataset=records)
+        tasks.append(as_rl_task(loaded, quarantined=env.get("quarantined_ids") or ()))
+        session.log_event(f"environment {env['environment']} v{env['number']}: "
+                          f"{len(tasks[-1].train)} train / {len(tasks[-1].eval)} eval tasks, "
+                          f"{len(env.get('quarantined_ids') or [])} quarantined by QC")
+    if len(tasks) == 1:
+        return tasks[0]
+    return MixedTask(tasks, [f"{e['environment']}@v{e['number']}" for e in pinned])
+
+
 def _train(session: WorkerSession) -> None:
     """A ``train`` run in this worker process (a world of one), in a scratch folder
     ``var/runs/<id>/attempt-<n>`` that is removed afterwards: what must outlive the attempt
@@ -226,7 +304,8 @@ def _train(session: WorkerSession) -> None:
             shutil.rmtree(old, ignore_errors=True)
     try:
         spec, resume = prepare_train(session, store, work)
-        train(spec, RlApiSink(session, store, work / "upload"), resume=resume)
+        task = environment_task(session, store)
+        train(spec, RlApiSink(session, store, work / "upload"), resume=resume, task=task)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

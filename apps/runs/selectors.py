@@ -8,6 +8,8 @@ from django.db.models import Max, QuerySet
 
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.storage import store
+from apps.datasets.models import DatasetVersion
+from apps.environments.models import EnvironmentVersion
 from apps.metrics.models import MetricBatch, MetricSeries
 from apps.runs.models import Checkpoint, Run
 from apps.teams.models import Team
@@ -63,6 +65,34 @@ def metric_watermarks(run: Run) -> tuple[int, dict[str, int]]:
     return seq, steps
 
 
+def _digests(value: Any) -> set[str]:
+    """Dataset digests an environment spec refers to (``{"dataset", "digest"}`` objects)."""
+    if isinstance(value, dict):
+        found = set().union(*(_digests(v) for v in value.values())) if value else set()
+        digest = value.get("digest")
+        if "dataset" in value and isinstance(digest, str) and len(digest) == 64:
+            found.add(digest)
+        return found
+    if isinstance(value, list):
+        return set().union(*(_digests(v) for v in value)) if value else set()
+    return set()
+
+
+def _worker_environment(run: Run, version: EnvironmentVersion) -> dict[str, Any]:
+    """An environment version as a worker loads it: its spec, the object URIs of datasets
+    the spec reads, and the task ids its QC report quarantined (left out of training)."""
+    digests = _digests(version.spec)
+    uris = dict(DatasetVersion.objects.filter(dataset__team_id=run.team_id, digest__in=digests)
+                .values_list("digest", "uri")) if digests else {}
+    report = version.qc_report if isinstance(version.qc_report, dict) else {}
+    quarantined = report.get("quarantined_ids")
+    return {"environment": version.environment.slug, "number": version.number,
+            "digest": version.digest, "spec": version.spec, "qc_status": version.qc_status,
+            "dataset_uris": uris,
+            "quarantined_ids": [str(i) for i in quarantined]
+            if isinstance(quarantined, list) else []}
+
+
 def worker_view(run: Run) -> dict[str, Any]:
     """What a worker needs to execute a run: the frozen document plus object URIs."""
     ev = run.environment_version
@@ -95,9 +125,7 @@ def worker_view(run: Run) -> dict[str, Any]:
             if ev else None
         ),
         "environments": [
-            {"environment": pin.environment_version.environment.slug,
-             "number": pin.environment_version.number,
-             "digest": pin.environment_version.digest, "spec": pin.environment_version.spec}
+            _worker_environment(run, pin.environment_version)
             for pin in run.environment_pins.select_related("environment_version__environment")
         ],
         "base_checkpoint": (

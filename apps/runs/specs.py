@@ -34,8 +34,8 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {
     "profile": KindSpec(ProfileConfig, "cpu", (1, 1)),
-    # Environments and datasets are pinned for lineage; the RL engine's task source is its
-    # built-in arithmetic task until it reads environment versions.
+    # The pinned environment versions (QC passed) are the tasks it trains on; with none, the
+    # engine's own config.task. Pinned datasets are recorded in the lineage.
     "train": KindSpec(RunSpec, "gpu", (0, None), environments=(0, None), qc_gate="passed",
                       base_model=True),
 }

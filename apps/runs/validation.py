@@ -77,7 +77,10 @@ def _config_errors(exc: ValidationError) -> tuple[str, dict[str, list[str]]]:
 def _qc_reason(report: dict[str, Any]) -> str:
     """A one-line reason from a QC report, whatever engine wrote it."""
     if isinstance(report, dict):
-        for key in ("reason", "summary", "message", "error"):
+        reasons = report.get("block_reasons")  # workers/qc's report (crucible.qc/1)
+        if isinstance(reasons, list) and reasons:
+            return "; ".join(str(r) for r in reasons)[:300]
+        for key in ("reason", "message", "error"):
             value = report.get(key)
             if isinstance(value, str) and value.strip():
                 return value.strip()[:300]

@@ -210,3 +210,42 @@ class Flagged(Exception):
 ])
 def test_retryable(exc, expected):
     assert retryable(exc) is expected
+
+
+def test_pinned_environments_become_the_training_task_without_quarantined_tasks(
+        pool, api, project, object_store):
+    from apps.core.actor import Actor
+    from apps.environments import services as env_services
+
+    system = Actor.system()
+    versions = []
+    for slug, params in (("add", {"ops": ["+"], "max_operand": 4}),
+                         ("mul", {"ops": ["*"], "max_operand": 3, "eval_size": 3})):
+        env = env_services.environment_create(actor=system, team=project.team,
+                                              project=project, slug=slug)
+        version, _ = env_services.version_create(actor=system, environment=env, spec={
+            "env": {"source": "builtin", "name": "arithmetic", "params": params}})
+        versions.append(version)
+    env_services.record_qc(actor=system, version=versions[0], passed=True,
+                           report={"passed": True, "quarantined_ids": ["1+1", "2+2"]})
+    env_services.record_qc(actor=system, version=versions[1], passed=True, report={})
+    run = launch(api, environments=["add", "mul"])
+    session = pool.claim("gpu", "w1", run_id=run["id"])
+    assert session.run["environments"][0]["quarantined_ids"] == ["1+1", "2+2"]
+
+    task = tasks.environment_task(session, object_store)
+    ids = {e.meta["task_id"] for e in task.train + task.eval}
+    assert not {"0:1+1", "0:2+2"} & ids and "0:1+2" in ids
+    assert {e.meta["env"] for e in task.eval} == {"0", "1"}
+    assert len([e for e in task.eval if e.meta["env"] == "1"]) == 3
+    # Each completion is scored by its own environment; right answers get full reward.
+    sample = [e for e in task.train if e.meta["env"] == "0"][:2] + \
+        [e for e in task.train if e.meta["env"] == "1"][:2]
+    totals, parts = task.reward(sample, [e.reference for e in sample[:3]] + ["wrong"])
+    assert totals == [1.0, 1.0, 1.0, 0.0]
+    assert parts["add@v1/exact_match"] == [1.0, 1.0, 0.0, 0.0]
+    assert parts["mul@v1/exact_match"] == [0.0, 0.0, 1.0, 0.0]
+    assert set(parts) == set(task.components)
+    assert task.corpus()
+    assert RunEvent.objects.filter(run_id=run["id"],
+                                   message__contains="2 quarantined by QC").exists()

@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 STEPS = 8
 TINY = {
     "model": {"preset": {"num_layers": 1}},
-    "task": {"eval_size": 4},
     "rollout": {"group_size": 2, "max_new_tokens": 2},
     "trainer": {"steps": STEPS, "prompts_per_step": 2, "micro_batch_size": 4, "zero_stage": 0,
                 "eval_samples": 1},
@@ -55,9 +54,12 @@ def _setup():
                                          spec={"task": "arithmetic", "ops": ["/"]})
     env_services.record_qc(actor=system, version=bad, passed=False,
                            report={"reason": "reference answers fail their own verifier"})
-    good, _ = env_services.version_create(actor=system, environment=env,
-                                          spec={"task": "arithmetic", "ops": ["+"]})
-    env_services.record_qc(actor=system, version=good, passed=True, report={"reason": "ok"})
+    # The run trains on this version's tasks (the built-in arithmetic environment), less
+    # the one its QC quarantined.
+    good, _ = env_services.version_create(actor=system, environment=env, spec={
+        "env": {"source": "builtin", "name": "arithmetic", "params": {"eval_size": 4}}})
+    env_services.record_qc(actor=system, version=good, passed=True,
+                           report={"passed": True, "quarantined_ids": ["0+0"]})
     return token, worker_token, bad, good
 
 
@@ -127,6 +129,7 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         messages = [e["message"] for e in client.run_events("ft", rid)["results"]]
         resumed = [m for m in messages if m.startswith("attempt 2: resuming from the checkpoint")]
         assert len(resumed) == 1, messages
+        assert "environment arith v2: 95 train / 4 eval tasks, 1 quarantined by QC" in messages
 
         # Steps continue the numbering: every step once per series, no point stored twice.
         points = list(MetricPoint.objects.filter(run_id=rid).values_list("name", "step"))
@@ -160,7 +163,7 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         child = client.launch_run(
             "ft", project="demo", kind="train", name="child", base_model=f"run:{rid}",
             environments=["arith"],
-            config={"rollout": TINY["rollout"], "task": TINY["task"],
+            config={"rollout": TINY["rollout"],
                     "trainer": {**TINY["trainer"], "steps": 200},
                     "checkpoint": {"every": 1, "keep": 1}})
         assert child["base_model"]["checkpoint"] == last["id"]
