@@ -22,7 +22,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from workers.sandbox import Engine, EngineConfig, ExecutionRequest
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest, process
 from workers.sandbox.scoring import humaneval_request, score
 from workers.sandbox.spec import Limits
 
@@ -58,18 +58,6 @@ def latency(runs: int) -> tuple[dict[str, float], dict[str, float]]:
     )
 
 
-def _sandbox_cpu_s() -> float:
-    """CPU time used so far by every sandbox of this host (the engine's parent cgroup)."""
-    from workers.sandbox import cgroups
-
-    if cgroups.backend() is cgroups.CgroupV1:
-        return int((cgroups.ROOT / "cpuacct" / cgroups.GROUP / "cpuacct.usage").read_text()) / 1e9
-    for line in (cgroups.v2_parent() / "cpu.stat").read_text().splitlines():
-        if line.startswith("usage_usec "):
-            return int(line.split()[1]) / 1e6
-    return 0.0
-
-
 def _own_cpu_s(children: bool = False) -> float:
     who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
     usage = resource.getrusage(who)
@@ -89,19 +77,29 @@ def _throughput(concurrency: int, total: int) -> tuple[float, float]:
 
 def _throughput_parts(concurrency: int, total: int) -> tuple[float, float, float]:
     """(executions/s per core, sandbox CPU s per execution, supervisor CPU s per execution).
-    Sandbox CPU is everything charged to the engine's cgroups (gate, setpriv, bwrap, the
-    interpreter, its exit); supervisor CPU is this process, its refill and teardown threads."""
+    Sandbox CPU is everything charged to this engine's per-execution cgroups (the gate after
+    its move into the cgroup, setpriv, bwrap, the interpreter, its exit), summed as each is
+    destroyed: the parent cgroup would also count other engines' sandboxes on a shared host.
+    Supervisor CPU is this process, its refill and teardown threads."""
     requests = [ExecutionRequest(language="python", code=f"print({i})") for i in range(total)]
     with Engine(EngineConfig(pool_size=concurrency + 1, warm_languages=("python",))) as engine:
         engine.warm_up("python")
         engine.execute_batch(requests[:concurrency * 2], concurrency=concurrency)
-        own0, sandbox0 = _own_cpu_s(), _sandbox_cpu_s()
+        time.sleep(0.3)  # teardown of the warm-up's sandboxes
+        own0 = _own_cpu_s()
+        sandbox0, destroyed0 = process.sandbox_usage()
         t = time.perf_counter()
         results = engine.execute_batch(requests, concurrency=concurrency)
         elapsed = time.perf_counter() - t
         engine.warm_up("python")  # the refills this batch caused belong to its cost
-        time.sleep(0.2)  # teardown of the last sandboxes, off the critical path
-        own, sandbox = _own_cpu_s() - own0, _sandbox_cpu_s() - sandbox0
+        deadline = time.monotonic() + 30  # teardown of the last sandboxes, off the critical path
+        while process.sandbox_usage()[1] - destroyed0 < total and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Each of the `total` sandboxes consumed (and destroyed) is counted with its start-up;
+        # the pool holds as many started-but-unused sandboxes at the end as at the start.
+        own = _own_cpu_s() - own0
+        sandbox_ns, destroyed = process.sandbox_usage()
+        sandbox = (sandbox_ns - sandbox0) / 1e9 * total / max(destroyed - destroyed0, 1)
     ok = sum(r.stdout == f"{i}\n" for i, r in enumerate(results))
     assert ok == total, f"only {ok}/{total} executions were correct"
     return total / elapsed / (os.cpu_count() or 1), sandbox / total, own / total

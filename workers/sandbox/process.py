@@ -230,6 +230,7 @@ class SandboxProcess:
         self.workdir = workdir
         self._fds: list[int] = []
         self._seen: set[int] = set()
+        self._accounted = False
         self.proc: subprocess.Popen[bytes] | None = None
         self.cgroup = cgroups.create(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
         try:
@@ -490,8 +491,30 @@ class SandboxProcess:
             self._close(fd)
         reap(self._seen)
         sweep()
+        if not self._accounted:
+            self._accounted = True
+            with contextlib.suppress(OSError, ValueError):
+                _account(self.cgroup.cpu_ns())
         with contextlib.suppress(OSError):
             self.cgroup.remove()
+
+
+_usage_lock = threading.Lock()
+_usage = [0, 0]  # CPU ns of every destroyed sandbox of this process, and how many
+
+
+def _account(cpu_ns: int) -> None:
+    with _usage_lock:
+        _usage[0] += cpu_ns
+        _usage[1] += 1
+
+
+def sandbox_usage() -> tuple[int, int]:
+    """(CPU ns, count) of the sandboxes this process has destroyed: everything charged to their
+    cgroups, from the gate's move into the cgroup to the last process's exit. Unlike the
+    parent cgroup's counter it excludes sandboxes of other engines on the same host."""
+    with _usage_lock:
+        return _usage[0], _usage[1]
 
 
 _teardown: ThreadPoolExecutor | None = None
