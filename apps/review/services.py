@@ -331,7 +331,7 @@ def _open_item(item: ReviewItem) -> tuple[Batch, ReviewItem]:
     """Lock the batch, then the item (always in that order), and check both are open."""
     _take_write_lock(Batch, item.batch_id)
     batch = Batch.objects.select_for_update().get(pk=item.batch_id)
-    item = ReviewItem.objects.select_for_update().select_related("locked_by").get(pk=item.pk)
+    item = ReviewItem.objects.select_for_update(of=("self",)).select_related("locked_by").get(pk=item.pk)
     if not batch.is_open:
         raise Conflict(f"Batch {batch} is {batch.status}; its items are closed.",
                        code="batch_closed")
@@ -380,7 +380,7 @@ def release(*, actor: Actor, item: ReviewItem) -> ReviewItem:
     """Give up this reviewer's lock; releasing an item nobody holds changes nothing."""
     user = _reviewer(actor)
     _take_write_lock(ReviewItem, item.pk)
-    item = ReviewItem.objects.select_for_update().select_related("locked_by").get(pk=item.pk)
+    item = ReviewItem.objects.select_for_update(of=("self",)).select_related("locked_by").get(pk=item.pk)
     holder = item.lock_holder()
     if holder is None:
         return item
