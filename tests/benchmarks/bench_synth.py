@@ -5,7 +5,8 @@ Run from the repository root: `.venv/bin/python -m tests.benchmarks.bench_synth`
 bench-synth`; code items need the sandbox: root and bubblewrap, else that figure is skipped).
 Ends with one line per figure (no peer, so no ratio):
     <figure>: crucible=<value> target=<op><value>
-The machine is shared and noisy: each figure is the median of its repeats.
+The machine is shared and noisy: each figure is the median of its repeats; progress, the sample
+batch's stage statistics and a load-independent CPU figure go to stderr.
 """
 
 from __future__ import annotations
@@ -15,11 +16,17 @@ import json
 import random
 import re
 import statistics
+import sys
 import time
 
 from workers.synthesis import parse_config, synthesize
 from workers.synthesis.code_stage import sandbox_unavailable
 from workers.synthesis.quality import exact_duplicates, near_duplicates
+
+
+def note(text: str) -> None:
+    """Progress and context go to stderr; stdout carries only the figure lines."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def math_rate(items: int, repeats: int) -> tuple[float, float, dict]:
@@ -89,19 +96,19 @@ def main() -> None:
     args = parser.parse_args()
 
     math_per_s, math_per_cpu_s, manifest = math_rate(args.math_items, args.repeats)
-    print(f"math items per worker CPU-second: {math_per_cpu_s:.1f} (two idle cores would give "
-          f"about {2 * math_per_cpu_s:.0f}/s; the wall-clock figure below depends on the load)")
-    print("sample batch stages:", json.dumps(manifest["stages"]))
-    print("sample batch diversity:", json.dumps(manifest["diversity"]))
+    note(f"math items per worker CPU-second: {math_per_cpu_s:.1f} (two idle cores would give "
+         f"about {2 * math_per_cpu_s:.0f}/s; the wall-clock figure below depends on the load)")
+    note("sample batch stages: " + json.dumps(manifest["stages"]))
+    note("sample batch diversity: " + json.dumps(manifest["diversity"]))
     reason = sandbox_unavailable()
     code_per_s = None if reason else code_rate(args.code_items, args.repeats)
     if reason:
-        print(f"code items skipped: {reason}")
+        note(f"code items skipped: {reason}")
     seed_batch = synthesize(parse_config({"seed": 9, "workers": 2, "generators": [
         {"kind": "math", "count": 360}], "dedup": {"near": False}}))
     texts, planted = corpus([r["question"] for r in seed_batch.records], args.dedup_records)
     seconds, found = dedup_time(texts, max(1, args.repeats - 1))
-    print(f"dedup: {len(texts)} records, {planted} planted duplicates, {found} found")
+    note(f"dedup: {len(texts)} records, {planted} planted duplicates, {found} found")
 
     print(f"math_items_per_s: crucible={math_per_s:.1f} target=>=200")
     if code_per_s is not None:
