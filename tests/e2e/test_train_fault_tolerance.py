@@ -26,7 +26,10 @@ from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, User
 from workers.client import ApiError, CrucibleClient
 from workers.storage import open_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# Two worker processes each import torch and DeepSpeed: about a minute and a half on two
+# quiet cores, several times that on a loaded machine, hence the longer timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
+              pytest.mark.timeout(900)]
 
 STEPS = 8
 TINY = {
