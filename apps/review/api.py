@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
@@ -15,7 +16,14 @@ from apps.core.idempotency import idempotent
 from apps.core.viewsets import TeamScopedViewSet
 from apps.datasets.models import Dataset
 from apps.review import selectors, services
-from apps.review.models import Batch, BatchTransition, ReviewItem, Verdict
+from apps.review.models import (
+    Batch,
+    BatchStatus,
+    BatchTransition,
+    ItemStatus,
+    ReviewItem,
+    Verdict,
+)
 from apps.runs.models import Run
 
 
@@ -182,6 +190,20 @@ class BatchViewSet(TeamScopedViewSet):
                         status=status.HTTP_201_CREATED)
 
 
+class ReviewItemFilter(django_filters.FilterSet):
+    # A plain UUID, not a model choice: an id from another team filters to nothing instead
+    # of revealing (by a 400) whether it exists.
+    batch = django_filters.UUIDFilter(field_name="batch_id")
+    status = django_filters.ChoiceFilter(choices=ItemStatus.choices)
+    dataset = django_filters.CharFilter(field_name="batch__dataset__slug")
+    batch_status = django_filters.MultipleChoiceFilter(field_name="batch__status",
+                                                       choices=BatchStatus.choices)
+
+    class Meta:
+        model = ReviewItem
+        fields = ["batch", "status", "dataset", "batch_status"]
+
+
 class ReviewItemViewSet(TeamScopedViewSet):
     """The review queue: sampled records of the team's batches. Claim an item to hold it
     while you judge it (the lock expires); then accept it, or reject it with a reason."""
@@ -191,8 +213,7 @@ class ReviewItemViewSet(TeamScopedViewSet):
     lookup_field = "pk"
     lookup_url_kwarg = "item"
     lookup_value_regex = "[0-9]+"
-    filterset_fields = {"batch": ["exact"], "status": ["exact"],
-                        "batch__dataset__slug": ["exact"], "batch__status": ["exact", "in"]}
+    filterset_class = ReviewItemFilter
     ordering_fields = ["id", "created_at"]
     ordering = "id"
 

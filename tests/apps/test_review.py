@@ -211,7 +211,9 @@ def test_batch_rejected_by_spot_check_keeps_rejected_items_visible(member, targe
     assert detail["decision"]["lower"] == pytest.approx(0.1 ** 0.25)
     assert detail["version"] is None and not DatasetVersion.objects.filter(
         dataset=target).exists()
-    rejected = member.client.get(f"{ITEMS}?batch={batch['id']}&status=rejected").json()
+    rejected = member.client.get(
+        f"{ITEMS}?batch={batch['id']}&status=rejected&dataset=synth-math&batch_status=rejected"
+    ).json()
     assert sorted(i["reason"] for i in rejected["results"]) == [
         f"wrong answer {n}" for n in range(4)]
     assert all(i["reviewed_by"] == "mia" for i in rejected["results"])
@@ -281,6 +283,9 @@ def test_worker_submits_its_runs_batch_under_the_lease(worker, project, target):
 def test_other_team_sees_none_of_acmes_items(member, outsider, target):
     batch = create(member.client).json()
     assert outsider.client.get("/api/v1/teams/rival/review-items").json()["results"] == []
+    # acme's batch id through rival's own queue: nothing, and no hint that it exists
+    theirs = outsider.client.get(f"/api/v1/teams/rival/review-items?batch={batch['id']}")
+    assert theirs.status_code == 200 and theirs.json()["results"] == []
     assert outsider.client.get(f"{ITEMS}?batch={batch['id']}").status_code == 404
 
 
