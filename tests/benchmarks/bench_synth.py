@@ -89,31 +89,38 @@ def dedup_time(texts: list[str], repeats: int) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--math-items", type=int, default=1000)
+    parser.add_argument("--math-items", type=int, default=2000)
     parser.add_argument("--code-items", type=int, default=27)
     parser.add_argument("--dedup-records", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--figures", default="math,code,dedup",
+                        help="comma-separated subset of math, code, dedup")
     args = parser.parse_args()
+    figures = set(args.figures.split(","))
+    lines = []
 
-    math_per_s, math_per_cpu_s, manifest = math_rate(args.math_items, args.repeats)
-    note(f"math items per worker CPU-second: {math_per_cpu_s:.1f} (two idle cores would give "
-         f"about {2 * math_per_cpu_s:.0f}/s; the wall-clock figure below depends on the load)")
-    note("sample batch stages: " + json.dumps(manifest["stages"]))
-    note("sample batch diversity: " + json.dumps(manifest["diversity"]))
-    reason = sandbox_unavailable()
-    code_per_s = None if reason else code_rate(args.code_items, args.repeats)
-    if reason:
-        note(f"code items skipped: {reason}")
-    seed_batch = synthesize(parse_config({"seed": 9, "workers": 2, "generators": [
-        {"kind": "math", "count": 360}], "dedup": {"near": False}}))
-    texts, planted = corpus([r["question"] for r in seed_batch.records], args.dedup_records)
-    seconds, found = dedup_time(texts, max(1, args.repeats - 1))
-    note(f"dedup: {len(texts)} records, {planted} planted duplicates, {found} found")
-
-    print(f"math_items_per_s: crucible={math_per_s:.1f} target=>=200")
-    if code_per_s is not None:
-        print(f"code_items_per_s: crucible={code_per_s:.2f}")
-    print(f"dedup_{args.dedup_records // 1000}k_s: crucible={seconds:.1f}")
+    if "math" in figures:
+        math_per_s, math_per_cpu_s, manifest = math_rate(args.math_items, args.repeats)
+        note(f"math items per worker CPU-second: {math_per_cpu_s:.1f} (two idle cores would "
+             f"give about {2 * math_per_cpu_s:.0f}/s; the wall-clock figure depends on the load)")
+        note("sample batch stages: " + json.dumps(manifest["stages"]))
+        note("sample batch diversity: " + json.dumps(manifest["diversity"]))
+        lines.append(f"math_items_per_s: crucible={math_per_s:.1f} target=>=200")
+    if "code" in figures:
+        reason = sandbox_unavailable()
+        if reason:
+            note(f"code items skipped: {reason}")
+        else:
+            rate = code_rate(args.code_items, args.repeats)
+            lines.append(f"code_items_per_s: crucible={rate:.2f}")
+    if "dedup" in figures:
+        seed_batch = synthesize(parse_config({"seed": 9, "workers": 2, "generators": [
+            {"kind": "math", "count": 360}], "dedup": {"near": False}}))
+        texts, planted = corpus([r["question"] for r in seed_batch.records], args.dedup_records)
+        seconds, found = dedup_time(texts, max(1, args.repeats - 1))
+        note(f"dedup: {len(texts)} records, {planted} planted duplicates, {found} found")
+        lines.append(f"dedup_{args.dedup_records // 1000}k_s: crucible={seconds:.1f}")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

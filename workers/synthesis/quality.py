@@ -65,10 +65,12 @@ def signatures(sets: Sequence[set[bytes]], num_perm: int = 128, seed: int = 1,
         hashed = np.fromiter(
             (struct.unpack_from("<I", hashlib.sha1(x).digest())[0] for p in part for x in p),
             dtype=np.uint32, count=int(lengths.sum()))
-        mixed = _fmix(hashed.reshape(-1, 1), 32)
-        permuted = mixed * a + b  # uint32 arithmetic wraps: mod 2**32
+        mixed = _fmix(hashed.reshape(1, -1), 32)
+        # (num_perm, shingles): uint32 arithmetic wraps (mod 2**32); reducing along the
+        # contiguous axis is the faster layout for reduceat
+        permuted = a.reshape(-1, 1) * mixed + b.reshape(-1, 1)
         offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        out[start:start + len(part)] = np.minimum.reduceat(permuted, offsets, axis=0)
+        out[start:start + len(part)] = np.minimum.reduceat(permuted, offsets, axis=1).T
     return out, permutations
 
 
