@@ -98,11 +98,13 @@ def _check_manifest(manifest: Any) -> dict[str, Any]:
 
 
 def _check_plan(target: float, confidence: float) -> None:
-    try:
-        acceptance.sample_size(target, confidence)
-    except ValueError as exc:
-        raise InvalidInput(f"Acceptance plan: {exc}.",
-                           details={"target_error_rate": [str(exc)]}) from exc
+    if not 0.0 < target < 1.0:
+        raise InvalidInput(f"target_error_rate must be between 0 and 1 (exclusive), not "
+                           f"{target}; e.g. 0.05 for at most 5 % bad records.",
+                           details={"target_error_rate": [str(target)]})
+    if not 0.5 <= confidence < 1.0:
+        raise InvalidInput(f"confidence must be at least 0.5 and below 1, not {confidence}; "
+                           "e.g. 0.95.", details={"confidence": [str(confidence)]})
 
 
 def batch_create(
@@ -327,11 +329,17 @@ def _take_write_lock(model: type[Model], pk: Any) -> None:
         model.objects.filter(pk=pk).update(**{name: F(name)})
 
 
+def _locked_item(pk: int) -> ReviewItem:
+    # FOR UPDATE OF the item only: PostgreSQL refuses to lock the nullable reviewer join.
+    return (ReviewItem.objects.select_for_update(of=("self",)).select_related("locked_by")
+            .get(pk=pk))
+
+
 def _open_item(item: ReviewItem) -> tuple[Batch, ReviewItem]:
     """Lock the batch, then the item (always in that order), and check both are open."""
     _take_write_lock(Batch, item.batch_id)
     batch = Batch.objects.select_for_update().get(pk=item.batch_id)
-    item = ReviewItem.objects.select_for_update(of=("self",)).select_related("locked_by").get(pk=item.pk)
+    item = _locked_item(item.pk)
     if not batch.is_open:
         raise Conflict(f"Batch {batch} is {batch.status}; its items are closed.",
                        code="batch_closed")
@@ -380,7 +388,7 @@ def release(*, actor: Actor, item: ReviewItem) -> ReviewItem:
     """Give up this reviewer's lock; releasing an item nobody holds changes nothing."""
     user = _reviewer(actor)
     _take_write_lock(ReviewItem, item.pk)
-    item = ReviewItem.objects.select_for_update(of=("self",)).select_related("locked_by").get(pk=item.pk)
+    item = _locked_item(item.pk)
     holder = item.lock_holder()
     if holder is None:
         return item

@@ -111,7 +111,7 @@ def test_batch_create_is_idempotent_with_a_key(member, target):
     ({"records": [{"id": 1}, "text"]}, "records"),
     ({"trails": [[]]}, "trails"),
     ({"target_error_rate": 1.5}, "target_error_rate"),
-    ({"confidence": 1.0}, "target_error_rate"),
+    ({"confidence": 1.0}, "confidence"),
     ({"manifest": {"parents": ["seeds@v9"]}}, "manifest"),
     ({"manifest": {"seed": "eleven"}}, "manifest"),
     ({"run": "00000000-0000-4000-8000-000000000000"}, "run"),
