@@ -20,7 +20,7 @@ from .math_verify import Reject, _same, parse, verify
 from .spec import Endpoint, ModelGenerator
 
 _MAX_REPLY = 4000
-_BULLET = re.compile(r"^\s*(?:[-*•]|\(?[0-9a-dA-D][.)])\s*")
+_BULLET = re.compile(r"^\s*(?:[-*•]|\(?[0-9a-dA-D][.)])\s+")  # "1. ", "- ", "(a) "; not "-3"
 
 
 class EndpointError(RuntimeError):

@@ -144,3 +144,9 @@ def test_junk_from_our_inference_server_is_rejected_with_reasons(tmp_path) -> No
     for item in batch.rejected:
         assert item["rejected"]["stage"] in ("syntax", "logic")
         assert item["rejected"]["reason"] and item["provenance"]["response"] is not None
+
+
+def test_distractor_lines_lose_bullets_but_keep_signs_and_decimals() -> None:
+    from workers.synthesis.model_items import _choices
+
+    assert _choices("1. 3.5\n- -3\n\n-4\n(b) x**2\n") == ["3.5", "-3", "-4"]
