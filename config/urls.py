@@ -88,6 +88,7 @@ urlpatterns = [
     path("t/<slug:team>/", include("apps.runs.page_urls")),
     path("", include("apps.datasets.urls")),
     path("", include("apps.review.urls")),
+    path("", include("apps.environments.urls")),
     path("healthz", core_views.healthz, name="healthz"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

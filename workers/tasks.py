@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from config.celery import app
+from workers import jobs
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
 from workers.profile.engine import Stopped, run_profile
 from workers.storage import ObjectStore, default_store
@@ -310,7 +311,10 @@ def _train(session: WorkerSession) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-ENGINES: dict[str, Callable[[WorkerSession], None]] = {"profile": _profile, "train": _train}
+ENGINES: dict[str, Callable[[WorkerSession], None]] = {
+    "profile": _profile, "train": _train,
+    "qc": jobs.run_qc, "eval": jobs.run_eval, "synthesize": jobs.run_synthesize,
+}
 
 
 # Errors another attempt would meet again: a bad config or model folder, a run that

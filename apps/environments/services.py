@@ -14,6 +14,7 @@ from apps.datasets.records import canonical_line
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
 from apps.projects.models import Project
 from apps.teams.models import Team
+from workers.envs.spec import EnvSpecError, parse_environment_spec
 
 MAX_SPEC_BYTES = 1 << 20
 
@@ -71,3 +72,60 @@ def record_qc(
                  target_type="environment_version", target_id=version.digest,
                  data={"status": version.qc_status})
     return version
+
+
+def parse_spec(spec: Any) -> dict[str, Any]:
+    """Validate a registration with the engine's pure spec (built-in, verifiers package or
+    uploaded tasks) and return its normalised document (defaults filled in), so equal
+    environments written differently get one digest. Errors name every bad field."""
+    if not isinstance(spec, dict) or not spec:
+        raise InvalidInput("spec must be a non-empty JSON object.", details={"spec": ["object"]})
+    try:
+        parsed = parse_environment_spec(spec)
+    except EnvSpecError as exc:
+        lines = str(exc).splitlines()[1:] or [str(exc)]
+        details: dict[str, list[str]] = {}
+        for line in lines:
+            where, _, what = line.strip().partition(": ")
+            details.setdefault(f"spec.{where}", []).append(what or where)
+        first = lines[0].strip()
+        raise InvalidInput(f"Invalid environment spec: {first}", details=details) from exc
+    return parsed.model_dump(mode="json")
+
+
+def version_register(
+    *, actor: Actor, environment: Environment, spec: dict[str, Any]
+) -> tuple[EnvironmentVersion, bool]:
+    """A version from a user's spec: validated, normalised, content-addressed (the digest is
+    the SHA-256 of the normalised spec's canonical JSON). QC starts pending."""
+    return version_create(actor=actor, environment=environment, spec=parse_spec(spec))
+
+
+QC_REPORT_DROPPED = ("tasks",)
+"""Per-task rows stay in the object store copy; the version keeps the summary, quarantine
+list, flags and block reasons (what launches and pages read)."""
+
+
+def record_qc_report(
+    *, actor: Actor, version: EnvironmentVersion, report: dict[str, Any], run_id: str,
+    report_uri: str,
+) -> EnvironmentVersion:
+    """A QC run's finding: passed unless the report blocks the version."""
+    if not isinstance(report, dict) or "passed" not in report:
+        raise InvalidInput("A QC report is the engine's crucible.qc/1 object (with 'passed').",
+                           details={"report": ["missing 'passed'"]})
+    stored = {k: v for k, v in report.items() if k not in QC_REPORT_DROPPED}
+    stored.update({"run": run_id, "report_uri": report_uri})
+    passed = bool(report.get("passed")) and not report.get("blocked")
+    return record_qc(actor=actor, version=version, passed=passed, report=stored)
+
+
+def blocked_reason(version: EnvironmentVersion) -> str:
+    """Why training may not use this version ("" when it may or QC has not run)."""
+    if version.qc_status != QcStatus.FAILED:
+        return ""
+    report = version.qc_report if isinstance(version.qc_report, dict) else {}
+    reasons = report.get("block_reasons")
+    if isinstance(reasons, list) and reasons:
+        return "; ".join(str(r) for r in reasons)
+    return "QC failed; see qc_report"

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from apps.environments.run_specs import EvalRunConfig, QcRunConfig, SynthesizeRunConfig
 from workers.profile.spec import ProfileConfig
 from workers.rl.spec import RunSpec
 
@@ -38,6 +39,13 @@ KINDS: dict[str, KindSpec] = {
     # engine's own config.task. Pinned datasets are recorded in the lineage.
     "train": KindSpec(RunSpec, "gpu", (0, None), environments=(0, None), qc_gate="passed",
                       base_model=True),
+    # QC of one environment version (any QC status: QC is what sets it); code environments
+    # run their probes in the sandbox, hence the sandbox pool.
+    "qc": KindSpec(QcRunConfig, "sandbox", (0, 0), environments=(1, 1), qc_gate="any"),
+    # Evaluation of one version (not failed QC) by an endpoint or a model given as base_model.
+    "eval": KindSpec(EvalRunConfig, "cpu", (0, 0), environments=(1, 1), base_model=True),
+    # Synthesis into a review batch of config.dataset; no pins.
+    "synthesize": KindSpec(SynthesizeRunConfig, "cpu", (0, None), environments=(0, 0)),
 }
 
 

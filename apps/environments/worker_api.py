@@ -1,0 +1,59 @@
+"""The worker side of a ``qc`` run: its report sets the pinned version's QC status, under
+the run's lease (workers hold no database access)."""
+
+from __future__ import annotations
+
+import uuid
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.core.exceptions import InvalidInput, NotFound
+from apps.core.viewsets import WorkerViewSet
+from apps.environments import services
+from apps.runs.models import Run
+from apps.runs.services import check_lease
+
+
+class QcReportSerializer(serializers.Serializer):
+    report = serializers.DictField(help_text="the QC engine's crucible.qc/1 report")
+    uri = serializers.CharField(max_length=1000, help_text="the full report in the object store")
+
+
+class QcResultSerializer(serializers.Serializer):
+    environment = serializers.CharField()
+    digest = serializers.CharField()
+    qc_status = serializers.CharField()
+
+
+class WorkerQcViewSet(WorkerViewSet):
+    def _run(self, run: str) -> Run:
+        try:
+            run_id = uuid.UUID(run)
+        except ValueError as exc:
+            raise NotFound(f"No run '{run}'.") from exc
+        runs = Run.objects.select_related("environment_version__environment")
+        if self.principal.team_id is not None:
+            runs = runs.filter(team_id=self.principal.team_id)
+        obj = runs.filter(pk=run_id).first()
+        if obj is None:
+            raise NotFound(f"No run '{run}'.")
+        return obj
+
+    @extend_schema(request=QcReportSerializer, responses=QcResultSerializer)
+    def create(self, request: Request, run: str) -> Response:
+        obj = self._run(run)
+        check_lease(obj, self.lease_id)
+        if obj.kind != "qc" or obj.environment_version is None:
+            raise InvalidInput(f"Run {obj.pk} is not a QC run of an environment version.",
+                               details={"run": [obj.kind]})
+        data = QcReportSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = services.record_qc_report(
+            actor=self.actor, version=obj.environment_version,
+            report=data.validated_data["report"], run_id=str(obj.pk),
+            report_uri=data.validated_data["uri"])
+        return Response({"environment": version.environment.slug, "digest": version.digest,
+                         "qc_status": version.qc_status})
