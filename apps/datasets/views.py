@@ -27,6 +27,10 @@ from apps.teams.selectors import teams_for_user
 
 LINEAGE_VERSIONS = 12  # versions whose neighbourhood the graph shows
 LINEAGE_DEPTH = 3
+VERSIONS_SHOWN = 100
+#: The page diffs its two newest versions on load only when both are this small; larger
+#: ones are diffed on request (the form), so a big dataset's page stays fast.
+AUTO_DIFF_RECORDS = 20_000
 
 
 def _team(request: HttpRequest, slug: str):  # noqa: ANN202
@@ -62,11 +66,11 @@ def dataset_list(request: HttpRequest, team: str) -> HttpResponse:
 def dataset_detail(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
     team_obj, membership = _team(request, team)
     obj = _dataset(team_obj, dataset)
-    versions = list(selectors.versions_of(obj))
+    versions = list(selectors.versions_of(obj)[:VERSIONS_SHOWN])
     rows = [{"version": v, "manifest": present(v.manifest)} for v in versions]
     batches = list(with_counts(obj.batches.all()).order_by("-created_at")[:50])
     diff = None
-    if len(versions) >= 2:
+    if len(versions) >= 2 and max(v.record_count for v in versions[:2]) <= AUTO_DIFF_RECORDS:
         diff = _diff_context(team_obj, obj, versions[0], versions[1], keys=None)
     context = _context(
         request, team_obj, membership, dataset=obj, versions=rows, batches=batches,
