@@ -189,9 +189,9 @@ def line(figure: str, ours: float, peer_name: str | None, peer: float | None,
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--threshold", type=float, default=0.55,
+    parser.add_argument("--threshold", type=float, default=0.52,
                         help="held-out reward for time_to_reward")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--async-steps", type=int, default=30,

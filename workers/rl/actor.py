@@ -298,8 +298,8 @@ class AsyncActor(threading.Thread):
             item = self.batches.get(timeout=2 * self.timeout)
         except queue.Empty:
             raise AsyncStall(
-                f"learner waited {2 * self.timeout:.1f} s for the rollout batch of step {step + 1}; "
-                f"the actor is alive={self.is_alive()} (trainer.sync_timeout_s)"
+                f"learner waited {2 * self.timeout:.1f} s for the rollout batch of step "
+                f"{step + 1}; the actor is alive={self.is_alive()} (trainer.sync_timeout_s)"
             ) from None
         if isinstance(item, BaseException):
             raise item

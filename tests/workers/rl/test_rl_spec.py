@@ -30,6 +30,13 @@ def test_bad_values_are_named():
         parse_spec({"model": {"source": "path"}})
     with pytest.raises(SpecError, match="ratio_mask_low must be < ratio_mask_high"):
         parse_spec({"algorithm": {"ratio_mask_low": 2.0, "ratio_mask_high": 1.0}})
+    with pytest.raises(SpecError, match=r"curriculum: Value error, band_low must be <="):
+        parse_spec({"curriculum": {"band_low": 0.8, "band_high": 0.2}})
+    with pytest.raises(SpecError) as err:
+        parse_spec({"trainer": {"max_async_steps": -1, "sync_timeout_s": 0},
+                    "curriculum": {"explore": 2.0}})
+    for field in ("trainer.max_async_steps", "trainer.sync_timeout_s", "curriculum.explore"):
+        assert field in str(err.value)
 
 
 def test_spec_module_imports_nothing_heavy():
