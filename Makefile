@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench bench-sandbox bench-rl bench-ingest clean
+.PHONY: run test lint bench bench-sandbox bench-rl bench-ingest bench-synth clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +37,14 @@ bench-sandbox: $(STAMP)
 bench-ingest: $(STAMP)
 	nice $(PY) tests/benchmarks/bench_ingest.py
 
-bench: bench-ingest bench-sandbox bench-rl
+bench: bench-ingest bench-sandbox bench-rl bench-synth
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
+
+bench-synth: $(STAMP)
+	bash scripts/install_sandbox_deps.sh
+	$(PY) -m tests.benchmarks.bench_synth
 
 clean:
 	rm -rf var/

@@ -155,6 +155,9 @@ OBJECT_STORE_URL = crucible_env.object_store_url()
 CRUCIBLE = {
     # How long a claim lasts without a heartbeat before the sweep requeues the run.
     "LEASE_SECONDS": env.int("CRUCIBLE_LEASE_SECONDS", default=120),
+    # Attempts a run gets (lost leases and retryable failures) before it fails for good;
+    # a launch may ask for 1-20.
+    "MAX_ATTEMPTS": env.int("CRUCIBLE_MAX_ATTEMPTS", default=3),
     "MAX_METRIC_BATCH": env.int("CRUCIBLE_MAX_METRIC_BATCH", default=10_000),
     "MAX_EVENT_BATCH": env.int("CRUCIBLE_MAX_EVENT_BATCH", default=1_000),
     "MAX_SAMPLE_BATCH": env.int("CRUCIBLE_MAX_SAMPLE_BATCH", default=1_000),
