@@ -213,7 +213,7 @@ def test_a_stalled_weight_sync_fails_loudly(tokenizer, tiny_model):
     store = WeightStore()
     store.publish(0, {k: v.clone() for k, v in tiny_model.state_dict().items()})
     actor = AsyncActor(producer, tiny_model, HFRollout(tiny_model, tokenizer), store, 0, 4,
-                       bound=1, timeout=0.3)
+                       bound=1, timeout=1.0)
     actor.start()
     try:
         actor.get(0)
