@@ -173,33 +173,40 @@ EVAL_FIELDS = ("split", "samples_per_task", "k", "limit", "concurrency", "sampli
 def run_eval(session: WorkerSession) -> None:
     """Evaluate a policy on the pinned version: report (JSON and HTML) in the object store,
     mean reward and pass@k as metrics, per-task answers as samples."""
-    from workers.envs.eval import render_html
-    from workers.envs.eval import run_eval as evaluate_spec
+    from workers.envs.eval import EndpointPolicy, evaluate, render_html
     from workers.envs.load import load_environment
-    from workers.envs.spec import EvalSpec
+    from workers.envs.spec import EndpointPolicySpec, EvalSpec
 
     store = default_store()
     env = _pinned(session)
     cfg = session.run["config"]
     resolve = dataset_resolver(env, store)
+    loaded = load_environment(env["spec"], resolve_dataset=resolve)
     params = {k: cfg[k] for k in EVAL_FIELDS if k in cfg}
-    with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp:
-        if cfg.get("policy"):
-            policy, named = cfg["policy"], {"kind": "endpoint",
-                                            "base_url": cfg["policy"]["base_url"]}
-        else:
+    placeholder = {"kind": "endpoint", "base_url": "http://127.0.0.1", "model": "policy"}
+    spec = EvalSpec.model_validate({**params, "policy": cfg.get("policy") or placeholder})
+    kwargs: dict[str, Any] = {
+        "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
+        "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
+        "include_samples": True, "exclude": env.get("quarantined_ids") or ()}
+    if cfg.get("policy"):
+        named = {"kind": "endpoint", "base_url": spec.policy.base_url}
+        session.log_event(f"evaluating endpoint policy on {_label(env)}", data=named)
+        report = evaluate(loaded, EndpointPolicy(spec.policy), **kwargs)
+    else:
+        from workers.inference import start_server
+
+        with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp:
             folder, named = _model_dir(session, env, store, Path(tmp))
-            policy = {"kind": "checkpoint", "uri": folder}
-        spec = EvalSpec.model_validate({**params, "policy": policy})
-        session.log_event(f"evaluating {named['kind']} policy on {_label(env)}",
-                          data={"policy": named})
-        report = evaluate_spec(env["spec"], spec, include_samples=True,
-                               exclude=env.get("quarantined_ids") or (),
-                               resolve_dataset=resolve)
+            fmt = cfg.get("chat_format", "auto")
+            session.log_event(f"evaluating {named['kind']} policy on {_label(env)} (served "
+                              f"here, chat format {fmt})", data={"policy": named})
+            with start_server(folder, name="policy", chat_format=fmt) as server:
+                endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
+                report = evaluate(loaded, EndpointPolicy(endpoint), **kwargs)
+        named["chat_format"] = fmt
     report["policy"]["source"] = named
-    report["policy"].pop("checkpoint", None)  # a scratch path on this worker
-    prompts = {t.id: t.prompt for t in load_environment(env["spec"],
-                                                        resolve_dataset=resolve).tasks}
+    prompts = {t.id: t.prompt for t in loaded.tasks}
     samples = report.pop("samples", None) or []
     key = f"runs/{session.run_id}"
     uri = store.put_bytes(f"{key}/eval-report.json", _dump(report))

@@ -7,7 +7,7 @@ the same documents with the engines' own models.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,6 +50,11 @@ class EvalRunConfig(_Strict):
     sampling: SamplingSpec = SamplingSpec()
     samples: Annotated[int, Field(ge=0, le=10_000, description="per-task answers stored as "
                                                                "run samples")] = 50
+    chat_format: Literal["auto", "template", "plain", "raw"] = Field(
+        "auto", description="how the served model sees the messages: its tokenizer's chat "
+                            "template, 'role: text' lines, or the prompt verbatim (what a run "
+                            "trained on raw prompts saw); auto = template if it has one, "
+                            "else plain. Endpoint policies apply their own.")
 
     @model_validator(mode="after")
     def _check(self) -> EvalRunConfig:
