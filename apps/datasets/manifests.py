@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STAGE_KEYS = ("stages", "stage_stats", "stage_statistics", "statistics")
-REJECTION_KEYS = ("rejections", "rejection_reasons", "rejected_reasons")
+REJECTION_KEYS = ("rejections", "rejection_reasons", "rejected_reasons", "rejection_examples")
 DISTINCT_KEYS = ("distinct_n", "diversity")
 CONFIG_KEYS = ("generator", "config", "generator_config")
 
@@ -71,7 +71,7 @@ def present(manifest: dict[str, Any] | None) -> ManifestView:
         view.facts.append(("generator", config["name"]))
     elif isinstance(config, str):
         view.facts.append(("generator", config))
-    for name in ("seed", "engine", "created_by_run"):
+    for name in ("seed", "candidates", "accepted", "engine"):
         if name in manifest:
             view.facts.append((name, manifest[name]))
     parents = manifest.get("parents")
