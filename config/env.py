@@ -20,7 +20,8 @@ def _get(name: str, default: str | None = None) -> str | None:
 
 def var_dir() -> Path:
     """Folder for the embedded defaults' state (SQLite file, broker spool, objects)."""
-    path = Path(_get("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")) or "var")
+    # Absolute, so a relative CRUCIBLE_VAR_DIR still yields file:// URIs for the object store.
+    path = Path(_get("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")) or "var").resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

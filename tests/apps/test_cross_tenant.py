@@ -35,6 +35,8 @@ QUERY = {"lineage-list": "artifact=run:{run}"}
 
 #: Bodies for endpoints that refuse unknown keys (everything else gets World.body()).
 STRICT_BODIES = {
+    "batch-list": {"dataset": "acme-secret-ds", "records": [{"prompt": "pwned", "answer": "0"}]},
+    "review-item-verdict": {"verdict": "accept"},
     "execution-list": {"language": "python", "code": "print('pwned')"},
     "execution-batch": {"requests": [{"language": "python", "code": "print('pwned')"}]},
 }
@@ -53,6 +55,8 @@ class World:
     environment_digest: str
     worker_prefix: str
     execution_id: str | None
+    batch_id: str | None
+    item_id: str | None
     secrets: tuple[str, ...]
 
     def kwargs(self, route: Route, team: str = "acme") -> dict[str, str]:
@@ -65,6 +69,8 @@ class World:
             "username": "mia",
             "prefix": self.worker_prefix,
             "execution": self.execution_id,
+            "batch": self.batch_id,
+            "item": self.item_id,
         }
         if "version" in route.groups:
             values["version"] = (self.environment_digest if "environment" in route.groups
@@ -118,11 +124,22 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
             request={"language": "python", "code": "print('acme-secret-code')"},
         )
         execution_id = str(execution.pk)
+    batch_id = item_id = None
+    if apps.is_installed("apps.review"):  # a batch awaiting spot-check review
+        from apps.review import services as review_services
+
+        batch = review_services.batch_create(
+            actor=Actor.system(), dataset=dataset, target_error_rate=0.5, confidence=0.9,
+            records=[{"prompt": "acme-secret-batch-record", "answer": "1"}],
+        )
+        batch_id, item_id = str(batch.pk), str(batch.items.get().pk)
     return World(
         run=run, dataset=dataset, dataset_digest=version.digest,
         environment_slug=env.slug, environment_digest=env_version.digest,
-        worker_prefix=token.prefix, execution_id=execution_id,
-        secrets=(str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
+        worker_prefix=token.prefix, execution_id=execution_id, batch_id=batch_id,
+        item_id=item_id,
+        secrets=(*((batch_id, "acme-secret-batch-record") if batch_id else ()),
+                 str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
                  token.prefix, "acme-secret-prompt", "acme-secret-report", "mia", "olivia"),
     )
 

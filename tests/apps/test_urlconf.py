@@ -21,7 +21,10 @@ from rest_framework.views import APIView
 
 from apps.core.views import MeView
 from apps.core.viewsets import TeamScopedViewSet, WorkerViewSet
+from apps.datasets import views as dataset_views
+from apps.review import views as review_views
 from apps.runs import views as run_views
+from apps.teams import views as team_views
 from apps.teams.api import MyTeamsViewSet, PersonalTokenViewSet
 
 API_PREFIX = "api/v1/"
@@ -43,6 +46,15 @@ TEAM_PAGES = {
     ("team-runs", run_views.team_runs),
     ("team-projects", run_views.team_projects),
     ("run-page", run_views.run_detail),
+    ("team-datasets", dataset_views.dataset_list),
+    ("dataset-page", dataset_views.dataset_detail),
+    ("dataset-diff-page", dataset_views.dataset_diff),
+    ("dataset-rollback-page", dataset_views.dataset_rollback),
+    ("review-queue", review_views.review_queue),
+    ("run-launch", run_views.run_launch),
+    ("runs-compare", run_views.run_compare),
+    ("run-page-samples", run_views.run_samples),
+    ("team-page", team_views.team_page),
 }
 
 
