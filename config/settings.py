@@ -89,9 +89,12 @@ DATABASES = {
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web process read while a writer holds the lock; the busy timeout
-    # turns brief lock contention into a wait instead of "database is locked".
+    # turns brief lock contention into a wait instead of "database is locked". IMMEDIATE
+    # transactions take the write lock at BEGIN, where the busy timeout applies; a deferred
+    # transaction that reads and then writes fails at once if another writer got in between.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        {"timeout": 20, "transaction_mode": "IMMEDIATE",
+         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
     )
     # Tests use a file too, not the in-memory default: shared-cache in-memory SQLite locks
     # whole tables and fails at once ("database table is locked") when the live server's
@@ -158,6 +161,8 @@ CRUCIBLE = {
     # Attempts a run gets (lost leases and retryable failures) before it fails for good;
     # a launch may ask for 1-20.
     "MAX_ATTEMPTS": env.int("CRUCIBLE_MAX_ATTEMPTS", default=3),
+    # How long an opened review item stays locked to its reviewer.
+    "REVIEW_LOCK_SECONDS": env.int("CRUCIBLE_REVIEW_LOCK_SECONDS", default=600),
     "MAX_METRIC_BATCH": env.int("CRUCIBLE_MAX_METRIC_BATCH", default=10_000),
     "MAX_EVENT_BATCH": env.int("CRUCIBLE_MAX_EVENT_BATCH", default=1_000),
     "MAX_SAMPLE_BATCH": env.int("CRUCIBLE_MAX_SAMPLE_BATCH", default=1_000),

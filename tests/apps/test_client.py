@@ -78,7 +78,7 @@ def test_api_error_carries_code_and_message(api, project, qa):
     assert not isinstance(err, LeaseLost)
     assert err.status == 400
     assert err.code == "invalid"
-    assert "available: profile" in err.message
+    assert "available: eval, profile, qc, synthesize, train" in err.message
     assert err.body["errors"] == {"kind": ["unavailable kind 'nope'"]}
     assert "400 invalid" in str(err)
 
