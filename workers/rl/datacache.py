@@ -628,3 +628,49 @@ def record_text(record: dict[str, Any], field: str, uri: str) -> str:
         raise DataError(f"a record in {uri} has no string field {field!r} (fields: "
                         f"{sorted(record)})")
     return value
+
+
+# ---- a task whose training prompts come from the store -----------------------------------
+
+
+@dataclass
+class RecordTask:
+    """The trainer's `Task` with `train` read from object-store records through the cache.
+
+    The eval split and the reward stay the base task's: records bring prompts and reference
+    completions, the task knows how to score them. The tokenizer corpus is the base corpus
+    plus every record's text (read once, through the cache, when a tokenizer is trained).
+    """
+
+    base: Any  # the built-in task (workers.rl.tasks.Task)
+    train: RecordExamples
+
+    @property
+    def eval(self) -> Sequence[Example]:
+        return self.base.eval
+
+    @property
+    def reward(self) -> Any:
+        return self.base.reward
+
+    def corpus(self) -> list[str]:
+        texts = list(self.base.corpus())
+        for i in range(len(self.train)):
+            example = self.train[i]
+            texts.append(example.prompt + example.reference)
+        return texts
+
+
+def records_task(
+    base: Any, spec: DataCacheSpec, store: ObjectStore
+) -> tuple[DataCache, RecordTask]:
+    """The cache and the task for a run whose `data.source` is set (the caller closes the cache)."""
+    if spec.source is None:
+        raise ValueError("data.source is not set")
+    cache = DataCache(store, spec)
+    try:
+        stream = RecordStream(cache, spec.source)
+    except BaseException:
+        cache.close()
+        raise
+    return cache, RecordTask(base, RecordExamples(stream, spec.prompt_field, spec.reference_field))

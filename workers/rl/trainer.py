@@ -154,6 +154,18 @@ class Run:
     ):
         self.spec, self.rank, self.world = spec, rank, world
         self.task = task or build_task(spec.task)
+        self.cache: Any = None  # workers.rl.datacache.DataCache when data.source is set
+        if spec.data.source is not None:
+            from workers.rl.datacache import records_task
+            from workers.storage import default_store
+
+            self.cache, self.task = records_task(self.task, spec.data, default_store())
+        if spec.rollout.backend == "vllm":
+            from workers.rl.vllm_rollout import INSTALL_HINT, VllmUnavailable, import_vllm
+
+            import_vllm()  # fail before SFT, naming what to install, not after it
+            if not torch.cuda.is_available():
+                raise VllmUnavailable(f"{INSTALL_HINT}; no CUDA device is visible")
         self.root = Path(spec.checkpoint.dir)
         self.sink: MetricSink = (sink or default_sink(spec)) if rank == 0 else NullSink()
         self.device = torch.device(
@@ -271,11 +283,25 @@ class Run:
                 ref = ref.to(torch.bfloat16)
         total_opt_steps = ts.steps * algo.updates_per_batch
         engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas)
-        backend = make_backend(spec.rollout.backend, engine.module, tok, ts.zero_stage == 3)
+        vllm = spec.rollout.backend == "vllm"
+        if vllm:
+            from workers.rl.vllm_rollout import VllmRollout
+
+            # vLLM loads config, weights and tokenizer from a directory: the SFT output, or
+            # the initial policy written out once.
+            init_dir = sft_dir
+            if not (sft_dir / "config.json").is_file():
+                init_dir = self.root / "vllm-init"
+                ckpt.save_hf_atomic(engine.module, tok, init_dir, ts.zero_stage)
+            backend: Any = VllmRollout(init_dir, tok, spec.vllm, version=0)
+        else:
+            backend = make_backend(spec.rollout.backend, engine.module, tok, ts.zero_stage == 3)
 
         per_rank = ts.prompts_per_step // self.world
+        # Store-backed records give their own shard-major order, so prefetch runs ahead.
+        order = getattr(self.task.train, "order", None) or self.permutation
         sampler = TaskSampler(self.task.train, spec.curriculum, ts.seed, self.rank, self.world,
-                              self.permutation)
+                              order)
         bound = ts.max_async_steps
         producer = Producer(spec, self.task, sampler, tok.pad_token_id, per_rank, self.rank,
                             self.generator, bound)
@@ -291,6 +317,8 @@ class Run:
             else:  # a checkpoint from before the curriculum: only the global cursor is known
                 sampler.cursor = state["cursor"] // self.world
             self.sink.event("info", f"resumed from {last} at step {start}", {"step": start})
+            if vllm and start:
+                backend.load_state(weight_snapshot(engine.module, ts.zero_stage), start)
         else:
             result.eval_reward[0] = self.evaluate(backend, tok)
             self.sink.log(0, {"eval/reward_mean": result.eval_reward[0]})
@@ -324,6 +352,10 @@ class Run:
                 metrics, skipped = self.learn(engine, sb, ref, micro, moe, top_k)
                 if actor is not None:
                     store.publish(step + 1, weight_snapshot(engine.module, ts.zero_stage))
+                elif vllm:  # the generator holds its own copy: push the update, versioned
+                    backend.load_state(weight_snapshot(engine.module, ts.zero_stage), step + 1)
+                if self.cache is not None:
+                    metrics.update(self.cache.window())
                 t_total = time.perf_counter() - t_step
                 counts = {**sb.counts, **lag_histogram(sb.versions, step, bound,
                                                         spec.rollout.group_size)}
@@ -596,5 +628,9 @@ def train(
             tok = load_tokenizer(root / "sft")
         else:
             tok = run.tokenizer()
-        sft_dir = run.sft(tok)
-        return run.rl(tok, sft_dir, resume)
+        try:
+            sft_dir = run.sft(tok)
+            return run.rl(tok, sft_dir, resume)
+        finally:
+            if run.cache is not None:
+                run.cache.close()
