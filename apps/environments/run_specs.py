@@ -85,3 +85,14 @@ class SynthesizeRunConfig(_Strict):
     synthesis: SynthesisConfig
     review: ReviewPlan = ReviewPlan()
     batch_name: Annotated[str, Field(max_length=200)] = ""
+
+    @model_validator(mode="after")
+    def _no_keys(self) -> SynthesizeRunConfig:
+        # A run's config is stored and shown to the whole team: no secrets in it.
+        keyed = [i for i, g in enumerate(self.synthesis.generators)
+                 if getattr(getattr(g, "endpoint", None), "api_key", None)]
+        if keyed:
+            raise ValueError(f"synthesis.generators {keyed}: endpoint.api_key would be stored "
+                             "in the run's config, which the team can read; serve the model "
+                             "without a key (e.g. Crucible's inference server) instead")
+        return self

@@ -223,3 +223,9 @@ def test_synthesize_launch_validates_its_config(member, project):
         format="json")
     assert ok.status_code == 201, ok.content
     assert ok.json()["pool"] == "cpu"
+    keyed = member.client.post(RUNS, {"project": "main", "kind": "synthesize", "config": {
+        "dataset": "arith", "synthesis": {"generators": [{"kind": "model", "endpoint": {
+            "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key": "sk-secret"}}]}}},
+        format="json")
+    assert keyed.status_code == 400 and "api_key" in keyed.json()["message"]
+    assert "sk-secret" not in keyed.content.decode()
