@@ -1,9 +1,11 @@
 """``make run``'s command on a fresh var/ folder: it must start web + worker, run the
-demo profile job to success and print the URL and login."""
+demo profile job to success, print the URL and login, then run the pipeline demo
+(synthesis → QC → SFT + GRPO → evaluation) and print the scores before and after training."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# Synthesis, QC, training and two evaluations after the profile job: minutes on a loaded
+# machine, hence a longer limit than the default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,7 +32,7 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
     port = _free_port()
     result = subprocess.run(
         [sys.executable, "manage.py", "up", "--port", str(port), "--exit-after-demo"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
@@ -37,3 +41,11 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
     assert ": succeeded" in out
     assert (tmp_path / "var" / "crucible.sqlite3").exists()
     assert any((tmp_path / "var" / "objects" / "reports").rglob("profile.json"))
+
+    # The pipeline demo, every stage through the API and the worker.
+    assert re.search(r"\d+ verified records, \d+ rejected → review batch [0-9a-f-]{36}", out)
+    assert "QC passed: 100 tasks, 0 quarantined" in out
+    scores = dict(re.findall(r"^  (base|final) +pass@1=([0-9.]+) ", out, re.MULTILINE))
+    assert set(scores) == {"base", "final"}, out[-3000:]
+    # SFT + GRPO from the random-init base must answer some held-out sums.
+    assert float(scores["final"]) > float(scores["base"]), scores

@@ -3,7 +3,9 @@
 Migrates, makes sure a demo login, team and project exist, starts the web server
 (uvicorn, ASGI) and a Celery worker for all three queues (with beat for lease sweeps),
 uploads the bundled dataset through the API, launches a ``profile`` run, waits for it,
-prints what happened, and keeps serving until Ctrl-C.
+then runs the pipeline demo through the same API: synthesise an arithmetic batch for review,
+QC the arithmetic environment, SFT + GRPO the tiny MoE on it, and evaluate the final
+checkpoint against the base model, printing both scores. Then it keeps serving until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -32,15 +34,39 @@ from workers.client import CrucibleClient
 
 DEMO_DATA = settings.BASE_DIR / "deploy" / "demo" / "arithmetic.jsonl"
 
+# The pipeline demo, sized for a CPU laptop: one-digit sums (100 problems, 20 held out), a
+# 2-layer tiny MoE warm-started by SFT on the references, then a few GRPO steps.
+DEMO_ENV = {"source": "builtin", "name": "arithmetic", "params": {"eval_size": 20}}
+DEMO_SYNTHESIS = {
+    "dataset": "arithmetic-synth", "batch_name": "demo arithmetic batch",
+    "synthesis": {"name": "demo arithmetic", "seed": 1, "workers": 1,
+                  "generators": [{"kind": "math", "count": 24, "topics": ["arithmetic"],
+                                  "difficulties": [1, 2]}]},
+}
+DEMO_MODEL = {"preset": {"num_layers": 2}}
+DEMO_TRAIN = {
+    "model": DEMO_MODEL,
+    "rollout": {"group_size": 4, "max_new_tokens": 3},
+    "sft": {"steps": 120, "batch_size": 32},
+    "trainer": {"steps": 6, "prompts_per_step": 4, "micro_batch_size": 16, "zero_stage": 0,
+                "eval_samples": 1},
+    "checkpoint": {"every": 0},
+}
+DEMO_EVAL = {"samples_per_task": 1, "k": [1], "chat_format": "raw",
+             "sampling": {"max_tokens": 3, "temperature": 0.0}}
+
 
 class Command(BaseCommand):
-    help = "Start web + worker on the embedded defaults and run the demo profile job."
+    help = ("Start web + worker on the embedded defaults, run the demo profile job, then the "
+            "pipeline demo (synthesis, QC, SFT + GRPO, evaluation before/after).")
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--exit-after-demo", action="store_true",
                             help="Stop everything once the demo run finishes (for tests).")
+        parser.add_argument("--skip-pipeline", action="store_true",
+                            help="Only the profile job: no synthesis, QC, training or eval.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -71,9 +97,11 @@ class Command(BaseCommand):
             self._wait_healthy(base_url, procs)
             run = self._demo_run(base_url, user_token, team)
             self._announce(base_url, password, run, logs)
+            if run["status"] != "succeeded" and opts["exit_after_demo"]:
+                raise CommandError(f"demo run ended {run['status']}: {run['error']}")
+            if not opts["skip_pipeline"]:
+                self._pipeline(base_url, user_token, team)
             if opts["exit_after_demo"]:
-                if run["status"] != "succeeded":
-                    raise CommandError(f"demo run ended {run['status']}: {run['error']}")
                 return
             while all(p.poll() is None for p in procs):
                 time.sleep(1)
@@ -151,6 +179,64 @@ class Command(BaseCommand):
                                     config={"progress_every": 50})
             self.stdout.write(f"launched profile run {run['id']}; waiting for the worker…")
             return client.wait_for_run(team.slug, run["id"], timeout=180)
+
+    def _wait(self, client: CrucibleClient, team: str, run: dict[str, Any],
+              what: str, timeout: float = 900) -> dict[str, Any]:
+        self.stdout.write(f"  {what}: run {run['id']} ({run['kind']}, pool {run['pool']})…")
+        done = client.wait_for_run(team, run["id"], timeout=timeout)
+        if done["status"] != "succeeded":
+            raise CommandError(f"{what} ended {done['status']}: {done['error']}")
+        return done
+
+    def _pipeline(self, base_url: str, token: str, team: Team) -> None:
+        """Synthesise → QC → SFT + GRPO → evaluate the final checkpoint vs the base."""
+        t = team.slug
+        self.stdout.write("pipeline demo: synthesis → QC → SFT + GRPO → evaluation")
+        with CrucibleClient(base_url, token) as client:
+            if not any(d["slug"] == DEMO_SYNTHESIS["dataset"]
+                       for d in client.paginate(f"teams/{t}/datasets")):
+                client.create_dataset(t, DEMO_SYNTHESIS["dataset"], "arithmetic",
+                                      "Synthesised arithmetic problems (reviewed batches)")
+            synth = client.launch_run(t, project="arithmetic", kind="synthesize",
+                                      name="synthesise arithmetic", config=DEMO_SYNTHESIS)
+            envs = f"teams/{t}/environments"
+            if not any(e["slug"] == "arithmetic" for e in client.paginate(envs)):
+                client.request("POST", envs, json={"slug": "arithmetic",
+                                                   "project": "arithmetic"})
+            version = client.request("POST", f"{envs}/arithmetic/versions",
+                                     json={"spec": DEMO_ENV})
+            ref = f"arithmetic@v{version['number']}"
+            qc = client.request("POST", f"{envs}/arithmetic/versions/v{version['number']}/qc",
+                                json={"name": f"QC {ref}"})
+            self._wait(client, t, synth, "synthesis")
+            report = client.run_report(t, synth["id"])
+            self.stdout.write(f"    {report['records']} verified records, {report['rejected']} "
+                              f"rejected → review batch {report['batch']} "
+                              f"({base_url}/t/{t}/review/)")
+            self._wait(client, t, qc, f"QC of {ref}")
+            checked = client.get(f"{envs}/arithmetic/versions/v{version['number']}")
+            summary = checked["qc_report"].get("summary", {})
+            self.stdout.write(f"    QC {checked['qc_status']}: {summary.get('tasks')} tasks, "
+                              f"{summary.get('quarantined')} quarantined")
+            train = client.launch_run(t, project="arithmetic", kind="train",
+                                      name="SFT + GRPO on arithmetic", environments=[ref],
+                                      base_model="preset", config=DEMO_TRAIN)
+            self._wait(client, t, train, "SFT + GRPO training")
+            base = client.launch_run(t, project="arithmetic", kind="eval", name="eval: base",
+                                     environment=ref, base_model="preset",
+                                     config={**DEMO_EVAL, "model": DEMO_MODEL})
+            final = client.launch_run(t, project="arithmetic", kind="eval",
+                                      name="eval: final checkpoint", environment=ref,
+                                      base_model=f"run:{train['id']}", config=DEMO_EVAL)
+            scores = {}
+            for label, run in (("base", base), ("final", final)):
+                self._wait(client, t, run, f"evaluation of the {label} model")
+                scores[label] = client.run_report(t, run["id"])["summary"]
+        lines = [f"  {label:<5} pass@1={s['pass_at']['1']:.3f} mean_reward="
+                 f"{s['mean_reward']:.3f} ({s['tasks']} held-out tasks)"
+                 for label, s in scores.items()]
+        self.stdout.write("evaluation before/after training:\n" + "\n".join(lines)
+                          + f"\n  train run page: {base_url}/t/{t}/runs/{train['id']}/")
 
     def _announce(self, base_url: str, password: str, run: dict[str, Any], logs: Path) -> None:
         team = "demo"
