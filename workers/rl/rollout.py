@@ -74,65 +74,105 @@ class HFRollout:
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    @torch.no_grad()
     def generate(
         self, prompts: list[str], spec: RolloutSpec, generator: torch.Generator
     ) -> RolloutBatch:
-        tok = self.tok
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
-        b = prompt_ids.shape[0]
-        device = next(self.model.parameters()).device
-        ids, attn = prompt_ids.to(device), prompt_mask.to(device)
-        pos = position_ids(attn)
+        prompt_ids, prompt_mask = self.encode(prompts)
         was_training = self.model.training
         self.model.eval()
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1]  # (B,V)
-        done = torch.zeros(b, dtype=torch.bool, device=device)
-        new_ids, new_lp, new_mask = [], [], []
-        texts = [""] * b
-        for _ in range(spec.max_new_tokens):
-            logp = torch.log_softmax(logits.float() / spec.temperature, dim=-1)  # (B,V)
-            probs = top_p_filter(logp.exp(), spec.top_p)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
-            nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-            new_ids.append(nxt)
-            new_lp.append(torch.where(done, 0.0, logp.gather(-1, nxt[:, None]).squeeze(-1)))
-            new_mask.append((~done).long())
-            done = done | (nxt == tok.eos_token_id)
-            if spec.stop:
-                so_far = torch.stack(new_ids, 1)
-                for i in torch.nonzero(~done).flatten().tolist():
-                    text = tok.decode(so_far[i], skip_special_tokens=True)
-                    if cut_at_stop(text, spec.stop)[1]:
-                        done[i] = True
-            if bool(done.all()) and not self.lockstep:
-                break
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            pos = pos[:, -1:] + 1
-            out = self.model(
-                input_ids=nxt[:, None],
-                attention_mask=attn,
-                position_ids=pos,
-                cache=cache,
-                use_cache=True,
-            )
-            cache, logits = out.cache, out.logits[:, -1]
-        self.model.train(was_training)
-        comp = torch.stack(new_ids, 1).cpu()  # (B,C)
-        mask = torch.stack(new_mask, 1).cpu()
-        for i in range(b):
-            text = tok.decode(comp[i][mask[i].bool()], skip_special_tokens=True)
-            texts[i] = cut_at_stop(text, spec.stop)[0]
+        try:
+            with torch.inference_mode():
+                ids, lp, mask = self.sample(prompt_ids, prompt_mask, spec, generator)
+        finally:
+            self.model.train(was_training)
+        # Clones leave inference mode: the trainer's autograd graph may use these tensors.
+        comp, mask, lp = ids.cpu().clone(), mask.cpu().clone(), lp.cpu().clone()
         return RolloutBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             completion_ids=comp,
             completion_mask=mask,
-            logprobs=torch.stack(new_lp, 1).cpu(),
-            texts=texts,
+            logprobs=lp,
+            texts=self.texts(comp, mask, spec.stop),
         )
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ids and mask; each distinct prompt is tokenized once (a group repeats
+        its prompt `group_size` times)."""
+        uniq = list(dict.fromkeys(prompts))
+        enc = self.tok(uniq, return_tensors="pt", padding=True, add_special_tokens=False)
+        if len(uniq) == len(prompts):
+            return enc["input_ids"], enc["attention_mask"]
+        row = {p: i for i, p in enumerate(uniq)}
+        idx = torch.tensor([row[p] for p in prompts])
+        return enc["input_ids"][idx], enc["attention_mask"][idx]
+
+    def sample(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        spec: RolloutSpec,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode loop: (B,C) ids, logprobs and mask, C <= max_new_tokens.
+
+        Buffers are preallocated; no forward runs after the last sampled token, and without
+        lockstep the loop stops as soon as every row has finished.
+        """
+        tok, n_new = self.tok, spec.max_new_tokens
+        b, p = prompt_ids.shape
+        device = next(self.model.parameters()).device
+        attn = torch.ones((b, p + n_new), dtype=prompt_mask.dtype, device=device)
+        attn[:, :p] = prompt_mask.to(device)
+        pos = position_ids(attn[:, :p])
+        ids = torch.full((b, n_new), tok.pad_token_id, dtype=torch.long, device=device)
+        lp = torch.zeros((b, n_new), dtype=torch.float32, device=device)
+        mask = torch.zeros((b, n_new), dtype=torch.long, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        out = self.model(input_ids=prompt_ids.to(device), attention_mask=attn[:, :p],
+                         position_ids=pos, use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1]  # (B,V)
+        t = 0
+        for t in range(n_new):
+            logp = torch.log_softmax(logits.float() / spec.temperature, dim=-1)  # (B,V)
+            probs = top_p_filter(logp.exp(), spec.top_p)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)  # (B,1)
+            live = ~done
+            ids[:, t] = torch.where(done, tok.pad_token_id, nxt.squeeze(-1))
+            lp[:, t] = torch.where(done, 0.0, logp.gather(-1, nxt).squeeze(-1))
+            mask[:, t] = live
+            done = done | (ids[:, t] == tok.eos_token_id)
+            if spec.stop:
+                self.mark_stopped(ids[:, : t + 1], done, spec.stop)
+            if t == n_new - 1 or (not self.lockstep and bool(done.all())):
+                break
+            pos = pos[:, -1:] + 1
+            out = self.model(input_ids=ids[:, t : t + 1], attention_mask=attn[:, : p + t + 1],
+                             position_ids=pos, cache=cache, use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1]
+        return ids[:, : t + 1], lp[:, : t + 1], mask[:, : t + 1]
+
+    def mark_stopped(self, so_far: torch.Tensor, done: torch.Tensor, stops: list[str]) -> None:
+        """Finish (in place) the live rows whose decoded text now contains a stop string."""
+        rows = torch.nonzero(~done).flatten().tolist()
+        if not rows:
+            return
+        seqs = so_far[rows].tolist()
+        for i, seq in zip(rows, seqs, strict=True):
+            if cut_at_stop(self.tok.decode(seq, skip_special_tokens=True), stops)[1]:
+                done[i] = True
+
+    def texts(self, comp: torch.Tensor, mask: torch.Tensor, stops: list[str]) -> list[str]:
+        """Decoded completions cut at the first stop string; identical rows decode once."""
+        seen: dict[tuple[int, ...], str] = {}
+        out = []
+        for row, m in zip(comp.tolist(), mask.tolist(), strict=True):
+            key = tuple(x for x, keep in zip(row, m, strict=True) if keep)
+            if key not in seen:
+                text = self.tok.decode(list(key), skip_special_tokens=True)
+                seen[key] = cut_at_stop(text, stops)[0]
+            out.append(seen[key])
+        return out
 
 
 def make_backend(name: str, model: torch.nn.Module, tokenizer, lockstep: bool) -> RolloutBackend:
