@@ -39,6 +39,8 @@ STRICT_BODIES = {
     "review-item-verdict": {"verdict": "accept"},
     "execution-list": {"language": "python", "code": "print('pwned')"},
     "execution-batch": {"requests": [{"language": "python", "code": "print('pwned')"}]},
+    "environment-version-list": {"spec": {"source": "builtin", "name": "arithmetic"}},
+    "environment-version-evaluate": {"base_model": "preset"},
 }
 #: Columns legitimately written by a refused request (authentication bookkeeping).
 VOLATILE = {"apitoken": {"last_used_at"}, "user": {"last_login"}}

@@ -413,7 +413,7 @@ def test_idempotency_key_on_upload(member, qa):
 # --- environments ----------------------------------------------------------------------------
 
 ENVS = "/api/v1/teams/acme/environments"
-SPEC = {"task": "math", "reward": {"kind": "exact", "weight": 1.0}, "max_turns": 1}
+SPEC = {"env": {"source": "builtin", "name": "math", "params": {"count": 40, "seed": 1}}}
 
 
 def spec_digest(spec: dict) -> str:
@@ -429,22 +429,25 @@ def test_environment_versions_are_content_addressed(member, project):
 
     v1 = member.client.post(f"{ENVS}/gsm/versions", {"spec": SPEC}, format="json")
     assert v1.status_code == 201, v1.content
-    assert v1.json()["digest"] == spec_digest(SPEC)
+    # The stored spec is the validated, normalised one (defaults filled in); its hash is the id.
+    stored = v1.json()["spec"]
+    assert stored["env"]["params"] == {"count": 40, "seed": 1}
+    assert v1.json()["digest"] == spec_digest(stored)
     assert v1.json()["number"] == 1
     assert v1.json()["qc_status"] == "pending"
 
-    reordered = {"max_turns": 1, "reward": {"weight": 1.0, "kind": "exact"}, "task": "math"}
+    reordered = {"env": {"params": {"seed": 1, "count": 40}, "name": "math", "source": "builtin"}}
     again = member.client.post(f"{ENVS}/gsm/versions", {"spec": reordered}, format="json")
     assert again.status_code == 200
     assert again.json()["digest"] == v1.json()["digest"] and again.json()["number"] == 1
 
-    v2 = member.client.post(f"{ENVS}/gsm/versions", {"spec": {**SPEC, "max_turns": 3}},
-                            format="json")
+    other = {"env": {"source": "builtin", "name": "math", "params": {"count": 50, "seed": 1}}}
+    v2 = member.client.post(f"{ENVS}/gsm/versions", {"spec": other}, format="json")
     assert v2.status_code == 201 and v2.json()["number"] == 2
     assert EnvironmentVersion.objects.count() == 2
 
     got = member.client.get(f"{ENVS}/gsm/versions/v1")
-    assert got.status_code == 200 and got.json()["spec"] == SPEC
+    assert got.status_code == 200 and got.json()["spec"] == stored
     by_digest = member.client.get(f"{ENVS}/gsm/versions/{v2.json()['digest'][:10]}")
     assert by_digest.json()["number"] == 2
     assert member.client.get(f"{ENVS}/gsm/versions/v3").status_code == 404
