@@ -125,6 +125,14 @@ def dpo_loss(
     return loss, (margin > 0).float().mean()
 
 
+def stacked(router_logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-layer router logits as one (L,N,E) tensor: layers are reduced together, in a few
+    tensor ops instead of a Python loop of them per layer."""
+    if isinstance(router_logits, torch.Tensor):
+        return router_logits if router_logits.dim() == 3 else router_logits.unsqueeze(0)
+    return torch.stack(list(router_logits))
+
+
 def load_balancing_loss(
     router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -132,20 +140,22 @@ def load_balancing_loss(
 
     f_e is the fraction of routed (token, slot) assignments that went to expert e and P_e the
     mean router probability of e. Perfectly uniform routing gives 1.0. router_logits: per layer
-    (N,E); mask: (N,) 1.0 for real tokens.
+    (N,E) (or stacked (L,N,E)); mask: (N,) 1.0 for real tokens.
     """
-    losses = []
-    for logits in router_logits:
-        probs = torch.softmax(logits.float(), dim=-1)  # (N,E)
-        n_exp = probs.shape[-1]
-        chosen = probs.topk(top_k, dim=-1).indices  # (N,k)
-        assign = F.one_hot(chosen, n_exp).sum(1).float()  # (N,E)
-        w = torch.ones(probs.shape[0], device=probs.device) if mask is None else mask.float()
-        denom = w.sum().clamp(min=1.0)
-        frac = (assign * w[:, None]).sum(0) / (denom * top_k)  # (E,)
-        prob = (probs * w[:, None]).sum(0) / denom  # (E,)
-        losses.append(n_exp * (frac * prob).sum())
-    return torch.stack(losses).mean()
+    probs = torch.softmax(stacked(router_logits).float(), dim=-1)  # (L,N,E)
+    n_exp = probs.shape[-1]
+    chosen = probs.topk(top_k, dim=-1).indices  # (L,N,k)
+    assign = torch.zeros_like(probs).scatter_add_(
+        -1, chosen, torch.ones(chosen.shape, dtype=probs.dtype, device=probs.device)
+    )  # (L,N,E): 1 where a slot picked the expert
+    if mask is None:
+        w = torch.ones(probs.shape[1], dtype=probs.dtype, device=probs.device)
+    else:
+        w = mask.to(probs.dtype)
+    denom = w.sum().clamp(min=1.0)
+    frac = (assign * w[:, None]).sum(1) / (denom * top_k)  # (L,E)
+    prob = (probs * w[:, None]).sum(1) / denom  # (L,E)
+    return (n_exp * (frac * prob).sum(-1)).mean()
 
 
 @torch.no_grad()
@@ -154,14 +164,15 @@ def expert_utilisation(
 ) -> list[dict[str, object]]:
     """Per layer: tokens routed to each expert and the load entropy normalised to [0, 1]
     (1 = perfectly balanced, 0 = everything on one expert)."""
-    out = []
-    for logits in router_logits:
-        n_exp = logits.shape[-1]
-        chosen = logits.topk(top_k, dim=-1).indices  # (N,k)
-        if mask is not None:
-            chosen = chosen[mask.bool()]
-        counts = torch.bincount(chosen.reshape(-1), minlength=n_exp).float()  # (E,)
-        p = counts / counts.sum().clamp(min=1.0)
-        ent = -(p * torch.log(p.clamp(min=1e-12))).sum() / torch.log(torch.tensor(float(n_exp)))
-        out.append({"tokens": counts.tolist(), "load_entropy": float(ent)})
-    return out
+    logits = stacked(router_logits)  # (L,N,E)
+    n_layers, n_exp = logits.shape[0], logits.shape[-1]
+    chosen = logits.topk(top_k, dim=-1).indices  # (L,N,k)
+    if mask is not None:
+        chosen = chosen[:, mask.bool()]
+    offset = torch.arange(n_layers, device=chosen.device).view(-1, 1, 1) * n_exp
+    counts = torch.bincount((chosen + offset).reshape(-1), minlength=n_layers * n_exp)
+    counts = counts.view(n_layers, n_exp).float().cpu()  # (L,E)
+    p = counts / counts.sum(-1, keepdim=True).clamp(min=1.0)
+    ent = -(p * torch.log(p.clamp(min=1e-12))).sum(-1) / torch.log(torch.tensor(float(n_exp)))
+    return [{"tokens": c, "load_entropy": e}
+            for c, e in zip(counts.tolist(), ent.tolist(), strict=True)]

@@ -6,6 +6,7 @@ the trainer will re-score them: left-padded prompt, then right-padded completion
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +71,7 @@ class HFRollout:
         self.model = model
         self.tok = tokenizer
         self.lockstep = lockstep
+        self._modules: tuple[torch.nn.Module | None, list[torch.nn.Module]] = (None, [])
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -78,13 +80,12 @@ class HFRollout:
         self, prompts: list[str], spec: RolloutSpec, generator: torch.Generator
     ) -> RolloutBatch:
         prompt_ids, prompt_mask = self.encode(prompts)
-        was_training = self.model.training
-        self.model.eval()
+        restore = self.eval_mode()
         try:
             with torch.inference_mode():
                 ids, lp, mask = self.sample(prompt_ids, prompt_mask, spec, generator)
         finally:
-            self.model.train(was_training)
+            restore()
         # Clones leave inference mode: the trainer's autograd graph may use these tensors.
         comp, mask, lp = ids.cpu().clone(), mask.cpu().clone(), lp.cpu().clone()
         return RolloutBatch(
@@ -95,6 +96,28 @@ class HFRollout:
             logprobs=lp,
             texts=self.texts(comp, mask, spec.stop),
         )
+
+    def eval_mode(self) -> Callable[[], None]:
+        """Switch every module to eval mode; returns what puts each module's mode back.
+
+        Flags are set directly on a cached module list: `Module.eval()` walks the module tree
+        (about 1 ms per call on the tiny preset, twice per generate call)."""
+        model = self.model
+        if getattr(model, "use_kernels", False):  # transformers re-selects kernels on a switch
+            was = model.training
+            model.eval()
+            return lambda: model.train(was)
+        if self._modules[0] is not model:
+            self._modules = (model, list(model.modules()))
+        modes = [(m, m.training) for m in self._modules[1]]
+        for m, _ in modes:
+            m.training = False
+
+        def restore() -> None:
+            for m, training in modes:
+                m.training = training
+
+        return restore
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ids and mask; each distinct prompt is tokenized once (a group repeats
