@@ -1,34 +1,60 @@
 """An environment as the RL engine's `Task` (workers.rl.tasks.base): train/eval Examples and a
 RewardFn returning totals and named components.
 
-The RL engine's rollout is single-turn: each Example's prompt is the environment's opening
-messages rendered to text, and its completion is scored as the final answer. Multi-turn and
-tool-use episodes go through `workers.envs.rollout`. Quarantined task ids (from a QC report) are
-left out of both splits.
+A single-turn environment's Example prompt is its opening messages rendered to text and its
+completion is scored as the final answer. A multi-turn or tool-use environment says so through
+`interaction` and `episode_env(example)`: the RL engine (`workers.rl.episodes`) then plays each
+example as an episode (`workers.envs.rollout`), in the plain layout `message_text` defines, and
+scores the last assistant turn with `reward`; its Example prompt is the episode's opening text,
+so SFT on references sees the same context as the first turn. Quarantined task ids (from a QC
+report) are left out of both splits. No Django or torch here.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Collection, Sequence
 
-from workers.envs.base import Environment, EnvTask, Message
+from workers.envs.base import Environment, EnvTask, Message, Mode
 from workers.rl.tasks.base import Example
+
+SEPARATOR = "\n\n"
+EPISODE_MAX_TOKENS = 4096
 
 
 def render_plain(messages: Sequence[Message]) -> str:
     """A lone user message is its content; otherwise contents joined by blank lines."""
-    return "\n\n".join(m["content"] for m in messages)
+    return SEPARATOR.join(m["content"] for m in messages)
+
+
+def message_text(message: Message) -> str:
+    """One non-assistant message in an RL episode: its content and a blank line; a tool result
+    is tagged with the tool's name."""
+    if message["role"] == "tool":
+        return f"[{message.get('name', 'tool')} result]\n{message['content']}{SEPARATOR}"
+    return message["content"] + SEPARATOR
+
+
+def render_opening(messages: Sequence[Message]) -> str:
+    """The text an RL episode starts from (its first turn's whole context)."""
+    return "".join(message_text(m) for m in messages)
 
 
 class EnvironmentTask:
-    """Satisfies workers.rl.tasks.base.Task."""
+    """Satisfies workers.rl.tasks.base.Task. `interaction` (the environment's mode),
+    `environment` (its name), `episode_env` and `episode_max_tokens` (the token budget of one
+    episode, prompt included) are what the RL engine reads to play multi-turn episodes."""
 
     def __init__(
         self, env: Environment, *, quarantined: Collection[str] = (),
-        render: Callable[[Sequence[Message]], str] = render_plain,
+        render: Callable[[Sequence[Message]], str] | None = None,
+        episode_max_tokens: int = EPISODE_MAX_TOKENS,
     ) -> None:
         self.env = env
-        self.render = render
+        self.interaction: Mode = env.mode
+        self.environment = env.name
+        self.episode_max_tokens = episode_max_tokens
+        self.render = render or (render_plain if env.mode == "single_turn" else render_opening)
         excluded = set(quarantined)
         self.train: list[Example] = [self.example(t) for t in env.split("train")
                                      if t.id not in excluded]
@@ -45,6 +71,12 @@ class EnvironmentTask:
         return Example(prompt=self.render(self.env.initial_messages(task)),
                        reference=task.reference or task.answer or "", meta=meta)
 
+    def episode_env(self, example: Example) -> tuple[Environment, EnvTask] | None:
+        """The environment and task an example plays as an episode; None when single-turn."""
+        if self.interaction == "single_turn":
+            return None
+        return self.env, self.env.task(example.meta["task_id"])
+
     def score(
         self, examples: Sequence[Example], completions: Sequence[str]
     ) -> tuple[list[float], dict[str, list[float]]]:
@@ -55,7 +87,10 @@ class EnvironmentTask:
                 {n: [s.components.get(n, 0.0) for s in scores] for n in names})
 
     def corpus(self) -> list[str]:
-        return [ex.prompt + ex.reference for ex in self.train + self.eval] + ["\n"]
+        """Text a trained tokenizer learns from. Episodes also hold text only the environment
+        writes (test output, tool results): every printable character gets a token."""
+        text = [ex.prompt + ex.reference for ex in self.train + self.eval] + ["\n"]
+        return text if self.interaction == "single_turn" else [*text, string.printable]
 
 
 def as_rl_task(env: Environment, *, quarantined: Collection[str] = ()) -> EnvironmentTask:

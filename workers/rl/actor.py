@@ -25,6 +25,14 @@ from typing import Any
 import torch
 
 from workers.rl.curriculum import TaskSampler, is_uniform
+from workers.rl.episodes import (
+    EPISODE_COUNTS,
+    EpisodeBatch,
+    episodic,
+    loss_mask,
+    play_groups,
+    plays_episodes,
+)
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.spec import RunSpec
 from workers.rl.tasks import Example, Task
@@ -70,10 +78,11 @@ def pad_cat(parts: list[torch.Tensor], pad: float, left: bool) -> torch.Tensor:
 
 
 def merge(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """One batch from several, keeping the layout: prompts left-padded, completions right."""
+    """One batch from several, keeping the layout: prompts left-padded, completions right.
+    Episode groups among them make an EpisodeBatch (single-turn rows: loss mask = attention)."""
     if len(batches) == 1:
         return batches[0]
-    return RolloutBatch(
+    fields = dict(
         prompt_ids=pad_cat([b.prompt_ids for b in batches], pad_id, left=True),
         prompt_mask=pad_cat([b.prompt_mask for b in batches], 0, left=True),
         completion_ids=pad_cat([b.completion_ids for b in batches], pad_id, left=False),
@@ -81,16 +90,26 @@ def merge(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         logprobs=pad_cat([b.logprobs for b in batches], 0.0, left=False),
         texts=[t for b in batches for t in b.texts],
     )
+    episodes = [b for b in batches if isinstance(b, EpisodeBatch)]
+    if not episodes:
+        return RolloutBatch(**fields)
+    return EpisodeBatch(**fields, loss_mask=pad_cat([loss_mask(b) for b in batches], 0,
+                                                    left=False),
+                        norm_len=max(b.norm_len for b in episodes))
 
 
 def split_groups(batch: RolloutBatch, group: int) -> list[RolloutBatch]:
     """Per-prompt views of a batch of consecutive groups."""
-    out = []
+    out: list[RolloutBatch] = []
     for i in range(0, batch.completion_ids.shape[0], group):
         sl = slice(i, i + group)
-        out.append(RolloutBatch(batch.prompt_ids[sl], batch.prompt_mask[sl],
-                                batch.completion_ids[sl], batch.completion_mask[sl],
-                                batch.logprobs[sl], batch.texts[sl]))
+        parts = (batch.prompt_ids[sl], batch.prompt_mask[sl], batch.completion_ids[sl],
+                 batch.completion_mask[sl], batch.logprobs[sl], batch.texts[sl])
+        if isinstance(batch, EpisodeBatch):
+            out.append(EpisodeBatch(*parts, loss_mask=batch.loss_mask[sl],
+                                    norm_len=batch.norm_len))
+        else:
+            out.append(RolloutBatch(*parts))
     return out
 
 
@@ -114,15 +133,62 @@ def lag_histogram(versions: list[int], step: int, bound: int, group: int) -> dic
 
 class Producer:
     """Builds StepBatches. `weights()` returns (version, backend) to generate with now;
-    `agree(flag)` makes ranks agree on another round (collective under ZeRO-3 lockstep)."""
+    `agree(flag)` makes ranks agree on another round (collective under ZeRO-3 lockstep).
+    A task whose examples play as episodes (multi-turn, tool use) needs `tokenizer`: the
+    producer's own copy (tokenizers are not shared across threads)."""
 
     def __init__(self, spec: RunSpec, task: Task, sampler: TaskSampler, pad_id: int,
                  per_rank: int, rank: int, generator: Callable[..., torch.Generator],
-                 bound: int):
+                 bound: int, tokenizer: Any = None):
         self.spec, self.task, self.sampler = spec, task, sampler
         self.pad_id, self.per_rank, self.rank = pad_id, per_rank, rank
         self.generator, self.bound = generator, bound
         self.pool: list[Group] = []  # informative surplus kept for later steps (async only)
+        self.episodes = plays_episodes(task)
+        if self.episodes and tokenizer is None:
+            raise ValueError("a multi-turn or tool-use task needs the producer's tokenizer")
+        self.tokenizer = tokenizer
+
+    def generate_round(
+        self, examples: list[Example], backend: RolloutBackend, generator: torch.Generator,
+        counts: dict[str, float],
+    ) -> tuple[list[RolloutBatch], list[float], dict[str, list[float]]]:
+        """Per example, its group's batch; the rewards and components of all groups in order.
+        Single-turn examples go through one `backend.generate` call (today's path, untouched
+        when no example plays as an episode); episode examples are played turn by turn."""
+        group, spec = self.spec.rollout.group_size, self.spec.rollout
+        sources = episodic(self.task, examples) if self.episodes else [None] * len(examples)
+        single = [j for j, s in enumerate(sources) if s is None]
+        multi = [j for j, s in enumerate(sources) if s is not None]
+        parts: list[RolloutBatch | None] = [None] * len(examples)
+        rewards: list[float] = [0.0] * (len(examples) * group)
+        components: dict[str, list[float]] = {}
+
+        def place(rows: list[int], got: list[float], comps: dict[str, list[float]]) -> None:
+            for k, j in enumerate(rows):
+                rewards[j * group:(j + 1) * group] = got[k * group:(k + 1) * group]
+                for name, values in comps.items():
+                    column = components.setdefault(name, [0.0] * len(rewards))
+                    column[j * group:(j + 1) * group] = values[k * group:(k + 1) * group]
+
+        if single:
+            reps = [examples[j] for j in single for _ in range(group)]
+            batch = backend.generate([e.prompt for e in reps], spec, generator)
+            got, comps = self.task.reward(reps, batch.texts)
+            for j, part in zip(single, split_groups(batch, group), strict=True):
+                parts[j] = part
+            place(single, list(got), comps)
+        if multi:
+            played = play_groups(
+                self.task, [examples[j] for j in multi], [sources[j] for j in multi], group,
+                backend, self.tokenizer, spec, generator, self.pad_id,
+                getattr(self.task, "episode_max_tokens", 4096))
+            for j, part in zip(multi, split_groups(played.batch, group), strict=True):
+                parts[j] = part
+            place(multi, played.rewards, played.components)
+            for k, v in played.counts.items():
+                counts[k] = counts.get(k, 0.0) + v
+        return [p for p in parts if p is not None], rewards, components
 
     def produce(
         self,
@@ -130,11 +196,12 @@ class Producer:
         weights: Callable[[], tuple[int, RolloutBackend]],
         agree: Callable[[bool], bool] | None = None,
     ) -> StepBatch:
-        spec, cur, group = self.spec, self.spec.curriculum, self.spec.rollout.group_size
+        cur, group = self.spec.curriculum, self.spec.rollout.group_size
         kept, stale = take_fresh(self.pool, step, self.bound)
         self.pool = []
         uniform: list[Group] = []
         rounds, gen_s = 0, 0.0
+        played: dict[str, float] = dict.fromkeys(EPISODE_COUNTS, 0.0) if self.episodes else {}
         while True:
             want = self.per_rank - len(kept)
             more = want > 0 and (rounds == 0 or (cur.filter_uniform and rounds < cur.max_rounds))
@@ -149,14 +216,11 @@ class Producer:
             version, backend = weights()
             t0 = time.perf_counter()
             key = (step, self.rank) if rounds == 0 else (step, self.rank, rounds)
-            reps = [e for e in examples for _ in range(group)]
-            batch = backend.generate([e.prompt for e in reps], spec.rollout,
-                                     self.generator(*key))
-            rewards, components = self.task.reward(reps, batch.texts)
+            groups, rewards, components = self.generate_round(
+                examples, backend, self.generator(*key), played)
             gen_s += time.perf_counter() - t0
             rounds += 1
-            for j, (ex, part) in enumerate(zip(examples, split_groups(batch, group),
-                                               strict=True)):
+            for j, (ex, part) in enumerate(zip(examples, groups, strict=True)):
                 sl = slice(j * group, (j + 1) * group)
                 g = Group(ex, part, list(rewards[sl]),
                           {k: list(v[sl]) for k, v in components.items()}, version)
@@ -180,6 +244,7 @@ class Producer:
             "async/stale_dropped": float(stale * group),
             "curriculum/band_skipped": float(self.sampler.band_skipped),
             "curriculum/tracked_tasks": float(len(self.sampler.buffer.entries)),
+            **played,
         }
         return StepBatch(
             step=step,

@@ -25,6 +25,7 @@ from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import all_reduce_sum, any_rank, process_group
+from workers.rl.episodes import episodic, loss_mask, norm_len, play_groups, plays_episodes
 from workers.rl.losses import (
     aggregate,
     dpo_loss,
@@ -155,6 +156,7 @@ class Run:
         self.spec, self.rank, self.world = spec, rank, world
         self.task = task or build_task(spec.task)
         self.cache: Any = None  # workers.rl.datacache.DataCache when data.source is set
+        self.episode_tok: Any = None  # the evaluation's tokenizer copy for episode tasks
         if spec.data.source is not None:
             from workers.rl.datacache import records_task
             from workers.storage import default_store
@@ -253,9 +255,16 @@ class Run:
         mine = [e for i, e in enumerate(ev) if i % self.world == self.rank] or ev[:1]
         weight = 1.0 if any(i % self.world == self.rank for i in range(len(ev))) else 0.0
         reps = [e for e in mine for _ in range(self.spec.trainer.eval_samples)]
-        batch = backend.generate([e.prompt for e in reps], self.spec.rollout,
-                                 self.generator(30_000))
-        rewards, _ = self.task.reward(reps, batch.texts)
+        sources = episodic(self.task, mine) if plays_episodes(self.task) else []
+        if any(sources):  # multi-turn / tool use: the held-out reward of whole episodes
+            rewards = play_groups(
+                self.task, mine, sources, self.spec.trainer.eval_samples, backend,
+                self.episode_tok, self.spec.rollout, self.generator(30_000),
+                tok.pad_token_id, getattr(self.task, "episode_max_tokens", 4096)).rewards
+        else:
+            batch = backend.generate([e.prompt for e in reps], self.spec.rollout,
+                                     self.generator(30_000))
+            rewards, _ = self.task.reward(reps, batch.texts)
         tot = all_reduce_sum(torch.tensor([sum(rewards) * weight, len(rewards) * weight]))
         return float(tot[0] / tot[1])
 
@@ -303,8 +312,13 @@ class Run:
         sampler = TaskSampler(self.task.train, spec.curriculum, ts.seed, self.rank, self.world,
                               order)
         bound = ts.max_async_steps
+        episodes = plays_episodes(self.task)
+        # Episodes decode and re-encode turns: the producer (the actor thread when async) and
+        # the learner's evaluation each get their own tokenizer copy.
+        self.episode_tok = copy.deepcopy(tok) if episodes else None
         producer = Producer(spec, self.task, sampler, tok.pad_token_id, per_rank, self.rank,
-                            self.generator, bound)
+                            self.generator, bound,
+                            tokenizer=copy.deepcopy(tok) if episodes else None)
         start, nan_streak = 0, 0
         result = RunResult(steps=0)
         last = ckpt.latest(self.root) if resume else None
@@ -470,6 +484,7 @@ class Run:
         """One optimizer step over all micro-batches. Returns (metric sums, skipped)."""
         spec, algo = self.spec, self.spec.algorithm
         temp = spec.rollout.temperature
+        seq_len = norm_len(batch, spec.rollout.max_new_tokens)  # seq_sum_norm's constant
         n_seq = batch.completion_ids.shape[0]
         gas = n_seq // micro
         sums: dict[str, float] = {}
@@ -479,14 +494,15 @@ class Run:
             sl = slice(i, i + micro)
             logits, router, flat_mask = forward_completion(engine, batch, sl, moe, self.device)
             c_ids = batch.completion_ids[sl].to(self.device)
-            mask = batch.completion_mask[sl].to(self.device).float()  # (b,C)
+            # Loss mask: sampled tokens only (environment/tool tokens of episodes are attended
+            # to in the forward pass but never trained on); the completion mask single-turn.
+            mask = loss_mask(batch)[sl].to(self.device).float()  # (b,C)
             logp = token_logprobs(logits, c_ids, temp)  # (b,C)
             pg, st = policy_loss(
                 logp, batch.logprobs[sl].to(self.device), advs[sl].to(self.device), mask,
                 importance=algo.importance, clip_low=algo.clip_low, clip_high=algo.clip_high,
                 tis_cap=algo.tis_cap, mask_low=algo.ratio_mask_low,
-                mask_high=algo.ratio_mask_high, agg=algo.loss_agg,
-                norm_len=spec.rollout.max_new_tokens,
+                mask_high=algo.ratio_mask_high, agg=algo.loss_agg, norm_len=seq_len,
             )
             loss = pg
             ent = masked_mean(entropy(logits.detach(), temp), mask)
@@ -496,7 +512,7 @@ class Run:
                 loss = loss - algo.entropy_coef * ent_g
             if ref_logp is not None:
                 kl = aggregate(kl_k3(logp, ref_logp[sl].to(self.device)), mask, algo.loss_agg,
-                               spec.rollout.max_new_tokens)
+                               seq_len)
                 parts["kl"] = kl.detach()
                 if algo.kl_coef:
                     loss = loss + algo.kl_coef * kl

@@ -1,0 +1,162 @@
+"""Multi-turn and tool-use groups for the RL loop: episodes played through the rollout backend,
+laid out with a separate loss mask so environment and tool tokens never reach the loss.
+
+A task opts in by exposing `episode_env(example) -> (environment, env task) | None` (see
+`workers.envs.adapter.EnvironmentTask`); None, or a task without the method, keeps the
+single-turn path. Each group's episodes are played by `workers.envs.rollout.run_episodes` with a
+`Generate` backed by the step's backend (same RolloutSpec, weight version and torch generator),
+scored by the task's own reward on the final answers, and padded by `pad_episodes`:
+`completion_mask` is the attention mask (every real token, environment replies included) and
+`loss_mask` marks the tokens the policy sampled.
+
+The backend's API is text in, token ids out, so each turn's context is decoded and re-encoded by
+the backend; where that re-encoding differs from the episode's own ids (a sampled non-canonical
+BPE split, a merge across a turn boundary) the turn is counted in `episode/retokenized_turns`:
+its logprobs were then sampled under a differently segmented context than the trainer re-scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workers.envs.adapter import SEPARATOR, message_text
+from workers.rl.rollout import RolloutBackend, RolloutBatch
+from workers.rl.spec import RolloutSpec
+from workers.rl.tasks import Example, Task
+
+
+@dataclass
+class EpisodeBatch(RolloutBatch):
+    """A RolloutBatch whose completions hold environment tokens: `completion_mask` is attended
+    to, `loss_mask` (B,C) is 1 only on policy-sampled tokens. `norm_len` is the most tokens a
+    sequence can sample (for the seq_sum_norm aggregation)."""
+
+    loss_mask: torch.Tensor
+    norm_len: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def loss_mask(batch: RolloutBatch) -> torch.Tensor:
+    """Which completion tokens count in the loss: the sampled ones (all of them, single-turn)."""
+    return batch.loss_mask if isinstance(batch, EpisodeBatch) else batch.completion_mask
+
+
+def norm_len(batch: RolloutBatch, max_new_tokens: int) -> int:
+    return max(batch.norm_len, max_new_tokens) if isinstance(batch, EpisodeBatch) \
+        else max_new_tokens
+
+
+class PlainCodec:
+    """The RL engine's chat layout, in plain text like the single-turn prompts: every
+    non-assistant message is its content and a blank line (tool results tagged with the tool's
+    name); an assistant turn is the sampled tokens ending with eos, then a blank line."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.end_of_turn = [int(tokenizer.eos_token_id)]
+        self.after_turn = self._enc(SEPARATOR)
+
+    def _enc(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_message(self, message: dict[str, str]) -> list[int]:
+        return self._enc(message_text(message))
+
+    def assistant_prefix(self) -> list[int]:
+        return []
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tok.decode(list(token_ids), skip_special_tokens=True)
+
+
+def plays_episodes(task: Task) -> bool:
+    """Whether some of the task's examples play as multi-turn or tool-use episodes."""
+    return callable(getattr(task, "episode_env", None)) and \
+        getattr(task, "interaction", "single_turn") != "single_turn"
+
+
+EPISODE_COUNTS = ("episode/turns", "episode/env_tokens", "episode/sampled_tokens",
+                  "episode/retokenized_turns", "episode/max_tokens_stops")
+
+
+def episodic(task: Task, examples: Sequence[Example]) -> list[Any]:
+    """Per example, its (environment, env task) when it plays as episodes, else None."""
+    source = getattr(task, "episode_env", None)
+    if source is None:
+        return [None] * len(examples)
+    return [source(e) for e in examples]
+
+
+class BackendGenerate:
+    """`workers.envs.rollout.Generate` over a rollout backend: one turn per call, sampled with
+    the run's RolloutSpec and the round's generator; logprobs are the backend's."""
+
+    def __init__(self, backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec,
+                 generator: torch.Generator) -> None:
+        self.backend, self.tok, self.spec, self.generator = backend, tokenizer, spec, generator
+        self.turns = 0
+        self.retokenized = 0
+
+    def __call__(self, token_ids: Sequence[int]) -> tuple[list[int], list[float]]:
+        text = self.tok.decode(list(token_ids), skip_special_tokens=False)
+        out = self.backend.generate([text], self.spec, self.generator)
+        n = int(out.completion_mask[0].sum())
+        sent = out.prompt_ids[0][out.prompt_mask[0].bool()].tolist()
+        self.turns += 1
+        if sent != list(token_ids):
+            self.retokenized += 1
+        return out.completion_ids[0, :n].tolist(), out.logprobs[0, :n].tolist()
+
+
+@dataclass
+class PlayedGroups:
+    batch: EpisodeBatch
+    rewards: list[float]
+    components: dict[str, list[float]]
+    counts: dict[str, float]
+
+
+def play_groups(
+    task: Task, examples: Sequence[Example], sources: Sequence[Any], group: int,
+    backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec, generator: torch.Generator,
+    pad_id: int, max_tokens: int,
+) -> PlayedGroups:
+    """`group` episodes per example (consecutive, like a single-turn batch), scored by the
+    task's reward on each episode's final answer."""
+    from workers.envs.rollout import pad_episodes, run_episodes
+
+    codec = PlainCodec(tokenizer)
+    gen = BackendGenerate(backend, tokenizer, spec, generator)
+    episodes = []
+    for (env, env_task) in sources:
+        episodes += run_episodes(env, [env_task] * group, gen, codec, max_tokens=max_tokens,
+                                 score=False)
+    reps = [e for e in examples for _ in range(group)]
+    finals = [next(m["content"] for m in reversed(ep.messages) if m["role"] == "assistant")
+              for ep in episodes]
+    rewards, components = task.reward(reps, finals)
+    t = pad_episodes(episodes, pad_id)
+    batch = EpisodeBatch(
+        prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"],
+        completion_ids=t["completion_ids"], completion_mask=t["completion_attention_mask"],
+        logprobs=t["logprobs"], texts=finals, loss_mask=t["completion_loss_mask"],
+        norm_len=max(env.max_turns for env, _ in sources) * spec.max_new_tokens,
+    )
+    attn = int(batch.completion_mask.sum())
+    counts = {
+        "episode/turns": float(sum(ep.turns for ep in episodes)),
+        "episode/env_tokens": float(attn - batch.num_tokens),
+        "episode/sampled_tokens": float(batch.num_tokens),
+        "episode/retokenized_turns": float(gen.retokenized),
+        "episode/max_tokens_stops": float(sum(ep.stop_reason == "max_tokens"
+                                              for ep in episodes)),
+    }
+    return PlayedGroups(batch, list(rewards), {k: list(v) for k, v in components.items()},
+                        counts)
