@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from apps.core.views import MeView
 from apps.core.viewsets import TeamScopedViewSet, WorkerViewSet
 from apps.datasets import views as dataset_views
+from apps.environments import views as environment_views
 from apps.review import views as review_views
 from apps.runs import views as run_views
 from apps.teams import views as team_views
@@ -55,6 +56,9 @@ TEAM_PAGES = {
     ("runs-compare", run_views.run_compare),
     ("run-page-samples", run_views.run_samples),
     ("team-page", team_views.team_page),
+    ("team-environments", environment_views.environment_list),
+    ("environment-page", environment_views.environment_detail),
+    ("environment-version-page", environment_views.version_detail),
 }
 
 
