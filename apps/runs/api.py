@@ -4,6 +4,7 @@ events, metrics, checkpoints, samples and reports."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -16,7 +17,7 @@ from apps.core.idempotency import idempotent
 from apps.core.viewsets import TeamScopedViewSet
 from apps.metrics import selectors as metric_selectors
 from apps.runs import selectors, services
-from apps.runs.models import Run, RunEvent
+from apps.runs.models import Run, RunEvent, RunTag
 from apps.runs.serializers import (
     CheckpointSerializer,
     RunCreateSerializer,
@@ -24,7 +25,7 @@ from apps.runs.serializers import (
     RunSerializer,
     SampleSerializer,
 )
-from apps.runs.validation import plan_run
+from apps.runs.validation import TAG_PATTERN, plan_run
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -57,8 +58,18 @@ class RunViewSet(TeamScopedViewSet):
     def base_queryset(self):  # noqa: ANN201
         return selectors.runs_with_relations(self.queryset)
 
+    @extend_schema(parameters=[OpenApiParameter(
+        "tag", OpenApiTypes.STR, many=True,
+        description="runs carrying this tag (repeat for runs carrying all of them)")])
     def list(self, request: Request, team: str) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        runs = self.filter_queryset(self.get_queryset())
+        for tag in request.query_params.getlist("tag"):
+            if not TAG_PATTERN.fullmatch(tag):
+                raise InvalidInput(f"tag {tag[:60]!r} is not a tag; a tag is 1 to 40 letters, "
+                                   "digits, '-', '_' or '.'.", details={"tag": [tag[:60]]})
+            runs = runs.filter(pk__in=RunTag.objects.filter(team=self.team, tag=tag)
+                               .values("run_id"))
+        page = self.paginate_queryset(runs)
         return self.get_paginated_response(RunSerializer(page, many=True).data)
 
     def retrieve(self, request: Request, team: str, run: str) -> Response:
@@ -72,8 +83,10 @@ class RunViewSet(TeamScopedViewSet):
     @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
     def create(self, request: Request, team: str) -> Response:
         def handler() -> Response:
-            run = services.create_run(actor=self.actor, team_id=self.team.pk,
-                                      plan=self._plan(request))
+            plan = self._plan(request)
+            with transaction.atomic():
+                run = services.create_run(actor=self.actor, team_id=self.team.pk, plan=plan)
+                RunTag.objects.freeze(run, plan.tags)
             run = self.get_queryset().get(pk=run.pk)
             return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 

@@ -17,10 +17,12 @@ from django.db.models import Q, QuerySet
 from apps.environments.models import Environment
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.projects.models import Project
-from apps.runs.models import Run, RunKind, RunStatus
+from apps.runs.models import Run, RunKind, RunStatus, RunTag
+from apps.runs.validation import TAG_PATTERN
 from apps.teams.models import Team
 
 PAGE_SIZE = 50
+MAX_TAG_CHOICES = 500
 MAX_COMPARE = 10
 # Sort keys offered in the table header: public name -> ORDER BY fields.
 SORTS: dict[str, tuple[str, ...]] = {
@@ -43,6 +45,7 @@ class RunFilters:
     project: str = ""
     environment: str = ""
     creator: str = ""
+    tag: str = ""
     q: str = ""
     sort: str = "-created"
     page: int = 1
@@ -58,12 +61,14 @@ class RunFilters:
             page = 1
         kind = params.get("kind") or ""
         status = params.get("status") or ""
+        tag = params.get("tag") or ""
         return cls(
             kind=kind if kind in RunKind.values else "",
             status=status if status in RunStatus.values else "",
             project=(params.get("project") or "")[:64],
             environment=(params.get("environment") or "")[:64],
             creator=(params.get("creator") or "")[:150],
+            tag=tag if TAG_PATTERN.fullmatch(tag) else "",
             q=(params.get("q") or "").strip()[:200],
             sort=sort,
             page=page,
@@ -71,28 +76,36 @@ class RunFilters:
 
     def active(self) -> bool:
         return any((self.kind, self.status, self.project, self.environment, self.creator,
-                    self.q))
+                    self.tag, self.q))
 
     def query(self, **changes: Any) -> str:
         """The query string of this filter with ``changes`` applied (for sort/page links)."""
         from urllib.parse import urlencode
 
         values = {"kind": self.kind, "status": self.status, "project": self.project,
-                  "environment": self.environment, "creator": self.creator, "q": self.q,
+                  "environment": self.environment, "creator": self.creator, "tag": self.tag,
+                  "q": self.q,
                   "sort": self.sort, "page": self.page, **changes}
         clean = {k: v for k, v in values.items()
                  if v and not (k == "sort" and v == "-created") and not (k == "page" and v == 1)}
         return urlencode(clean)
 
+    @property
+    def without_tag(self) -> str:
+        """This filter's query string less its tag (a tag chip's link appends its own)."""
+        return self.query(tag="", page=1)
+
 
 def runs_table_queryset(team: Team, filters: RunFilters) -> QuerySet[Run]:
-    """One query for the rows (joins, no per-row lookups); the page adds one COUNT."""
+    """One query for the rows (joins, no per-row lookups; tags come from the run's own
+    display copy); the page adds one COUNT. A tag filter is an indexed ``RunTag`` subquery,
+    so it stays one query too."""
     runs = Run.objects.filter(team=team).select_related(
         "project", "environment_version__environment", "created_by"
     ).only(
         "id", "name", "kind", "status", "pool", "priority", "attempt", "created_at",
         "updated_at", "project__slug", "environment_version__number",
-        "environment_version__environment__slug", "created_by__username",
+        "environment_version__environment__slug", "created_by__username", "tags",
     )
     if filters.kind:
         runs = runs.filter(kind=filters.kind)
@@ -104,6 +117,9 @@ def runs_table_queryset(team: Team, filters: RunFilters) -> QuerySet[Run]:
         runs = runs.filter(environment_version__environment__slug=filters.environment)
     if filters.creator:
         runs = runs.filter(created_by__username=filters.creator)
+    if filters.tag:
+        runs = runs.filter(pk__in=RunTag.objects.filter(team=team, tag=filters.tag)
+                           .values("run_id"))
     if filters.q:
         query = Q(name__icontains=filters.q)
         with contextlib.suppress(ValueError):
@@ -123,10 +139,12 @@ class FilterChoices:
     projects: list[str]
     environments: list[str]
     creators: list[str]
+    tags: list[str] = field(default_factory=list)
 
 
 def filter_choices(team: Team) -> FilterChoices:
-    """Three small queries, independent of how many runs the team has."""
+    """Four small queries, independent of how many runs the team has (the tag list reads
+    the (team, tag, run) index, capped at MAX_TAG_CHOICES)."""
     user_model = get_user_model()
     return FilterChoices(
         projects=list(Project.objects.filter(team=team).order_by("slug")
@@ -135,6 +153,8 @@ def filter_choices(team: Team) -> FilterChoices:
                           .values_list("slug", flat=True)),
         creators=list(user_model.objects.filter(memberships__team=team)
                       .order_by("username").values_list("username", flat=True)),
+        tags=list(RunTag.objects.filter(team=team).order_by("tag")
+                  .values_list("tag", flat=True).distinct()[:MAX_TAG_CHOICES]),
     )
 
 

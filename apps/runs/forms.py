@@ -79,6 +79,10 @@ class LaunchForm(forms.Form):
         max_length=1000, required=False, label="Base model",
         help_text="Training runs: empty for the config's model, 'preset', 'path:/abs/dir', or "
                   "an earlier run's checkpoint, 'run:<run id>[@<step>]'.")
+    tags = forms.CharField(
+        max_length=800, required=False,
+        help_text="Optional labels to filter the runs table by, separated by commas or spaces "
+                  "(up to 16; letters, digits, '-', '_', '.'). Fixed once launched.")
     pool = forms.ChoiceField(required=False, help_text="Default: the kind's usual pool.")
     priority = forms.IntegerField(min_value=-100, max_value=100, initial=0)
     config = forms.CharField(
@@ -113,6 +117,10 @@ class LaunchForm(forms.Form):
             raise forms.ValidationError("The config must be a JSON object ({...}).")
         return value
 
+    def clean_tags(self) -> list[str]:
+        """Split only; plan_run checks each tag so the form and the API refuse alike."""
+        return [t for t in self.cleaned_data["tags"].replace(",", " ").split() if t]
+
     def plan(self) -> RunPlan | None:
         """The validated plan, or None with the API's errors attached to fields."""
         if not self.is_valid():
@@ -123,7 +131,7 @@ class LaunchForm(forms.Form):
                 team=self.team, project=data["project"], kind=data["kind"],
                 config=data["config"], name=data["name"], pool=data["pool"] or None,
                 priority=data["priority"] or 0, datasets=list(data["datasets"]),
-                environment=data["environment"] or None,
+                environment=data["environment"] or None, tags=data["tags"],
                 # Only passed when given, so kinds without a base model never see it.
                 **({"base_model": data["base_model"].strip()}
                    if data.get("base_model", "").strip() else {}),
@@ -172,6 +180,7 @@ def initial_from_run(run: Run) -> dict[str, Any]:
                         if run.environment_version_id else ""),
         "pool": run.pool,
         "priority": run.priority,
+        "tags": ", ".join(run.tags or []),
         "config": json.dumps(run.config, indent=2, sort_keys=True),
     }
 

@@ -86,16 +86,49 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # Short labels frozen at launch, kept here for display (no join per table row); filters
+    # go through ``RunTag``, which indexes them portably on SQLite and PostgreSQL.
+    tags = models.JSONField(default=list, blank=True)
 
     class Meta:
         indexes = [
-            models.Index(fields=["team", "created_at"]),
+            # The runs table's default order (newest first, id breaks ties) within a team.
+            models.Index(fields=["team", "-created_at", "-id"], name="run_team_created_id"),
             models.Index(fields=["status", "pool", "priority", "created_at"]),
             models.Index(fields=["status", "lease_expires_at"]),
         ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
+
+
+class RunTagManager(models.Manager["RunTag"]):
+    def freeze(self, run: Run, tags: list[str] | tuple[str, ...]) -> None:
+        """Give a just-created run its validated tags (the display copy and the filter
+        rows), in the caller's transaction so a run never exists half-tagged."""
+        if not tags:
+            return
+        run.tags = list(tags)
+        Run.objects.filter(pk=run.pk).update(tags=run.tags)
+        self.bulk_create(RunTag(run=run, team_id=run.team_id, tag=t) for t in tags)
+
+
+class RunTag(models.Model):
+    """One tag of one run: a row per tag so ``?tag=`` is an indexed equality lookup on
+    both SQLite and PostgreSQL (JSON containment is PostgreSQL-only in Django)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows")
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    tag = models.CharField(max_length=40)
+
+    objects = RunTagManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "tag"], name="uniq_run_tag")]
+        indexes = [models.Index(fields=["team", "tag", "run"], name="runtag_team_tag_run")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.tag}"
 
 
 class RunDataset(models.Model):

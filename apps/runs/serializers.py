@@ -27,12 +27,14 @@ class RunSerializer(serializers.ModelSerializer):
     environments = serializers.SerializerMethodField()
     base_model = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True, read_only=True)
+    tags = serializers.ListField(child=serializers.CharField(), read_only=True)
 
     class Meta:
         model = Run
         fields = [
             "id", "project", "name", "kind", "status", "pool", "priority", "config", "datasets",
-            "environment", "environments", "base_model", "attempt", "max_attempts", "attempts",
+            "environment", "environments", "base_model", "tags", "attempt", "max_attempts",
+            "attempts",
             "error", "lease_holder", "lease_expires_at", "created_at", "queued_at",
             "claimed_at", "started_at", "finished_at", "updated_at",
         ]
@@ -76,6 +78,12 @@ class RunCreateSerializer(serializers.Serializer):
     base_model = serializers.CharField(max_length=1000, required=False, allow_null=True,
                                        default=None)
     max_attempts = serializers.IntegerField(required=False, allow_null=True, default=None)
+    # Length and characters are checked by plan_run (one message naming ``tags``, the same
+    # for the API and the launch form); here only "a list of strings".
+    tags = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=list,
+        help_text="Up to 16 labels, each 1-40 letters, digits, '-', '_' or '.'; frozen at "
+                  "launch and filterable with ?tag=.")
 
 
 class RunEventSerializer(serializers.ModelSerializer):

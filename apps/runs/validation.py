@@ -3,6 +3,7 @@ preview, so a preview that passes is a create that passes)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,9 @@ from apps.runs.specs import KINDS, KindSpec, available_kinds
 from apps.teams.models import Team
 
 MAX_ATTEMPTS_LIMIT = 20
+MAX_TAGS = 16
+TAG_MAX_LENGTH = 40
+TAG_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
 @dataclass
@@ -38,6 +42,7 @@ class RunPlan:
     base_checkpoint: Checkpoint | None = None
     base_model: dict[str, Any] | None = None
     max_attempts: int = 3
+    tags: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -47,6 +52,7 @@ class RunPlan:
             "pool": self.pool,
             "priority": self.priority,
             "max_attempts": self.max_attempts,
+            "tags": self.tags,
             "config": self.config,
             "datasets": {
                 alias: {"dataset": v.dataset.slug, "digest": v.digest, "number": v.number,
@@ -172,6 +178,7 @@ def plan_run(
     environments: list[str] | None = None,
     base_model: str | None = None,
     max_attempts: int | None = None,
+    tags: list[str] | None = None,
 ) -> RunPlan:
     if kind not in KINDS:
         raise InvalidInput(
@@ -198,6 +205,7 @@ def plan_run(
         raise InvalidInput(f"Unknown pool '{pool}'; pools are {', '.join(Pool.values)}.",
                            details={"pool": [pool]})
     attempts = _max_attempts(max_attempts)
+    clean_tags = validate_tags(tags)
     project_obj = project_by_slug(team=team, slug=project)
 
     pinned: dict[str, DatasetVersion] = {}
@@ -233,7 +241,32 @@ def plan_run(
         pool=pool or spec.default_pool, priority=priority, datasets=pinned,
         environment=env_versions[0] if env_versions else None, environments=env_versions,
         base_checkpoint=base_checkpoint, base_model=base_described, max_attempts=attempts,
+        tags=clean_tags,
     )
+
+
+def validate_tags(tags: Any) -> list[str]:
+    """Tags as given, each once in first-seen order; refused whole (naming the first bad
+    one) so a launch never keeps some tags and drops others."""
+    if tags is None:
+        return []
+    if not isinstance(tags, list | tuple):
+        raise InvalidInput("tags must be a list of strings.", details={"tags": ["list"]})
+    if len(tags) > MAX_TAGS:
+        raise InvalidInput(f"tags: at most {MAX_TAGS} tags per run; got {len(tags)}.",
+                           details={"tags": [f"{len(tags)} given"]})
+    clean: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str) or not TAG_PATTERN.fullmatch(tag):
+            shown = repr(tag)[:60]
+            raise InvalidInput(
+                f"tags: {shown} is not a tag; a tag is 1 to {TAG_MAX_LENGTH} letters, digits, "
+                "'-', '_' or '.'.",
+                details={"tags": [shown]},
+            )
+        if tag not in clean:
+            clean.append(tag)
+    return clean
 
 
 def _max_attempts(value: int | None) -> int:
