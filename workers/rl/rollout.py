@@ -79,18 +79,18 @@ class HFRollout:
     def generate(
         self, prompts: list[str], spec: RolloutSpec, generator: torch.Generator
     ) -> RolloutBatch:
-        prompt_ids, prompt_mask = self.encode(prompts)
+        uniq_ids, uniq_mask, rows = self.encode(prompts)
         restore = self.eval_mode()
         try:
             with torch.inference_mode():
-                ids, lp, mask = self.sample(prompt_ids, prompt_mask, spec, generator)
+                ids, lp, mask = self.sample(uniq_ids, uniq_mask, rows, spec, generator)
         finally:
             restore()
         # Clones leave inference mode: the trainer's autograd graph may use these tensors.
         comp, mask, lp = ids.cpu().clone(), mask.cpu().clone(), lp.cpu().clone()
         return RolloutBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
+            prompt_ids=uniq_ids[rows],
+            prompt_mask=uniq_mask[rows],
             completion_ids=comp,
             completion_mask=mask,
             logprobs=lp,
@@ -119,42 +119,54 @@ class HFRollout:
 
         return restore
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ids and mask; each distinct prompt is tokenized once (a group repeats
-        its prompt `group_size` times)."""
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded ids and mask of the distinct prompts, and the (B,) row of each prompt
+        in them: a group repeats its prompt `group_size` times, tokenized and prefilled once."""
         uniq = list(dict.fromkeys(prompts))
         enc = self.tok(uniq, return_tensors="pt", padding=True, add_special_tokens=False)
-        if len(uniq) == len(prompts):
-            return enc["input_ids"], enc["attention_mask"]
         row = {p: i for i, p in enumerate(uniq)}
-        idx = torch.tensor([row[p] for p in prompts])
-        return enc["input_ids"][idx], enc["attention_mask"][idx]
+        idx = torch.tensor([row[p] for p in prompts], dtype=torch.long)
+        return enc["input_ids"], enc["attention_mask"], idx
 
     def sample(
         self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
+        uniq_ids: torch.Tensor,
+        uniq_mask: torch.Tensor,
+        rows: torch.Tensor,
         spec: RolloutSpec,
         generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decode loop: (B,C) ids, logprobs and mask, C <= max_new_tokens.
 
-        Buffers are preallocated; no forward runs after the last sampled token, and without
-        lockstep the loop stops as soon as every row has finished.
+        The prompt pass runs once per distinct prompt and its KV cache is copied out to the
+        rows sharing it. Buffers are preallocated; no forward runs after the last sampled
+        token, and without lockstep the loop stops as soon as every row has finished.
         """
         tok, n_new = self.tok, spec.max_new_tokens
-        b, p = prompt_ids.shape
+        b, p = rows.shape[0], uniq_ids.shape[1]
         device = next(self.model.parameters()).device
-        attn = torch.ones((b, p + n_new), dtype=prompt_mask.dtype, device=device)
-        attn[:, :p] = prompt_mask.to(device)
+        rows_d = rows.to(device)
+        attn = torch.ones((b, p + n_new), dtype=uniq_mask.dtype, device=device)
+        attn[:, :p] = uniq_mask.to(device)[rows_d]
         pos = position_ids(attn[:, :p])
         ids = torch.full((b, n_new), tok.pad_token_id, dtype=torch.long, device=device)
         lp = torch.zeros((b, n_new), dtype=torch.float32, device=device)
         mask = torch.zeros((b, n_new), dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
-        out = self.model(input_ids=prompt_ids.to(device), attention_mask=attn[:, :p],
-                         position_ids=pos, use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1]  # (B,V)
+        shared = rows.shape[0] > uniq_ids.shape[0]
+        if shared:
+            u_mask = uniq_mask.to(device)
+            out = self.model(input_ids=uniq_ids.to(device), attention_mask=u_mask,
+                             position_ids=position_ids(u_mask), use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1][rows_d]  # (B,V)
+            if hasattr(cache, "batch_select_indices"):
+                cache.batch_select_indices(rows_d)
+            else:  # a cache that cannot be copied across rows: prefill every row instead
+                shared = False
+        if not shared:
+            out = self.model(input_ids=uniq_ids.to(device)[rows_d], attention_mask=attn[:, :p],
+                             position_ids=pos, use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1]  # (B,V)
         t = 0
         for t in range(n_new):
             logp = torch.log_softmax(logits.float() / spec.temperature, dim=-1)  # (B,V)
