@@ -4,7 +4,6 @@ events, metrics, checkpoints, samples and reports."""
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -84,9 +83,7 @@ class RunViewSet(TeamScopedViewSet):
     def create(self, request: Request, team: str) -> Response:
         def handler() -> Response:
             plan = self._plan(request)
-            with transaction.atomic():
-                run = services.create_run(actor=self.actor, team_id=self.team.pk, plan=plan)
-                RunTag.objects.freeze(run, plan.tags)
+            run = services.create_run(actor=self.actor, team_id=self.team.pk, plan=plan)
             run = self.get_queryset().get(pk=run.pk)
             return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 

@@ -32,6 +32,7 @@ from apps.runs.models import (
     RunEnvironment,
     RunEvent,
     RunStatus,
+    RunTag,
     Sample,
 )
 from apps.runs.stream import event_message
@@ -108,6 +109,7 @@ def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
             environment_version=plan.environment, created_by=actor.user, queued_at=now,
             max_attempts=plan.max_attempts, base_checkpoint=plan.base_checkpoint,
         )
+        RunTag.objects.freeze(run, plan.tags)
         for alias, version in plan.datasets.items():
             RunDataset.objects.create(run=run, dataset_version=version, alias=alias)
             lineage.edge_create(team_id=team_id, source=version, target=run, relation="input")

@@ -12,7 +12,6 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
@@ -22,7 +21,7 @@ from apps.core.exceptions import DomainError, NotFound
 from apps.projects.models import Project
 from apps.runs import dashboard, selectors, services
 from apps.runs.forms import PRESETS, LaunchForm, initial_from_preset, initial_from_run
-from apps.runs.models import EventLevel, Run, RunKind, RunStatus, RunTag
+from apps.runs.models import EventLevel, Run, RunKind, RunStatus
 from apps.runs.selectors import runs_with_relations
 from apps.teams.models import Role, role_at_least
 from apps.teams.selectors import teams_for_user
@@ -111,10 +110,8 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
         form = LaunchForm(request.POST, team=team_obj)
         plan = form.plan()
         if plan is not None and request.POST.get("action") == "launch":
-            with transaction.atomic():
-                run = services.create_run(actor=Actor.of_user(request.user),
-                                          team_id=team_obj.pk, plan=plan)
-                RunTag.objects.freeze(run, plan.tags)
+            run = services.create_run(actor=Actor.of_user(request.user),
+                                      team_id=team_obj.pk, plan=plan)
             messages.success(request, "Run queued. It starts when a worker of its pool is free.")
             return redirect("run-page", team=team_obj.slug, run=str(run.pk))
         if plan is not None:
