@@ -174,6 +174,14 @@ class Run:
             f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         )
         ts = spec.trainer
+        if world > 1 and ts.zero_stage == 3 and plays_episodes(self.task):
+            # ZeRO-3 ranks gather parameters collectively in every forward, but episodes take
+            # as many generate calls as their turns, which differ between ranks.
+            raise ValueError(
+                f"multi-turn / tool-use tasks cannot run with trainer.zero_stage = 3 on {world} "
+                "ranks (episodes generate a different number of turns per rank); use "
+                "zero_stage 0-2 or a single rank"
+            )
         if ts.prompts_per_step % world:
             raise ValueError(
                 f"trainer.prompts_per_step={ts.prompts_per_step} must be divisible by the "

@@ -171,7 +171,21 @@ def _sandbox():
     return shared_sandbox()
 
 
-def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch):
+def test_zero3_on_several_ranks_is_refused_for_episode_tasks(tmp_path):
+    env = load_environment({"source": "tasks",
+                            "tasks": [{"id": "t", "prompt": "6*7?", "answer": "42"}],
+                            "rubric": {"components": [{"name": "c", "checker": "math_equiv"}]},
+                            "interaction": {"mode": "tool_use", "max_turns": 2,
+                                            "tools": ["calculator"]}})
+    spec = parse_spec({"trainer": {"zero_stage": 3, "prompts_per_step": 2},
+                       "checkpoint": {"dir": str(tmp_path)}, "output": {"stdout": False}})
+    with pytest.raises(ValueError, match="zero_stage = 3 on 2 ranks"):
+        Run(spec, NullSink(), as_rl_task(env), 0, 2)
+    Run(spec, NullSink(), as_rl_task(env), 0, 1)  # one rank: fine
+
+
+@pytest.mark.parametrize("async_steps", [0, 1])
+def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch, async_steps):
     sandbox = _sandbox()
     env = load_environment({"source": "builtin", "name": "code_repair",
                             "params": {"max_turns": 2}}, sandbox=sandbox)
@@ -183,7 +197,7 @@ def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch
         "rollout": {"group_size": 2, "max_new_tokens": 6},
         "algorithm": {"kl_coef": 0.05},
         "trainer": {"steps": 2, "prompts_per_step": 1, "micro_batch_size": 2,
-                    "eval_samples": 1, "zero_stage": 0},
+                    "eval_samples": 1, "zero_stage": 0, "max_async_steps": async_steps},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every": 0, "save_final": False},
         "output": {"stdout": False},
     })
@@ -207,6 +221,12 @@ def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch
         assert m["episode/turns"] == 4  # a random policy fails: every episode takes 2 turns
         assert m["episode/env_tokens"] > 0 and m["episode/sampled_tokens"] > 0
         assert torch.isfinite(torch.tensor(m["loss"]))
+    if not async_steps:
+        # One update per batch: where no turn's context was re-segmented by the backend, the
+        # trained policy re-scores sampled tokens exactly as the sampler did (ratio 1), so the
+        # logprobs line up with the attention layout, environment tokens and all.
+        clean = [r["metrics"] for r in steps if r["metrics"]["episode/retokenized_turns"] == 0]
+        assert clean and all(abs(m["ratio_mean"] - 1.0) < 1e-3 for m in clean)
     sb, run = seen[0]
     batch = sb.batch
     assert isinstance(batch, EpisodeBatch)
