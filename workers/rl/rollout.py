@@ -82,12 +82,14 @@ class HFRollout:
         uniq_ids, uniq_mask, rows = self.encode(prompts)
         restore = self.eval_mode()
         try:
-            with torch.inference_mode():
+            # no_grad, not inference_mode: ZeRO-3 gathers parameters inside this forward and
+            # lazily built buffers may be created here, and the trainer's autograd later
+            # uses both (inference tensors cannot be saved for backward).
+            with torch.no_grad():
                 ids, lp, mask = self.sample(uniq_ids, uniq_mask, rows, spec, generator)
         finally:
             restore()
-        # Clones leave inference mode: the trainer's autograd graph may use these tensors.
-        comp, mask, lp = ids.cpu().clone(), mask.cpu().clone(), lp.cpu().clone()
+        comp, mask, lp = ids.cpu(), mask.cpu(), lp.cpu()
         return RolloutBatch(
             prompt_ids=uniq_ids[rows],
             prompt_mask=uniq_mask[rows],

@@ -1,5 +1,5 @@
-"""The fast HF sampler (preallocated buffers, inference mode, no wasted forward, deduplicated
-tokenization) must sample exactly what a plain, cache-free loop samples."""
+"""The fast HF sampler (preallocated buffers, no wasted forward, shared prompt prefill,
+deduplicated tokenization) must sample exactly what a plain, cache-free loop samples."""
 
 import torch
 
