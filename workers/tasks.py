@@ -227,6 +227,17 @@ class MixedTask:
         self.components = [f"{names[i]}/{c.name}" for i, t in enumerate(tasks)
                            for c in t.env.rubric.components]
         self.reward = self.score
+        # Multi-turn / tool-use environments are played as episodes (workers.rl.episodes);
+        # single-turn ones answer episode_env with None and keep the one-shot path.
+        self.interaction = next((t.interaction for t in tasks
+                                 if getattr(t, "interaction", "single_turn") != "single_turn"),
+                                "single_turn")
+        self.episode_max_tokens = max(getattr(t, "episode_max_tokens", 4096) for t in tasks)
+
+    def episode_env(self, example: Any) -> Any:
+        task = self.tasks[int(example.meta["env"])]
+        play = getattr(task, "episode_env", None)
+        return play(self._untag(example)) if play is not None else None
 
     @staticmethod
     def _tag(example: Any, index: int) -> Any:
