@@ -3,17 +3,16 @@ the run's lease (workers hold no database access)."""
 
 from __future__ import annotations
 
-import uuid
-
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.exceptions import InvalidInput, NotFound
+from apps.core.exceptions import InvalidInput
 from apps.core.viewsets import WorkerViewSet
 from apps.environments import services
 from apps.runs.models import Run
+from apps.runs.selectors import run_for_worker
 from apps.runs.services import check_lease
 
 
@@ -30,17 +29,8 @@ class QcResultSerializer(serializers.Serializer):
 
 class WorkerQcViewSet(WorkerViewSet):
     def _run(self, run: str) -> Run:
-        try:
-            run_id = uuid.UUID(run)
-        except ValueError as exc:
-            raise NotFound(f"No run '{run}'.") from exc
-        runs = Run.objects.select_related("environment_version__environment")
-        if self.principal.team_id is not None:
-            runs = runs.filter(team_id=self.principal.team_id)
-        obj = runs.filter(pk=run_id).first()
-        if obj is None:
-            raise NotFound(f"No run '{run}'.")
-        return obj
+        return run_for_worker(team_id=self.principal.team_id, run=run,
+                              related=("environment_version__environment",))
 
     @extend_schema(request=QcReportSerializer, responses=QcResultSerializer)
     def create(self, request: Request, run: str) -> Response:

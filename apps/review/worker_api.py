@@ -3,14 +3,12 @@ for review, under its lease, so the accepted version links back to the run."""
 
 from __future__ import annotations
 
-import uuid
-
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.exceptions import InvalidInput, NotFound
+from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import WorkerViewSet
 from apps.datasets.models import Dataset
@@ -19,6 +17,7 @@ from apps.review.api import BatchCreateSerializer, BatchSerializer
 from apps.review.models import Batch
 from apps.review.selectors import with_counts
 from apps.runs.models import Run
+from apps.runs.selectors import run_for_worker
 from apps.runs.services import check_lease
 
 
@@ -28,17 +27,7 @@ class WorkerBatchSerializer(BatchCreateSerializer):
 
 class WorkerBatchViewSet(WorkerViewSet):
     def _run(self, run: str) -> Run:
-        try:
-            run_id = uuid.UUID(run)
-        except ValueError as exc:
-            raise NotFound(f"No run '{run}'.") from exc
-        runs = Run.objects.select_related("team")
-        if self.principal.team_id is not None:
-            runs = runs.filter(team_id=self.principal.team_id)
-        obj = runs.filter(pk=run_id).first()
-        if obj is None:
-            raise NotFound(f"No run '{run}'.")
-        return obj
+        return run_for_worker(team_id=self.principal.team_id, run=run, related=("team",))
 
     @extend_schema(request=WorkerBatchSerializer, responses={201: BatchSerializer})
     def create(self, request: Request, run: str) -> Response:

@@ -22,6 +22,22 @@ def runs_with_relations(queryset: QuerySet[Run]) -> QuerySet[Run]:
                        "environment_pins__environment_version__environment", "attempts")
 
 
+def run_for_worker(*, team_id: int | None, run: str, related: tuple[str, ...] = ()) -> Run:
+    """The run a worker token names in its URL: a team token sees only its team's runs, an
+    operator token (team_id None) every run; a malformed id and a foreign run are the same 404."""
+    try:
+        run_id = uuid.UUID(run)
+    except ValueError as exc:
+        raise NotFound(f"No run '{run}'.") from exc
+    queryset = Run.objects.select_related(*related) if related else Run.objects.all()
+    if team_id is not None:
+        queryset = queryset.filter(team_id=team_id)
+    obj = queryset.filter(pk=run_id).first()
+    if obj is None:
+        raise NotFound(f"No run '{run}'.")
+    return obj
+
+
 def report(run: Run) -> dict[str, Any]:
     if not run.report_uri:
         raise NotFound(f"Run {run.pk} has no report (yet).")

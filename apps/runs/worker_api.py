@@ -6,8 +6,6 @@ whose lease expired or whose run was canceled gets a 409 and must stop.
 
 from __future__ import annotations
 
-import uuid
-
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -15,7 +13,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.exceptions import Forbidden, InvalidInput, NotFound, PayloadTooLarge
+from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import WorkerViewSet
 from apps.metrics import services as metric_services
@@ -64,20 +62,10 @@ class ArtifactSerializer(serializers.Serializer):
 
 class WorkerRunViewSet(WorkerViewSet):
     def _run(self, run: str, *, related: bool = True) -> Run:
-        try:
-            run_id = uuid.UUID(run)
-        except ValueError as exc:
-            raise NotFound(f"No run '{run}'.") from exc
-        queryset = Run.objects.all()
-        if related:
-            queryset = queryset.select_related("team", "project",
-                                               "environment_version__environment")
-        if self.principal.team_id is not None:
-            queryset = queryset.filter(team_id=self.principal.team_id)
-        obj = queryset.filter(pk=run_id).first()
-        if obj is None:
-            raise NotFound(f"No run '{run}'.")
-        return obj
+        return selectors.run_for_worker(
+            team_id=self.principal.team_id, run=run,
+            related=("team", "project", "environment_version__environment") if related else (),
+        )
 
     @extend_schema(request=ClaimSerializer, responses={200: OpenApiTypes.OBJECT, 204: None})
     def claim(self, request: Request) -> Response:
