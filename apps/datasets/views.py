@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods
 
-from apps.core.access import access_team
 from apps.core.actor import Actor
-from apps.core.exceptions import DomainError, NotFound
+from apps.core.exceptions import DomainError
+from apps.core.pages import page_context, team_for_page
 from apps.datasets import lineage_svg, selectors, services
 from apps.datasets.manifests import present
 from apps.datasets.models import Dataset, DatasetVersion
@@ -23,7 +23,6 @@ from apps.lineage import selectors as lineage_selectors
 from apps.review.selectors import with_counts
 from apps.runs.models import Checkpoint, Run
 from apps.teams.models import Role, role_at_least
-from apps.teams.selectors import teams_for_user
 
 LINEAGE_VERSIONS = 12  # versions whose neighbourhood the graph shows
 LINEAGE_DEPTH = 3
@@ -33,17 +32,8 @@ VERSIONS_SHOWN = 100
 AUTO_DIFF_RECORDS = 20_000
 
 
-def _team(request: HttpRequest, slug: str):  # noqa: ANN202
-    try:
-        return access_team(request.user, slug)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
-
-
 def _context(request: HttpRequest, team: Any, membership: Any, **extra: Any) -> dict[str, Any]:
-    return {"team": team, "membership": membership, "section": "datasets",
-            "teams": teams_for_user(request.user).order_by("slug"),
-            "can_write": role_at_least(membership.role, Role.MEMBER), **extra}
+    return page_context(request, team, membership, section="datasets", **extra)
 
 
 def _dataset(team: Any, slug: str) -> Dataset:
@@ -56,7 +46,7 @@ def _dataset(team: Any, slug: str) -> Dataset:
 
 @login_required
 def dataset_list(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     rows = selectors.datasets_overview(team_obj)
     return render(request, "datasets/list.html",
                   _context(request, team_obj, membership, datasets=rows))
@@ -64,7 +54,7 @@ def dataset_list(request: HttpRequest, team: str) -> HttpResponse:
 
 @login_required
 def dataset_detail(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     obj = _dataset(team_obj, dataset)
     versions = list(selectors.versions_of(obj)[:VERSIONS_SHOWN])
     rows = [{"version": v, "manifest": present(v.manifest)} for v in versions]
@@ -96,7 +86,7 @@ def _diff_context(team: Any, dataset: Dataset, version: DatasetVersion,
 @login_required
 def dataset_diff(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
     """``?a=<old>&b=<new>`` (digests or v<number>): the diff, as a partial for htmx."""
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     obj = _dataset(team_obj, dataset)
     newest = obj.versions.order_by("-number").first()
     b = _version(obj, request.GET["b"]) if request.GET.get("b") else newest
@@ -118,7 +108,7 @@ def dataset_diff(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def dataset_rollback(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
     """GET: confirm rolling back to ``?to=<version>``; POST: do it (members and up)."""
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     obj = _dataset(team_obj, dataset)
     ref = request.POST.get("to") if request.method == "POST" else request.GET.get("to")
     current = obj.current_version

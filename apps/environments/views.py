@@ -19,9 +19,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from apps.core.access import access_team
 from apps.core.actor import Actor
-from apps.core.exceptions import DomainError, InvalidInput, NotFound
+from apps.core.exceptions import DomainError, InvalidInput
+from apps.core.pages import page_context, team_for_page
 from apps.core.storage import store
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion
@@ -29,7 +29,6 @@ from apps.runs import services as run_services
 from apps.runs.models import Pool, Run, RunStatus
 from apps.runs.validation import plan_run
 from apps.teams.models import Role, role_at_least
-from apps.teams.selectors import teams_for_user
 
 VERSIONS_SHOWN = 100
 EVAL_REPORTS_SHOWN = 10  # full reports read from the object store per page view
@@ -38,17 +37,8 @@ QUARANTINE_ROWS = 500  # a pathological report still renders in bounded time
 FLAG_IDS_SHOWN = 12
 
 
-def _team(request: HttpRequest, slug: str):  # noqa: ANN202
-    try:
-        return access_team(request.user, slug)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
-
-
 def _context(request: HttpRequest, team: Any, membership: Any, **extra: Any) -> dict[str, Any]:
-    return {"team": team, "membership": membership, "section": "environments",
-            "teams": teams_for_user(request.user).order_by("slug"),
-            "can_write": role_at_least(membership.role, Role.MEMBER), **extra}
+    return page_context(request, team, membership, section="environments", **extra)
 
 
 def _environment(team: Any, slug: str) -> Environment:
@@ -161,7 +151,7 @@ def eval_view(report: Any) -> dict[str, Any]:
 
 @login_required
 def environment_list(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     latest = EnvironmentVersion.objects.filter(environment=OuterRef("pk")).order_by("-number")
     envs = list(Environment.objects.filter(team=team_obj).select_related("project")
                 .annotate(n_versions=Count("versions"),
@@ -178,7 +168,7 @@ def environment_list(request: HttpRequest, team: str) -> HttpResponse:
 
 @login_required
 def environment_detail(request: HttpRequest, team: str, environment: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     env = _environment(team_obj, environment)
     versions = list(env.versions.select_related("created_by").order_by("-number")
                     [:VERSIONS_SHOWN])
@@ -193,7 +183,7 @@ def environment_detail(request: HttpRequest, team: str, environment: str) -> Htt
 def version_detail(request: HttpRequest, team: str, environment: str, version: str
                    ) -> HttpResponse:
     """GET shows the version; POST launches a run of it: ``op`` = ``qc`` or ``eval``."""
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     env = _environment(team_obj, environment)
     obj = selectors.version_lookup(env, version)
     if obj is None:

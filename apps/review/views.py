@@ -16,20 +16,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from apps.core.access import access_team
-from apps.core.exceptions import NotFound
+from apps.core.pages import team_for_page
 from apps.datasets.manifests import present
 from apps.review import selectors
 from apps.review.models import OPEN_BATCH_STATUSES, Batch
 from apps.teams.models import Role, role_at_least
 from apps.teams.selectors import teams_for_user
-
-
-def _team(request: HttpRequest, slug: str):  # noqa: ANN202
-    try:
-        return access_team(request.user, slug)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
 
 
 def _batch(team: Any, raw: str) -> Batch | None:
@@ -45,7 +37,7 @@ def _batch(team: Any, raw: str) -> Batch | None:
 
 @login_required
 def review_queue(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     batch = _batch(team_obj, request.GET["batch"]) if request.GET.get("batch") else None
     items = selectors.queue(team_obj, batch=batch)
     if batch is not None:

@@ -15,9 +15,9 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from apps.core.access import access_team
 from apps.core.actor import Actor
-from apps.core.exceptions import DomainError, NotFound
+from apps.core.exceptions import DomainError
+from apps.core.pages import page_context, team_for_page
 from apps.projects.models import Project
 from apps.runs import dashboard, selectors, services
 from apps.runs.forms import PRESETS, LaunchForm, initial_from_preset, initial_from_run
@@ -27,20 +27,6 @@ from apps.teams.models import Role, role_at_least
 from apps.teams.selectors import teams_for_user
 
 EVENT_TAIL = 200
-
-
-def _team(request: HttpRequest, slug: str):  # noqa: ANN202
-    try:
-        return access_team(request.user, slug)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
-
-
-def _context(request: HttpRequest, team, membership, **extra):  # noqa: ANN001, ANN202
-    return {"team": team, "membership": membership,
-            "can_write": role_at_least(membership.role, Role.MEMBER),
-            "is_admin": role_at_least(membership.role, Role.ADMIN),
-            "teams": teams_for_user(request.user).order_by("slug"), **extra}
 
 
 def _run(team_obj, run: str) -> Run:  # noqa: ANN001
@@ -72,12 +58,12 @@ def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, 
 
 @login_required
 def team_runs(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     table = runs_table_context(team_obj, membership, request)
     if request.htmx and request.htmx.target == "runs":
         return render(request, "runs/_runs_table.html",
-                      _context(request, team_obj, membership, **table))
-    context = _context(
+                      page_context(request, team_obj, membership, **table))
+    context = page_context(
         request, team_obj, membership, section="runs", **table,
         choices=dashboard.filter_choices(team_obj), kinds=RunKind.values,
         statuses=RunStatus.values, max_compare=dashboard.MAX_COMPARE,
@@ -89,12 +75,12 @@ def team_runs(request: HttpRequest, team: str) -> HttpResponse:
 def team_projects(request: HttpRequest, team: str) -> HttpResponse:
     from django.db.models import Count
 
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     projects = Project.objects.filter(team=team_obj).annotate(n_runs=Count("runs")).order_by(
         "slug")
     rows = [(p, p.n_runs) for p in projects]
     return render(request, "runs/team_projects.html",
-                  _context(request, team_obj, membership, section="projects", rows=rows))
+                  page_context(request, team_obj, membership, section="projects", rows=rows))
 
 
 # --- launch --------------------------------------------------------------------------------
@@ -102,7 +88,7 @@ def team_projects(request: HttpRequest, team: str) -> HttpResponse:
 
 @login_required
 def run_launch(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     if request.method == "POST" and not role_at_least(membership.role, Role.MEMBER):
         raise PermissionDenied("Viewers cannot launch runs; ask a team admin for the member role.")
     preview = None
@@ -129,7 +115,7 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
         form = LaunchForm(initial=initial, team=team_obj)
         if "project" not in initial and form.fields["project"].choices:
             form.initial["project"] = form.fields["project"].choices[0][0]
-    context = _context(request, team_obj, membership, section="launch", form=form,
+    context = page_context(request, team_obj, membership, section="launch", form=form,
                        preview=preview, presets=PRESETS,
                        clone=request.GET.get("clone") or request.POST.get("clone") or "")
     status = 400 if request.method == "POST" and form.errors else 200
@@ -141,13 +127,13 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
 
 @login_required
 def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     obj = _run(team_obj, run)
     if request.method == "POST":
         return _run_action(request, team_obj, membership, obj)
     events = list(obj.events.order_by("-seq")[:EVENT_TAIL])[::-1]
     steps = dashboard.sample_steps(obj)
-    context = _context(
+    context = page_context(
         request, team_obj, membership, section="runs", run=obj, events=events,
         stream_seq=obj.event_seq, config_json=json.dumps(obj.config, indent=2, sort_keys=True),
         checkpoints=list(obj.checkpoints.order_by("step")),
@@ -177,9 +163,9 @@ def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[s
 
 @login_required
 def run_samples(request: HttpRequest, team: str, run: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     obj = _run(team_obj, run)
-    context = _context(request, team_obj, membership, run=obj,
+    context = page_context(request, team_obj, membership, run=obj,
                        **_samples_context(obj, dashboard.sample_steps(obj), request))
     return render(request, "runs/_samples.html", context)
 
@@ -206,7 +192,7 @@ def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpRes
 
 @login_required
 def run_compare(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     ids = dashboard.parse_run_ids(request.GET.getlist("run"))
     too_many = len(ids) > dashboard.MAX_COMPARE
     ids = ids[: dashboard.MAX_COMPARE]
@@ -215,7 +201,7 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
     runs = [found[i] for i in ids if i in found]
     config_rows = dashboard.config_table([r.config for r in runs])
     reports = [_report_or_none(r) for r in runs]
-    context = _context(
+    context = page_context(
         request, team_obj, membership, section="runs", runs=runs, too_many=too_many,
         config_rows=config_rows, n_differ=sum(r.differs for r in config_rows),
         report_rows=dashboard.report_table(reports) if any(reports) else [],

@@ -10,18 +10,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from apps.core.access import access_team
 from apps.core.actor import Actor
-from apps.core.exceptions import DomainError, NotFound
+from apps.core.exceptions import DomainError
+from apps.core.pages import team_for_page
 from apps.teams import selectors, services
 from apps.teams.models import ApiToken, Membership, Role, TokenKind, role_at_least
-
-
-def _team(request: HttpRequest, slug: str):  # noqa: ANN202
-    try:
-        return access_team(request.user, slug)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
 
 
 def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,  # noqa: ANN001
@@ -48,7 +41,7 @@ def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
 def team_page(request: HttpRequest, team: str) -> HttpResponse:
     """GET shows the page; POST does one operation, named by the form's ``op`` field (one
     URL for the page and its forms, so every team URL is a page a viewer can open)."""
-    team_obj, membership = _team(request, team)
+    team_obj, membership = team_for_page(request, team)
     if request.method != "POST":
         return _page(request, team_obj, membership)
     op = request.POST.get("op", "")
