@@ -183,8 +183,10 @@ def run_eval(session: WorkerSession) -> None:
     resolve = dataset_resolver(env, store)
     loaded = load_environment(env["spec"], resolve_dataset=resolve)
     params = {k: cfg[k] for k in EVAL_FIELDS if k in cfg}
-    placeholder = {"kind": "endpoint", "base_url": "http://127.0.0.1", "model": "policy"}
-    spec = EvalSpec.model_validate({**params, "policy": cfg.get("policy") or placeholder})
+    # EvalSpec requires a policy; a checkpoint policy's endpoint exists only once it is served
+    # below, so the sampling fields are validated against a stand-in that is never called.
+    stand_in = {"kind": "endpoint", "base_url": "http://127.0.0.1", "model": "policy"}
+    spec = EvalSpec.model_validate({**params, "policy": cfg.get("policy") or stand_in})
     kwargs: dict[str, Any] = {
         "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
         "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
