@@ -7,7 +7,7 @@ version's QC result; for synthesis, a review batch. No database, no Django.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import math
 import tempfile
@@ -147,9 +147,10 @@ def preset_model_dir(env_spec: dict[str, Any], model: dict[str, Any],
 
 
 def _model_dir(session: WorkerSession, env: dict[str, Any], store: ObjectStore,
-               scratch: Path) -> tuple[str, dict[str, Any]]:
+               scratch: Path, hold: contextlib.ExitStack) -> tuple[str, dict[str, Any]]:
     """A local model folder for the run's ``model`` (preset, directory, or a checkpoint object
-    unpacked into this host's model cache) and how the report names it."""
+    unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
+    the report names it."""
     cfg = session.run["config"]
     model = cfg.get("model") or {}
     if model.get("source", "preset") == "preset":
@@ -158,10 +159,9 @@ def _model_dir(session: WorkerSession, env: dict[str, Any], store: ObjectStore,
         return str(folder), {"kind": "preset", "seed": model.get("seed", 0)}
     path = str(model.get("path") or "")
     if path.startswith(store.url + "/"):
-        from workers.tasks import fetch_tar
+        from workers.model_cache import ModelCache
 
-        cache = _var_dir() / "models" / hashlib.sha256(path.encode()).hexdigest()[:24]
-        local = fetch_tar(store, path, cache) / "hf"
+        local = hold.enter_context(ModelCache(_var_dir() / "models").use(store, path)) / "hf"
         session.log_event(f"model {path} unpacked to {local}", kind="artifact")
         return str(local), {"kind": "checkpoint", "uri": path}
     return path, {"kind": "path", "path": path}
@@ -198,8 +198,9 @@ def run_eval(session: WorkerSession) -> None:
     else:
         from workers.inference import start_server
 
-        with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp:
-            folder, named = _model_dir(session, env, store, Path(tmp))
+        with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
+                contextlib.ExitStack() as hold:
+            folder, named = _model_dir(session, env, store, Path(tmp), hold)
             fmt = cfg.get("chat_format", "auto")
             session.log_event(f"evaluating {named['kind']} policy on {_label(env)} (served "
                               f"here, chat format {fmt})", data={"policy": named})

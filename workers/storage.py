@@ -13,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 from urllib.parse import unquote, urlparse
 
 
@@ -24,6 +24,7 @@ class ObjectStore(Protocol):
     def put_bytes(self, key: str, data: bytes) -> str: ...
     def get_bytes(self, uri: str) -> bytes: ...
     def open_lines(self, uri: str) -> Iterator[bytes]: ...
+    def open_binary(self, uri: str) -> IO[bytes]: ...
     def exists(self, uri: str) -> bool: ...
 
 
@@ -90,6 +91,10 @@ class LocalStore:
         with open(self._path(uri), "rb") as handle:
             yield from handle
 
+    def open_binary(self, uri: str) -> IO[bytes]:
+        """The object as a readable stream (checkpoints are read without loading them whole)."""
+        return open(self._path(uri), "rb")  # noqa: SIM115 - the caller closes it
+
     def exists(self, uri: str) -> bool:
         return self._path(uri).is_file()
 
@@ -134,6 +139,10 @@ class S3Store:
     def open_lines(self, uri: str) -> Iterator[bytes]:
         body = self.client.get_object(Bucket=self.bucket, Key=self._key(uri))["Body"]
         yield from body.iter_lines(keepends=True)
+
+    def open_binary(self, uri: str) -> IO[bytes]:
+        """The object's body as a stream, read in chunks as the caller consumes it."""
+        return self.client.get_object(Bucket=self.bucket, Key=self._key(uri))["Body"]
 
     def exists(self, uri: str) -> bool:
         try:

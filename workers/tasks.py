@@ -6,8 +6,8 @@ Workers hold no database credentials: ``CRUCIBLE_API_URL`` and ``CRUCIBLE_WORKER
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -26,6 +26,7 @@ import httpx
 from config.celery import app
 from workers import jobs
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
+from workers.model_cache import ModelCache, fetch_tar
 from workers.profile.engine import Stopped, run_profile
 from workers.storage import ObjectStore, default_store
 
@@ -144,25 +145,6 @@ def _var_dir() -> Path:
     return Path(os.environ.get("CRUCIBLE_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
 
 
-def fetch_tar(store: ObjectStore, uri: str, target: Path) -> Path:
-    """Unpack the tar object ``uri`` into ``target`` (complete or absent: unpacked beside it,
-    then renamed). Member paths are confined to ``target`` by tarfile's data filter."""
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".tmp-{target.name}-"))
-    try:
-        archive = tmp / "object.tar"
-        archive.write_bytes(store.get_bytes(uri))
-        unpacked = tmp / "unpacked"
-        with tarfile.open(archive) as tar:
-            tar.extractall(unpacked, filter="data")
-        os.replace(unpacked, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _in_store(store: ObjectStore, uri: str | None) -> bool:
     return bool(uri) and str(uri).startswith(store.url + "/")
 
@@ -179,13 +161,15 @@ def _resume_point(session: WorkerSession) -> dict[str, Any] | None:
 CHECKPOINT_NAME = re.compile(r"/step-\d+\.tar$")
 
 
-def prepare_train(session: WorkerSession, store: ObjectStore, work: Path) -> tuple[Any, bool]:
+def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
+                  hold: contextlib.ExitStack | None = None) -> tuple[Any, bool]:
     """The engine's spec for this attempt, with local paths, and whether to resume.
 
     The checkpoint folder is new for every attempt; a retried attempt unpacks the run's last
     recorded checkpoint from the object store into it, so any worker, on any host, resumes
     where the lost one last checkpointed. A base model given as an object-store URI (an
-    earlier run's checkpoint) is unpacked into a cache shared by this host's runs.
+    earlier run's checkpoint) is unpacked into the host's model cache, where ``hold`` keeps
+    it from being pruned until the attempt ends.
     """
     from workers.rl.spec import parse_spec
 
@@ -193,8 +177,9 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path) -> tup
     root = work / "checkpoints"
     model = spec.model
     if model.source == "path" and _in_store(store, model.path):
-        cache = _var_dir() / "models" / hashlib.sha256(str(model.path).encode()).hexdigest()[:24]
-        local = fetch_tar(store, str(model.path), cache) / "hf"
+        hold = hold if hold is not None else contextlib.ExitStack()
+        cached = ModelCache(_var_dir() / "models").use(store, str(model.path))
+        local = hold.enter_context(cached) / "hf"
         session.log_event(f"base model {model.path} unpacked to {local}", kind="artifact")
         model = model.model_copy(update={"path": str(local)})
     spec = spec.model_copy(update={
@@ -315,9 +300,10 @@ def _train(session: WorkerSession) -> None:
         for old in base.iterdir():
             shutil.rmtree(old, ignore_errors=True)
     try:
-        spec, resume = prepare_train(session, store, work)
-        task = environment_task(session, store)
-        train(spec, RlApiSink(session, store, work / "upload"), resume=resume, task=task)
+        with contextlib.ExitStack() as hold:
+            spec, resume = prepare_train(session, store, work, hold)
+            task = environment_task(session, store)
+            train(spec, RlApiSink(session, store, work / "upload"), resume=resume, task=task)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

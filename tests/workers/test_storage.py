@@ -37,20 +37,6 @@ def test_unknown_scheme_is_a_clear_error():
         open_store("ftp://host/x")
 
 
-@pytest.fixture
-def s3_server(monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("S3_ENDPOINT_URL", f"http://{host}:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    yield
-    server.stop()
-
-
 def test_s3_store_round_trip_against_a_real_s3_server(s3_server, tmp_path):
     import boto3
 
