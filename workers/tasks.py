@@ -190,10 +190,11 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
     if last is None:
         return spec, False
     folder = fetch_tar(store, last["uri"], root / f"step-{int(last['step']):06d}")
-    if spec.sft.steps and not (root / "sft").exists():
-        # The warm start is inside the checkpoint's weights: give the engine a finished SFT
-        # folder (same architecture and tokenizer) so it does not train it again.
-        shutil.copytree(folder / "hf", root / "sft")
+    for phase, steps in (("sft", spec.sft.steps), ("preference", spec.preference.steps)):
+        if steps and not (root / phase).exists():
+            # The warm start is inside the checkpoint's weights: give the engine a finished
+            # folder (same architecture and tokenizer) so it does not train that phase again.
+            shutil.copytree(folder / "hf", root / phase)
     session.log_event(f"attempt {session.run['attempt']}: resuming from the checkpoint at "
                       f"step {last['step']} ({last['uri']})",
                       data={"step": last["step"], "uri": last["uri"]})
@@ -287,6 +288,25 @@ def environment_task(session: WorkerSession, store: ObjectStore) -> Any:
     return MixedTask(tasks, [f"{e['environment']}@v{e['number']}" for e in pinned])
 
 
+def pinned_datasets(session: WorkerSession, store: ObjectStore, spec: Any) -> Any:
+    """The run's pinned dataset versions as SFT / preference pairs (workers.rl.pinned_data),
+    read line by line from the object store."""
+    from workers.rl.pinned_data import load_pinned
+
+    pins: dict[str, Any] = session.run.get("datasets") or {}
+
+    def records(uri: str) -> Any:
+        return (json.loads(line) for line in store.open_lines(uri) if line.strip())
+
+    data = load_pinned({f"{p['dataset']}@v{p['number']}": records(p["uri"]) for p in pins.values()},
+                       prompt_template=spec.sft.prompt_template,
+                       completion_template=spec.sft.completion_template)
+    for label, (role, count) in data.sources.items():
+        session.log_event(f"dataset {label}: {count} {role} records for the warm start",
+                          data={"dataset": label, "role": role, "records": count})
+    return data
+
+
 def _train(session: WorkerSession) -> None:
     """A ``train`` run in this worker process (a world of one), in a scratch folder
     ``var/runs/<id>/attempt-<n>`` that is removed afterwards: what must outlive the attempt
@@ -303,7 +323,9 @@ def _train(session: WorkerSession) -> None:
         with contextlib.ExitStack() as hold:
             spec, resume = prepare_train(session, store, work, hold)
             task = environment_task(session, store)
-            train(spec, RlApiSink(session, store, work / "upload"), resume=resume, task=task)
+            pinned = pinned_datasets(session, store, spec)
+            train(spec, RlApiSink(session, store, work / "upload"), resume=resume, task=task,
+                  pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -316,7 +338,8 @@ ENGINES: dict[str, Callable[[WorkerSession], None]] = {
 
 # Errors another attempt would meet again: a bad config or model folder, a run that
 # diverged, a file (a checkpoint object) that is not there.
-FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed", "FileNotFoundError"}
+FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed", "FileNotFoundError",
+                "PinnedDataError"}
 TRANSIENT_ERRORS = (OSError, MemoryError, RuntimeError, TimeoutError, ApiError,
                     httpx.TransportError)
 

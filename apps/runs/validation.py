@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from apps.core.exceptions import InvalidInput
 from apps.datasets.models import DatasetVersion
+from apps.datasets.selectors import read_records
 from apps.datasets.selectors import resolve_version as resolve_dataset
 from apps.environments.models import EnvironmentVersion, QcStatus
 from apps.environments.selectors import resolve_version as resolve_environment
@@ -224,6 +225,8 @@ def plan_run(
             details={"datasets": [f"{len(pinned)} given"]},
         )
     env_versions = _environments(team, spec, kind, environment, environments)
+    if kind == "train":
+        _check_training_datasets(parsed, pinned)
 
     normalized = parsed.model_dump(mode="json")
     wanted_alias = normalized.get("dataset")
@@ -243,6 +246,33 @@ def plan_run(
         base_checkpoint=base_checkpoint, base_model=base_described, max_attempts=attempts,
         tags=clean_tags,
     )
+
+
+def _check_training_datasets(parsed: Any, pinned: dict[str, DatasetVersion]) -> None:
+    """A train run's pinned datasets are warm-start data (SFT pairs or preference pairs): each
+    must have that shape (judged by its first record; the worker checks every record) and its
+    phase must be on, so no pinned dataset is silently ignored."""
+    from workers.rl.spec import PinnedDataError, check_roles, record_role, shape_hint
+
+    templated = parsed.sft.prompt_template is not None
+    roles = {}
+    for alias, version in pinned.items():
+        label = f"{alias}@v{version.number}"
+        first = read_records(version, offset=0, limit=1)
+        role = record_role(first[0], templated=templated) if first else None
+        if role is None:
+            fields = sorted(first[0]) if first and isinstance(first[0], dict) else []
+            raise InvalidInput(
+                f"Dataset {label} cannot be a training dataset: {shape_hint()}; its first "
+                f"record has {', '.join(fields) or 'nothing'}.",
+                details={"datasets": [f"{label}: not SFT or preference records"]},
+            )
+        roles[label] = role
+    try:
+        check_roles(roles, sft_steps=parsed.sft.steps, sft_environment=parsed.sft.environment,
+                    preference_steps=parsed.preference.steps)
+    except PinnedDataError as exc:
+        raise InvalidInput(f"Invalid config: {exc}", details={"datasets": [str(exc)]}) from exc
 
 
 def validate_tags(tags: Any) -> list[str]:

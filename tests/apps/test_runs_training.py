@@ -46,6 +46,9 @@ def sft(project):  # noqa: ANN001, ANN201
     return dataset
 
 
+WARM = {"sft": {"steps": 1}}  # a pinned SFT dataset needs its phase on
+
+
 def train(client, **overrides):  # noqa: ANN001, ANN003, ANN201
     body = {"project": "main", "kind": "train", "config": {}, **overrides}
     return client.post(RUNS, body, format="json")
@@ -90,7 +93,7 @@ def test_profile_runs_may_use_pending_versions_but_not_failed_ones(member, envs,
 
 def test_train_pins_several_passed_environments_and_datasets_with_lineage(member, envs, sft):
     r = train(member.client, environments=["arith@v2", "code"], datasets=["sft"],
-              name="multi")
+              name="multi", config=WARM)
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["pool"] == "gpu" and body["max_attempts"] == 3 and body["attempts"] == []
@@ -220,12 +223,63 @@ def test_base_model_preset_path_and_conflicts(member, project):
     assert profile.status_code == 400 and "takes no base model" in profile.json()["message"]
 
 
+# --- pinned training datasets --------------------------------------------------------------
+
+
+def _dataset(project, slug, records):  # noqa: ANN001, ANN202
+    dataset = DatasetFactory(project=project, team=project.team, slug=slug)
+    make_version(dataset, records)
+    return dataset
+
+
+def test_a_pinned_sft_dataset_needs_sft_steps(member, envs, sft):
+    r = train(member.client, environments=["arith@v2"], datasets=["sft"])
+    assert r.status_code == 400
+    assert "pins SFT dataset(s) sft@v1 but sft.steps is 0" in r.json()["message"]
+
+
+def test_preference_datasets_need_the_preference_phase_and_vice_versa(member, envs, project):
+    _dataset(project, "prefs", [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}])
+    r = train(member.client, environments=["arith@v2"], datasets=["prefs"])
+    assert r.status_code == 400 and "preference.steps is 0" in r.json()["message"]
+    r = train(member.client, environments=["arith@v2"], config={"preference": {"steps": 2}})
+    assert r.status_code == 400 and "pins no preference dataset" in r.json()["message"]
+    ok = train(member.client, environments=["arith@v2"], datasets=["prefs"],
+               config={"preference": {"steps": 2}})
+    assert ok.status_code == 201, ok.content
+    assert ok.json()["config"]["preference"]["steps"] == 2
+
+
+def test_a_dataset_of_another_shape_is_refused_naming_its_fields(member, envs, project):
+    _dataset(project, "rows", [{"text": "hello", "label": 1}])
+    r = train(member.client, environments=["arith@v2"], datasets=["rows"], config=WARM)
+    assert r.status_code == 400
+    message = r.json()["message"]
+    assert "Dataset rows@v1 cannot be a training dataset" in message
+    assert "its first record has label, text" in message
+    # The same records become SFT pairs through templates.
+    templated = {"sft": {"steps": 1, "prompt_template": "{text}:",
+                         "completion_template": "{label}"}}
+    ok = train(member.client, environments=["arith@v2"], datasets=["rows"], config=templated)
+    assert ok.status_code == 201, ok.content
+
+
+def test_sft_templates_may_only_read_record_fields(member, envs, sft):
+    bad = {"sft": {"steps": 1, "prompt_template": "{x.__class__}",
+                   "completion_template": "{y}"}}
+    r = train(member.client, environments=["arith@v2"], datasets=["sft"], config=bad)
+    assert r.status_code == 400 and "must be a record field" in r.json()["message"]
+    half = {"sft": {"steps": 1, "prompt_template": "{x}"}}
+    r = train(member.client, environments=["arith@v2"], datasets=["sft"], config=half)
+    assert r.status_code == 400 and "set both" in r.json()["message"]
+
+
 # --- lineage graph --------------------------------------------------------------------------
 
 
 def test_lineage_graph_links_inputs_run_checkpoints_and_derived_runs(member, worker,
                                                                      object_store, envs, sft):
-    r = train(member.client, environments=["arith@v2"], datasets=["sft"])
+    r = train(member.client, environments=["arith@v2"], datasets=["sft"], config=WARM)
     parent = r.json()["id"]
     lease = worker.post(f"{W}/claim", {"pool": "gpu", "worker_id": "w", "run_id": parent},
                         format="json").json()["lease_id"]

@@ -133,6 +133,8 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         resumed = [m for m in messages if m.startswith("attempt 2: resuming from the checkpoint")]
         assert len(resumed) == 1, messages
         assert "environment arith v2: 95 train / 4 eval tasks, 1 quarantined by QC" in messages
+        # The pinned dataset is read for the SFT warm start (by the attempt that ran SFT).
+        assert "dataset sft@v1: 9 sft records for the warm start" in messages
 
         # Steps continue the numbering: every step once per series, no point stored twice.
         points = list(MetricPoint.objects.filter(run_id=rid).values_list("name", "step"))

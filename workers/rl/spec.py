@@ -14,6 +14,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+# Re-exported for the control plane's launch check (it may import specs, not engines).
+from workers.rl.pinned_data import (  # noqa: F401
+    PinnedDataError,
+    check_roles,
+    record_role,
+    shape_hint,
+    template_fields,
+)
 from workers.rl.spec_data import DataCacheSpec, VllmSpec
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -100,11 +108,39 @@ class RolloutSpec(_Strict):
 
 
 class SftSpec(_Strict):
-    """Cross-entropy warm start on reference completions before RL (0 steps disables it)."""
+    """Cross-entropy warm start before RL (0 steps disables it), on the environment's reference
+    completions and on the run's pinned SFT datasets (see pinned_data.py)."""
 
     steps: NonNegInt = 0
     lr: Annotated[float, Field(gt=0.0)] = 3e-3
     batch_size: PosInt = 32
+    environment: bool = True  # also imitate the task's own reference completions
+    prompt_template: str | None = None  # pinned record -> prompt, e.g. "{problem[expression]}="
+    completion_template: str | None = None  # pinned record -> completion, e.g. "{answer}"
+
+    @model_validator(mode="after")
+    def _check(self) -> SftSpec:
+        for name in ("prompt_template", "completion_template"):
+            template = getattr(self, name)
+            if template is not None:
+                try:
+                    template_fields(template)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from exc
+        if (self.prompt_template is None) != (self.completion_template is None):
+            raise ValueError("set both sft.prompt_template and sft.completion_template, or "
+                             "neither")
+        return self
+
+
+class PreferenceSpec(_Strict):
+    """Offline DPO on the run's pinned preference datasets, after SFT and before RL, against
+    the frozen warm-started policy (0 steps disables it)."""
+
+    steps: NonNegInt = 0
+    lr: Annotated[float, Field(gt=0.0)] = 1e-3
+    batch_size: PosInt = 16
+    beta: Annotated[float, Field(gt=0.0)] = 0.1
 
 
 class CurriculumSpec(_Strict):
@@ -191,6 +227,7 @@ class RunSpec(_Strict):
     task: ArithmeticSpec = ArithmeticSpec()
     rollout: RolloutSpec = RolloutSpec()
     sft: SftSpec = SftSpec()
+    preference: PreferenceSpec = PreferenceSpec()
     algorithm: AlgorithmSpec = AlgorithmSpec()
     curriculum: CurriculumSpec = CurriculumSpec()
     trainer: TrainerSpec = TrainerSpec()

@@ -38,6 +38,8 @@ from workers.rl.losses import (
     token_logprobs,
 )
 from workers.rl.model import build_policy, is_moe
+from workers.rl.pinned_data import PinnedData
+from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend, position_ids
 from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import RunSpec, TrainerSpec
@@ -151,10 +153,13 @@ def forward_completion(module, batch: RolloutBatch, sl: slice, moe: bool, device
 
 class Run:
     def __init__(
-        self, spec: RunSpec, sink: MetricSink | None, task: Task | None, rank: int, world: int
+        self, spec: RunSpec, sink: MetricSink | None, task: Task | None, rank: int, world: int,
+        pinned: PinnedData | None = None,
     ):
         self.spec, self.rank, self.world = spec, rank, world
         self.task = task or build_task(spec.task)
+        self.pinned = pinned or PinnedData()
+        check_pinned(spec, self.pinned)
         self.cache: Any = None  # workers.rl.datacache.DataCache when data.source is set
         self.episode_tok: Any = None  # the evaluation's tokenizer copy for episode tasks
         if spec.data.source is not None:
@@ -207,7 +212,17 @@ class Run:
         if self.spec.tokenizer.source == "model":
             assert self.spec.model.path is not None
             return load_tokenizer(self.spec.model.path)
-        return train_bpe(self.task.corpus(), self.spec.tokenizer.vocab_size)
+        return train_bpe(self.task.corpus() + self.pinned.corpus(),
+                         self.spec.tokenizer.vocab_size)
+
+    def sft_example(self, index: int) -> Example:
+        """SFT example ``index`` of the task's references (when sft.environment) followed by
+        the pinned SFT datasets' pairs."""
+        own = len(self.task.train) if self.spec.sft.environment else 0
+        if index < own:
+            return self.task.train[index]
+        prompt, completion = self.pinned.sft[index - own]
+        return Example(prompt=prompt, reference=completion)
 
     def completion_batch(self, tok, examples: list[Example]) -> RolloutBatch:
         """Reference completions laid out like a rollout, for SFT."""
@@ -232,10 +247,11 @@ class Run:
         ts = spec.trainer.model_copy(update={"schedule": "constant", "warmup_steps": 0})
         engine = make_engine(model, ts, spec.sft.lr, spec.sft.steps, per_rank, 1)
         moe = is_moe(model)
+        n_examples = (len(self.task.train) if spec.sft.environment else 0) + len(self.pinned.sft)
         for step in range(spec.sft.steps):
             g = self.generator(20_000 + step, self.rank)
-            idx = torch.randint(len(self.task.train), (per_rank,), generator=g)
-            batch = self.completion_batch(tok, [self.task.train[int(i)] for i in idx])
+            idx = torch.randint(n_examples, (per_rank,), generator=g)
+            batch = self.completion_batch(tok, [self.sft_example(int(i)) for i in idx])
             logits, router, flat_mask = forward_completion(
                 engine, batch, slice(None), moe, self.device
             )
@@ -629,18 +645,20 @@ def default_sink(spec: RunSpec) -> MetricSink:
 
 def train(
     spec: RunSpec, sink: MetricSink | None = None, *, resume: bool = False,
-    task: Task | None = None,
+    task: Task | None = None, pinned: PinnedData | None = None,
 ) -> RunResult:
-    """Run (or resume) one training run. Callable from the CLI, torchrun or a Celery task."""
+    """Run (or resume) one training run. Callable from the CLI, torchrun or a Celery task.
+    ``pinned``: the run's pinned SFT / preference datasets (see pinned_data.py)."""
     with process_group() as (rank, world):
-        run = Run(spec, sink, task, rank, world)
+        run = Run(spec, sink, task, rank, world, pinned)
         root = run.root
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
             (root / "spec.json").write_text(spec.to_json())
             run.sink.event("info", f"run {spec.name} on {world} rank(s), config:\n{spec.to_json()}",
                            {"spec": spec.model_dump(mode="json"), "world_size": world})
-        if not resume and (ckpt.latest(root) is not None or (root / "sft").exists()):
+        if not resume and (ckpt.latest(root) is not None or (root / "sft").exists()
+                           or (root / "preference").exists()):
             raise ValueError(
                 f"checkpoint.dir {root} already holds a run; resume it or choose another dir"
             )
@@ -650,11 +668,13 @@ def train(
             tok = load_tokenizer(last / "hf")
         elif (root / "sft" / "config.json").is_file():
             tok = load_tokenizer(root / "sft")
+        elif (root / "preference" / "config.json").is_file():
+            tok = load_tokenizer(root / "preference")
         else:
             tok = run.tokenizer()
         try:
-            sft_dir = run.sft(tok)
-            return run.rl(tok, sft_dir, resume)
+            warm_dir = preference_phase(run, tok, run.sft(tok))
+            return run.rl(tok, warm_dir, resume)
         finally:
             if run.cache is not None:
                 run.cache.close()

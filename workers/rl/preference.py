@@ -1,0 +1,101 @@
+"""Offline DPO on pinned preference datasets: the second warm-start phase, after SFT.
+
+Each step samples ``preference.batch_size`` pairs (split over ranks), scores the chosen and
+the rejected completion under the policy and under a frozen copy of the policy it started
+from (the SFT output, or the initial model), and minimises the DPO loss of
+``workers.rl.losses.dpo_loss``. The result is saved as ``<checkpoint dir>/preference`` and RL
+starts from it; a run that finds that folder (a resumed attempt) does not train it again.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from workers.rl import checkpoint as ckpt
+from workers.rl.distributed import all_reduce_sum
+from workers.rl.losses import dpo_loss, load_balancing_loss, token_logprobs
+from workers.rl.model import build_policy, is_moe
+from workers.rl.pinned_data import PinnedData, check_roles
+from workers.rl.spec import RunSpec
+from workers.rl.tasks import Example
+
+if TYPE_CHECKING:
+    from workers.rl.trainer import Run
+
+
+def check_pinned(spec: RunSpec, pinned: PinnedData) -> None:
+    """The engine's side of the launch check (pinned_data.check_roles)."""
+    check_roles({label: role for label, (role, _) in pinned.sources.items()},
+                sft_steps=spec.sft.steps, sft_environment=spec.sft.environment,
+                preference_steps=spec.preference.steps)
+
+
+def sequence_logps(module, run: Run, tok, pairs_prompt: list[str], completions: list[str],
+                   moe: bool):
+    """Summed completion log-probabilities (N,) and router logits of one forward pass."""
+    from workers.rl.trainer import forward_completion
+
+    batch = run.completion_batch(tok, [Example(prompt=p, reference=c)
+                                       for p, c in zip(pairs_prompt, completions, strict=True)])
+    logits, router, flat_mask = forward_completion(module, batch, slice(None), moe, run.device)
+    mask = batch.completion_mask.to(run.device).float()
+    logp = token_logprobs(logits, batch.completion_ids.to(run.device))
+    return (logp * mask).sum(-1), router, flat_mask
+
+
+def preference_phase(run: Run, tok, start: Path) -> Path:
+    """DPO from the model in ``start`` (or the spec's initial model when ``start`` holds
+    none); returns the folder RL should start from."""
+    from workers.rl.trainer import make_engine
+
+    spec, out = run.spec, run.root / "preference"
+    pref = spec.preference
+    if pref.steps == 0:
+        return start
+    if (out / "config.json").is_file():
+        return out
+    model_spec = spec.model
+    if (start / "config.json").is_file():
+        model_spec = model_spec.model_copy(update={"source": "path", "path": str(start)})
+    policy = build_policy(model_spec, len(tok), tok.pad_token_id, tok.eos_token_id)
+    reference = copy.deepcopy(policy).to(run.device).eval().requires_grad_(False)
+    per_rank = max(1, pref.batch_size // run.world)
+    ts = spec.trainer.model_copy(update={"schedule": "constant", "warmup_steps": 0})
+    # One micro-batch holds each pair's chosen and rejected rows.
+    engine = make_engine(policy, ts, pref.lr, pref.steps, 2 * per_rank, 1)
+    moe = is_moe(policy)
+    pairs = run.pinned.preference
+    for step in range(pref.steps):
+        g = run.generator(40_000 + step, run.rank)
+        picked = [pairs[int(i)] for i in torch.randint(len(pairs), (per_rank,), generator=g)]
+        prompts = [p.prompt for p in picked] * 2
+        texts = [p.chosen for p in picked] + [p.rejected for p in picked]
+        seq, router, flat_mask = sequence_logps(engine, run, tok, prompts, texts, moe)
+        with torch.no_grad():
+            ref_seq, _, _ = sequence_logps(reference, run, tok, prompts, texts, False)
+        n = len(picked)
+        loss, acc = dpo_loss(seq[:n], seq[n:], ref_seq[:n], ref_seq[n:], pref.beta)
+        if router is not None:
+            k = engine.module.config.num_experts_per_tok
+            loss = loss + spec.model.router_aux_loss_coef * load_balancing_loss(
+                router, k, flat_mask)
+        engine.backward(loss)
+        engine.step()
+        if step % 10 == 0 or step == pref.steps - 1:
+            margin = ((seq[:n] - ref_seq[:n]) - (seq[n:] - ref_seq[n:])).mean().detach().cpu()
+            totals = all_reduce_sum(torch.stack([loss.detach().cpu(), acc.cpu(), margin]))
+            loss_v, acc_v, margin_v = (float(v) / run.world for v in totals)
+            run.sink.log(step, {"preference/loss": loss_v, "preference/accuracy": acc_v,
+                                "preference/margin": margin_v})
+    ckpt.save_hf_atomic(engine.module, tok, out, spec.trainer.zero_stage)
+    run.sink.event("info", f"preference (DPO) warm start done after {pref.steps} steps on "
+                   f"{len(pairs)} pairs", {})
+    del engine, reference
+    return out
+
+
+__all__ = ["check_pinned", "preference_phase", "sequence_logps"]
