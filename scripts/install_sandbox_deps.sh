@@ -2,8 +2,10 @@
 # Installs what the sandbox engine and its tests need, only when it is missing (idempotent).
 #   - bubblewrap: the isolation tool (namespaces, mounts, seccomp hand-off); setpriv (util-linux)
 #     drops to the sandbox uid; libseccomp2 is the library PyPI pyseccomp loads
-#   - dash runs the start-up gate (bash works too, slower); perl runs the status waiter that tells
-#     exit(130) from death by SIGINT (both are Essential on Debian, checked anyway)
+#   - the start-up gate (workers/sandbox/harness/gate.c), compiled with gcc into a root-owned
+#     directory; dash and setpriv run the fallback gate where it cannot be built. perl runs the
+#     status waiter that tells exit(130) from death by SIGINT (dash and perl are Essential on
+#     Debian, checked anyway)
 #   - toolchains for the language tests: gcc/g++, Node.js, Go, Java, Rust, Python 3
 #   - TypeScript compiler from npm, under /opt/crucible/sandbox-toolchains (world-readable and
 #     outside the checkout, so the sandbox user can read it wherever the repo is cloned)
@@ -42,5 +44,19 @@ if [ ! -x "$tsdir/node_modules/.bin/tsc" ] && command -v npm >/dev/null; then
     npm install --silent --no-audit --no-fund --prefix "$tsdir" typescript@5 >/dev/null
 fi
 chmod -R a+rX "$toolchains" 2>/dev/null || true
+# The gate, named after its source's hash (what workers/sandbox/gate.py looks for).
+gatedir=${CRUCIBLE_SANDBOX_GATE_DIR:-/usr/local/lib/crucible-sandbox}
+gate=$gatedir/gate-$(sha256sum workers/sandbox/harness/gate.c | cut -c1-16)
+if [ ! -x "$gate" ] && [ "$(id -u)" = 0 ]; then
+    echo "install_sandbox_deps: building the sandbox gate $gate"
+    mkdir -p "$gatedir" && chmod 755 "$gatedir"
+    if gcc -O2 -s -Wall -static -o "$gate.tmp" workers/sandbox/harness/gate.c 2>/dev/null \
+        || gcc -O2 -s -Wall -o "$gate.tmp" workers/sandbox/harness/gate.c; then
+        chmod 755 "$gate.tmp" && mv -f "$gate.tmp" "$gate"
+    else
+        rm -f "$gate.tmp"
+        echo "install_sandbox_deps: could not build the gate; the engine uses dash + setpriv"
+    fi
+fi
 chmod a+x /opt/crucible 2>/dev/null || true
 echo "install_sandbox_deps: ok"

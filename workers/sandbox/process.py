@@ -1,12 +1,14 @@
 """One sandboxed process: spawn under bubblewrap in its own cgroup, feed it, watch it, kill it.
 
 Start-up order matters. The process must be in its cgroup before it can fork, so the child first
-runs a tiny shell "gate" (dash where present) that blocks reading a line from its stdin; the
-supervisor moves it into the cgroup and writes that line; the shell lowers its rlimits (`ulimit`:
-root here lacks CAP_SYS_RESOURCE, so limits cannot be set from outside) and execs setpriv,
-which drops to the unprivileged sandbox uid (a root-started bwrap would keep real uid 0) and
-execs bwrap. Dropping privileges in the child's exec chain rather
-than in Popen keeps Popen on vfork, which matters when the supervisor is a large worker process.
+runs a "gate" that blocks reading a line from its stdin; the supervisor moves it into the cgroup
+and writes that line; the gate lowers its rlimits (root here lacks CAP_SYS_RESOURCE, so limits
+cannot be set from outside), drops to the unprivileged sandbox uid (a root-started bwrap would
+keep real uid 0) and execs bwrap. The gate is a small static executable (`harness/gate.c`, see
+gate.py); where it cannot be built, a shell (dash where present) with `ulimit` and setpriv does
+the same in three process images. Dropping privileges in the child's exec chain rather than in
+Popen keeps Popen on vfork (Python forks for Popen(user=...)), which matters when the supervisor
+is a large worker process.
 
 The supervisor is a child subreaper, so a sandbox orphaned by a kill is re-parented to it and
 reaped here rather than lingering as a zombie charged to pids.max.
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from . import cgroups
+from . import cgroups, gate
 from .policy import bwrap, seccomp
 from .spec import Limits
 
@@ -128,6 +130,18 @@ def reap(pids: set[int], timeout: float = 2.0) -> set[int]:
     return pending
 
 
+def gate_argv(limits: Limits, cpu_ms: int | None) -> list[str]:
+    """The command that waits for the cgroup, lowers the rlimits, drops privileges and execs
+    the argv appended to it: the compiled gate, or the shell + setpriv fallback."""
+    cpu_s = math.ceil((cpu_ms if cpu_ms is not None else limits.cpu_ms) / 1000) + 1
+    binary = gate.gate_binary()
+    if binary is not None:
+        return [binary, str(cpu_s), str(limits.file_size_mb << 20), str(limits.open_files),
+                str(SANDBOX_UID), str(SANDBOX_GID)]
+    shell, fsize_unit = gate_shell()
+    return [shell, "-c", gate_script(limits, cpu_ms, fsize_unit), "gate"]
+
+
 def gate_shell() -> tuple[str, int]:
     """(shell, bytes per `ulimit -f` unit): dash counts 512-byte blocks, bash kilobytes."""
     return (DASH, 512) if os.access(DASH, os.X_OK) else (BASH, 1024)
@@ -221,7 +235,8 @@ class SandboxProcess:
         as_pid_1: bool = False,
         data: bytes | None = None,
     ) -> None:
-        for tool in (bwrap.BWRAP, SETPRIV, gate_shell()[0]):
+        tools = [bwrap.BWRAP] if gate.gate_binary() else [bwrap.BWRAP, SETPRIV, gate_shell()[0]]
+        for tool in tools:
             if not os.access(tool, os.X_OK):
                 raise SandboxError(f"{tool} is missing: run scripts/install_sandbox_deps.sh "
                                    "(apt-get install bubblewrap util-linux bash)")
@@ -272,11 +287,9 @@ class SandboxProcess:
             tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds, as_pid_1=as_pid_1,
         )
         # RLIMIT_CPU is only a backstop: the supervisor watches the cgroup's CPU time itself.
-        shell, fsize_unit = gate_shell()
-        gate = gate_script(self.limits, cpu_backstop_ms, fsize_unit)
         try:
             self.proc = subprocess.Popen(
-                [shell, "-c", gate, "gate", *inner],
+                [*gate_argv(self.limits, cpu_backstop_ms), *inner],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=child_fds, env={"PATH": bwrap.PATH}, cwd="/",
             )
@@ -287,7 +300,7 @@ class SandboxProcess:
         for fd in child_fds:  # the child holds its ends now
             self._close(fd)
         self.cgroup.add(self.proc.pid)
-        # Opens the gate: the shell reads exactly this line (byte by byte, from a pipe), so the
+        # Opens the gate: it reads exactly this line (byte by byte, from a pipe), so the
         # program's own stdin, written later on the same pipe, reaches the program intact.
         assert self.proc.stdin is not None
         os.write(self.proc.stdin.fileno(), b"go\n")
