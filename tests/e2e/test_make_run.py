@@ -1,6 +1,7 @@
 """``make run``'s command on a fresh var/ folder: it must start web + worker, run the
 demo profile job to success, print the URL and login, then run the pipeline demo
-(synthesis → QC → SFT + GRPO → evaluation) and print the scores before and after training."""
+(synthesis → review → QC → SFT + GRPO → evaluation) and print the scores before and after
+training and the lineage from the synthesis run to the final evaluation."""
 
 from __future__ import annotations
 
@@ -44,7 +45,16 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
 
     # The pipeline demo, every stage through the API and the worker.
     assert re.search(r"\d+ verified records, \d+ rejected → review batch [0-9a-f-]{36}", out)
+    assert re.search(r"review \(admin's scripted spot-check\): 24 accepted, 0 rejected → batch "
+                     r"accepted → dataset arithmetic-synth@v1 joins the SFT warm start", out), out
     assert "QC passed: 100 tasks, 0 quarantined" in out
+    # The lineage of the final evaluation reaches back to the synthesis run.
+    for link in (r"synthesize run \S+ --produced--> dataset version \S+",
+                 r"dataset version \S+ --input--> train run \S+",
+                 r"environment version \S+ --environment--> train run \S+",
+                 r"train run \S+ --produced--> checkpoint \S+",
+                 r"checkpoint \S+ --base_model--> eval run \S+"):
+        assert re.search(link, out), (link, out[-3000:])
     scores = dict(re.findall(r"^  (base|final) +pass@1=([0-9.]+) ", out, re.MULTILINE))
     assert set(scores) == {"base", "final"}, out[-3000:]
     # SFT + GRPO from the random-init base must answer some held-out sums.

@@ -3,9 +3,11 @@
 Migrates, makes sure a demo login, team and project exist, starts the web server
 (uvicorn, ASGI) and a Celery worker for all three queues (with beat for lease sweeps),
 uploads the bundled dataset through the API, launches a ``profile`` run, waits for it,
-then runs the pipeline demo through the same API: synthesise an arithmetic batch for review,
-QC the arithmetic environment, SFT + GRPO the tiny MoE on it, and evaluate the final
-checkpoint against the base model, printing both scores. Then it keeps serving until Ctrl-C.
+then runs the pipeline demo through the same API: synthesise an arithmetic batch, spot-check
+it as the admin (scripted; ``--no-auto-review`` leaves it to a person) so it becomes a dataset
+version, QC the arithmetic environment, SFT (environment references + the reviewed batch) +
+GRPO the tiny MoE on it, and evaluate the final checkpoint against the base model, printing
+both scores and the lineage that links them. Then it keeps serving until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ DEMO_TRAIN = {
                 "eval_samples": 1},
     "checkpoint": {"every": 0},
 }
+# The reviewed synthesis batch joins the SFT warm start: its records' expression and exact
+# answer, written the way the environment asks ("7 + 3 - 2=" -> "8").
+DEMO_SFT_TEMPLATES = {"prompt_template": "{problem[expression]}=",
+                      "completion_template": "{answer}"}
 DEMO_EVAL = {"samples_per_task": 1, "k": [1], "chat_format": "raw",
              "sampling": {"max_tokens": 3, "temperature": 0.0}}
 
@@ -67,6 +73,10 @@ class Command(BaseCommand):
                             help="Stop everything once the demo run finishes (for tests).")
         parser.add_argument("--skip-pipeline", action="store_true",
                             help="Only the profile job: no synthesis, QC, training or eval.")
+        parser.add_argument("--no-auto-review", action="store_true",
+                            help="Leave the synthesised batch in the review queue for a person "
+                                 "(training then runs without it) instead of the admin's "
+                                 "scripted spot-check.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -100,7 +110,7 @@ class Command(BaseCommand):
             if run["status"] != "succeeded" and opts["exit_after_demo"]:
                 raise CommandError(f"demo run ended {run['status']}: {run['error']}")
             if not opts["skip_pipeline"]:
-                self._pipeline(base_url, user_token, team)
+                self._pipeline(base_url, user_token, team, review=not opts["no_auto_review"])
             if opts["exit_after_demo"]:
                 return
             while all(p.poll() is None for p in procs):
@@ -188,10 +198,35 @@ class Command(BaseCommand):
             raise CommandError(f"{what} ended {done['status']}: {done['error']}")
         return done
 
-    def _pipeline(self, base_url: str, token: str, team: Team) -> None:
-        """Synthesise → QC → SFT + GRPO → evaluate the final checkpoint vs the base."""
+    def _review(self, client: CrucibleClient, team: str, batch_id: str) -> dict[str, Any]:
+        """The admin's scripted spot-check of the batch's sampled records: each is claimed,
+        then accepted when every stage of its verification trail passed, else rejected naming
+        the failed check. Returns the batch as decided (accepted: with its dataset version).
+        A stand-in for a person, so that `make run` shows the whole path; --no-auto-review
+        leaves the batch to a human reviewer."""
+        batch: dict[str, Any] = client.get(f"teams/{team}/batches/{batch_id}")
+        while batch["status"] in ("pending_review", "resampling"):
+            items = list(client.paginate(f"teams/{team}/review-items", batch=batch_id,
+                                         status="open"))
+            if not items:
+                break
+            for item in items:
+                path = f"teams/{team}/review-items/{item['id']}"
+                client.request("POST", f"{path}/claim")
+                failed = [f"{c.get('stage')}: {c.get('check')}" for c in item["trail"] or []
+                          if not c.get("ok")]
+                if not item["trail"]:
+                    failed = ["no verification trail"]
+                verdict = {"verdict": "reject", "reason": "; ".join(failed)} if failed else {
+                    "verdict": "accept"}
+                batch = client.request("POST", f"{path}/verdict", json=verdict)["batch"]
+        return batch
+
+    def _pipeline(self, base_url: str, token: str, team: Team, *, review: bool = True) -> None:
+        """Synthesise → review → QC → SFT (with the reviewed batch) + GRPO → evaluate the final
+        checkpoint vs the base."""
         t = team.slug
-        self.stdout.write("pipeline demo: synthesis → QC → SFT + GRPO → evaluation")
+        self.stdout.write("pipeline demo: synthesis → review → QC → SFT + GRPO → evaluation")
         with CrucibleClient(base_url, token) as client:
             if not any(d["slug"] == DEMO_SYNTHESIS["dataset"]
                        for d in client.paginate(f"teams/{t}/datasets")):
@@ -213,6 +248,20 @@ class Command(BaseCommand):
             self.stdout.write(f"    {report['records']} verified records, {report['rejected']} "
                               f"rejected → review batch {report['batch']} "
                               f"({base_url}/t/{t}/review/)")
+            pinned: list[str] = []
+            train_cfg: dict[str, Any] = DEMO_TRAIN
+            if review:
+                decided = self._review(client, t, report["batch"])
+                items = decided["items"]
+                if decided["status"] == "accepted":
+                    made = decided["version"]
+                    pinned = [f"{DEMO_SYNTHESIS['dataset']}@v{made['number']}"]
+                    train_cfg = {**DEMO_TRAIN,
+                                 "sft": {**DEMO_TRAIN["sft"], **DEMO_SFT_TEMPLATES}}
+                self.stdout.write(
+                    f"    review (admin's scripted spot-check): {items.get('accepted', 0)} "
+                    f"accepted, {items.get('rejected', 0)} rejected → batch {decided['status']}"
+                    + (f" → dataset {pinned[0]} joins the SFT warm start" if pinned else ""))
             self._wait(client, t, qc, f"QC of {ref}")
             checked = client.get(f"{envs}/arithmetic/versions/v{version['number']}")
             summary = checked["qc_report"].get("summary", {})
@@ -220,7 +269,7 @@ class Command(BaseCommand):
                               f"{summary.get('quarantined')} quarantined")
             train = client.launch_run(t, project="arithmetic", kind="train",
                                       name="SFT + GRPO on arithmetic", environments=[ref],
-                                      base_model="preset", config=DEMO_TRAIN)
+                                      datasets=pinned, base_model="preset", config=train_cfg)
             self._wait(client, t, train, "SFT + GRPO training")
             base = client.launch_run(t, project="arithmetic", kind="eval", name="eval: base",
                                      environment=ref, base_model="preset",
@@ -232,11 +281,25 @@ class Command(BaseCommand):
             for label, run in (("base", base), ("final", final)):
                 self._wait(client, t, run, f"evaluation of the {label} model")
                 scores[label] = client.run_report(t, run["id"])["summary"]
+            names = {synth["id"]: "synthesize run", qc["id"]: "qc run",
+                     train["id"]: "train run", final["id"]: "eval run"}
+            graph = client.lineage(t, f"run:{final['id']}")
+        self.stdout.write("lineage of the final evaluation (GET /api/v1/teams/"
+                          f"{t}/lineage?artifact=run:{final['id']}):")
+        for edge in graph["edges"]:
+            source, target = (self._node(edge[end], names) for end in ("source", "target"))
+            self.stdout.write(f"    {source} --{edge['relation']}--> {target}")
         lines = [f"  {label:<5} pass@1={s['pass_at']['1']:.3f} mean_reward="
                  f"{s['mean_reward']:.3f} ({s['tasks']} held-out tasks)"
                  for label, s in scores.items()]
         self.stdout.write("evaluation before/after training:\n" + "\n".join(lines)
                           + f"\n  train run page: {base_url}/t/{t}/runs/{train['id']}/")
+
+    @staticmethod
+    def _node(node: dict[str, str], names: dict[str, str]) -> str:
+        ident, kind = str(node["id"]), node["type"]
+        label = names.get(ident, "run") if kind == "run" else kind.replace("_", " ")
+        return f"{label} {ident[:8] if kind in ('run', 'report') else ident[:12]}"
 
     def _announce(self, base_url: str, password: str, run: dict[str, Any], logs: Path) -> None:
         team = "demo"
