@@ -11,9 +11,11 @@ import contextlib
 import errno
 import itertools
 import os
+import select
 import signal
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -82,8 +84,10 @@ def oom_killed(events: dict[str, int]) -> bool:
     return events.get("oom_kill", 0) > 0 or events.get("oom_group_kill", 0) > 0
 
 
-def _rmdir(path: Path) -> None:
-    for _ in range(200):
+def _rmdir(path: Path, on_busy: Callable[[], object] | None = None) -> None:
+    """Remove a cgroup directory; `on_busy` runs at the first EBUSY (e.g. reaping zombies that
+    still count as members on v1) before the retries."""
+    for attempt in range(200):
         try:
             path.rmdir()
             return
@@ -92,7 +96,36 @@ def _rmdir(path: Path) -> None:
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
+            if attempt == 0 and on_busy is not None:
+                on_busy()
+                continue
             time.sleep(0.002)  # exiting tasks leave the cgroup asynchronously
+
+
+def wait_exited(pids: set[int], timeout: float) -> None:
+    """Wait up to `timeout` until every one of `pids` has exited (a pidfd turns readable when
+    its process is dead), instead of re-reading the cgroup's process list every millisecond:
+    on v1 each read of cgroup.procs builds (and later frees on a kworker) a pid list."""
+    fds: list[int] = []
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone already
+            fds.append(os.pidfd_open(pid))
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        pending = len(fds)
+        deadline = time.monotonic() + timeout
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for fd, _ in poller.poll(left * 1000):
+                poller.unregister(fd)
+                pending -= 1
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class Cgroup(ABC):
@@ -135,19 +168,23 @@ class Cgroup(ABC):
         return pids
 
     def kill(self) -> set[int]:
-        """SIGKILL everything in the cgroup until it is empty (forks racing the kill too).
-        Returns every pid it saw, so the caller can reap the ones re-parented to it."""
+        """SIGKILL everything in the cgroup until it is empty (forks racing the kill too),
+        waiting for each round's processes to exit before looking again (for about 2 s at
+        most). Returns every pid it saw, so the caller can reap the ones re-parented to it."""
         seen: set[int] = set()
-        for _ in range(2000):
+        deadline = time.monotonic() + 2.0
+        while True:
             pids = self.signal_all()
-            if not pids:
+            left = deadline - time.monotonic()
+            if not pids or left <= 0:
                 break
             seen |= pids
-            time.sleep(0.001)
+            wait_exited(pids, min(left, 0.05))
         return seen
 
     @abstractmethod
-    def remove(self) -> None: ...
+    def remove(self, on_busy: Callable[[], object] | None = None) -> None:
+        """Remove the (empty) cgroup; `on_busy` runs if the kernel still finds it busy."""
 
 
 class CgroupV1(Cgroup):
@@ -225,13 +262,13 @@ class CgroupV1(Cgroup):
     def oom_kills(self) -> int:
         return _keyed(f"{self._mem}/memory.oom_control", "oom_kill")
 
-    def remove(self) -> None:
+    def remove(self, on_busy: Callable[[], object] | None = None) -> None:
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
         for path in self.dirs.values():
-            _rmdir(path)
+            _rmdir(path, on_busy)
 
 
 class CgroupV2(Cgroup):
@@ -317,9 +354,9 @@ class CgroupV2(Cgroup):
                 time.sleep(0.001)
         return seen | super().kill()
 
-    def remove(self) -> None:
+    def remove(self, on_busy: Callable[[], object] | None = None) -> None:
         self._close_peak()
-        _rmdir(self.dir)
+        _rmdir(self.dir, on_busy)
 
 
 def v1_available() -> bool:

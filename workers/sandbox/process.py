@@ -116,6 +116,23 @@ def sweep() -> int:
     return reaped
 
 
+_SWEEP_EVERY_S = 1.0
+_last_sweep = [0.0]
+
+
+def _sweep_now_and_then() -> None:
+    """Sweep at most once a second from teardown: listing every thread's children costs more
+    than the rest of a teardown, and the zombies it looks for are rare; one that keeps a
+    cgroup from being removed is swept at once (Cgroup.remove's on_busy)."""
+    now = time.monotonic()
+    with _tracked_lock:
+        due = now - _last_sweep[0] >= _SWEEP_EVERY_S
+        if due:
+            _last_sweep[0] = now
+    if due:
+        sweep()
+
+
 def reap(pids: set[int], timeout: float = 2.0) -> set[int]:
     """Reap sandbox processes re-parented to this subreaper (typically bwrap's init of the PID
     namespace, when its parent was killed first); waits briefly for re-parenting to finish.
@@ -503,13 +520,14 @@ class SandboxProcess:
         for fd in list(self._fds):
             self._close(fd)
         reap(self._seen)
-        sweep()
+        _sweep_now_and_then()
         if not self._accounted:
             self._accounted = True
             with contextlib.suppress(OSError, ValueError):
                 _account(self.cgroup.cpu_ns())
         with contextlib.suppress(OSError):
-            self.cgroup.remove()
+            # A zombie the reaps above missed keeps a v1 cgroup busy: sweep then, at once.
+            self.cgroup.remove(on_busy=sweep)
 
 
 _usage_lock = threading.Lock()

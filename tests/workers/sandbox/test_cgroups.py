@@ -42,6 +42,41 @@ def test_limits_are_written_and_teardown_kills_everything(backend: type[cgroups.
         assert not any(path.exists() for path in group.dirs.values())
 
 
+def test_a_busy_cgroup_runs_on_busy_once_then_is_removed(backend: type[cgroups.Cgroup]) -> None:
+    """A member that is still there at removal (on v1 an unreaped zombie is one) makes rmdir
+    fail with EBUSY; the hook (the engine's zombie sweep) runs, then the removal succeeds."""
+    group = cgroups.create(memory_bytes=64 << 20, pids=7)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    group.add(sleeper.pid)
+    calls: list[int] = []
+
+    def on_busy() -> None:
+        calls.append(sleeper.pid)
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+        cgroups.wait_exited({sleeper.pid}, 5.0)
+
+    try:
+        group.remove(on_busy=on_busy)
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+    assert calls[:1] == [sleeper.pid]  # (v1: again per hierarchy only if still busy there)
+    paths = group.dirs.values() if isinstance(group, cgroups.CgroupV1) else [group.dir]
+    assert not any(Path(p).exists() for p in paths)
+
+
+def test_wait_exited_returns_once_killed_processes_are_dead() -> None:
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    for proc in sleepers:
+        proc.kill()
+    cgroups.wait_exited({p.pid for p in sleepers}, 30.0)
+    # dead (zombies until reaped): a non-blocking wait reaps each of them at once
+    assert all(os.waitpid(p.pid, os.WNOHANG)[0] == p.pid for p in sleepers)
+    for proc in sleepers:
+        proc.returncode = -9  # reaped above
+
+
 def test_stale_cgroups_of_dead_supervisors_are_removed(backend: type[cgroups.Cgroup]) -> None:
     stale = cgroups.backend()("999999999-0-dead")  # beyond pid_max: that owner never lives
     assert cgroups.remove_stale() >= 1
