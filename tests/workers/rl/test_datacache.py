@@ -261,19 +261,10 @@ def test_write_shards_refuses_bad_input(store):
 
 
 @pytest.fixture
-def s3_store(monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("S3_ENDPOINT_URL", f"http://{host}:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def s3_store(s3_server):  # noqa: ARG001 - the moto server of tests/workers/conftest.py
     s3 = S3Store("s3://tasks/crucible")
     s3.client.create_bucket(Bucket="tasks")
-    yield s3
-    server.stop()
+    return s3
 
 
 def test_records_stream_from_an_s3_compatible_store(tmp_path, s3_store):
