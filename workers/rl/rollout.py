@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from workers.rl.lean import lean_decoder
 from workers.rl.spec import RolloutSpec
 
 
@@ -156,7 +157,11 @@ class HFRollout:
         mask = torch.zeros((b, n_new), dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         shared = rows.shape[0] > uniq_ids.shape[0]
-        if shared:
+        lean = None if self.lockstep else lean_decoder(self.model, b, p + n_new)
+        if lean is not None:
+            logits = lean.prefill(uniq_ids.to(device), uniq_mask.to(device), rows_d)
+            shared = True
+        elif shared:
             u_mask = uniq_mask.to(device)
             out = self.model(input_ids=uniq_ids.to(device), attention_mask=u_mask,
                              position_ids=position_ids(u_mask), use_cache=True)
@@ -183,6 +188,9 @@ class HFRollout:
                 self.mark_stopped(ids[:, : t + 1], done, spec.stop)
             if t == n_new - 1 or (not self.lockstep and bool(done.all())):
                 break
+            if lean is not None:
+                logits = lean.step(ids[:, t : t + 1])
+                continue
             pos = pos[:, -1:] + 1
             out = self.model(input_ids=ids[:, t : t + 1], attention_mask=attn[:, : p + t + 1],
                              position_ids=pos, cache=cache, use_cache=True)

@@ -1,0 +1,66 @@
+"""The lean Qwen3-MoE sampler forward must compute what the transformers forward computes
+(up to float rounding), and must step aside wherever it would not."""
+
+import copy
+
+import torch
+
+from workers.rl.lean import LeanQwen3Moe, lean_decoder, supported
+from workers.rl.rollout import HFRollout, position_ids
+from workers.rl.spec import RolloutSpec
+
+
+def hf_last_logits(model, ids, mask):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                    use_cache=False)
+    return out.logits[:, -1]
+
+
+def test_prefill_and_decode_match_the_transformers_forward(tiny_model, tokenizer):
+    tiny_model.eval()
+    assert supported(tiny_model)
+    prompts = ["3+4=", "12+7=", "1+1=", "99+99=", "5+"]  # left padding of 0..4 tokens
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    assert not bool(mask.all())
+    rows = torch.tensor([0, 0, 1, 2, 3, 3, 4, 1])  # rows share prompts, out of order
+    n_new = 4
+    new = torch.randint(3, len(tokenizer), (len(rows), n_new), generator=torch.Generator()
+                        .manual_seed(0))
+    with torch.no_grad():
+        lean = LeanQwen3Moe(tiny_model, len(rows), ids.shape[1] + n_new)
+        logits = lean.prefill(ids, mask, rows)
+        for t in range(n_new):
+            ref_ids = torch.cat([ids[rows], new[:, :t]], 1)
+            ref_mask = torch.cat([mask[rows], torch.ones((len(rows), t), dtype=mask.dtype)], 1)
+            ref = hf_last_logits(tiny_model, ref_ids, ref_mask)
+            assert torch.allclose(logits, ref, atol=1e-5, rtol=1e-5), t
+            logits = lean.step(new[:, t : t + 1])
+
+
+def test_sampler_draws_the_same_tokens_through_either_forward(tiny_model, tokenizer):
+    prompts = [p for p in ["1+2=", "13+4=", "9+9="] for _ in range(4)]
+    spec = RolloutSpec(max_new_tokens=5, temperature=1.3)
+    lean = HFRollout(tiny_model, tokenizer).generate(prompts, spec,
+                                                     torch.Generator().manual_seed(5))
+    hooked = copy.deepcopy(tiny_model)
+    hooked.register_forward_hook(lambda *_: None)  # a hook: the transformers forward runs
+    assert not supported(hooked)
+    plain = HFRollout(hooked, tokenizer).generate(prompts, spec,
+                                                  torch.Generator().manual_seed(5))
+    assert torch.equal(lean.completion_ids, plain.completion_ids)
+    assert torch.equal(lean.completion_mask, plain.completion_mask)
+    assert torch.allclose(lean.logprobs, plain.logprobs, atol=1e-5)
+
+
+def test_steps_aside_where_it_would_not_be_exact(tiny_model):
+    assert lean_decoder(tiny_model, 2, 8) is not None
+    assert lean_decoder(copy.deepcopy(tiny_model).to(torch.bfloat16), 2, 8) is None
+    windowed = copy.deepcopy(tiny_model)
+    windowed.config.sliding_window = 4
+    assert not supported(windowed)
+    partitioned = copy.deepcopy(tiny_model)
+    next(partitioned.parameters()).ds_status = "NOT_AVAILABLE"  # as ZeRO-3 marks them
+    assert not supported(partitioned)
+    assert not supported(torch.nn.Linear(2, 2))

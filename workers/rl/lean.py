@@ -1,0 +1,185 @@
+"""A lean, no-grad forward of Qwen3-MoE for the HF rollout backend's decode loop.
+
+On the tiny models the engine trains on CPU, a transformers forward costs about 2 ms whatever the
+batch (64 tokens or 8): output recorders, mask construction, a growing `DynamicCache`, three
+projections, two norms and two RoPE rounds per attention, each a handful of small ops. Sampling
+runs that forward once per generated token, so it sets the rollout's speed. This module runs the
+same mathematics on the policy's own parameters, read at the start of each generate call (so it
+samples from the current weights): preallocated K/V buffers, one additive mask per forward, q/k/v
+as one projection, q/k norms and RoPE applied to q and k together, grouped-query attention as
+two matmuls, fused RMSNorm; the MoE experts are the model's own implementation.
+
+It is used only where it is exact up to float rounding: a plain (not ZeRO-3 partitioned) fp32
+`Qwen3MoeForCausalLM` with default RoPE, no attention bias, no sliding window and MoE in every
+layer. Anything else samples through transformers as before (`lean_decoder` returns None).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def supported(model: torch.nn.Module) -> bool:
+    """Whether `LeanQwen3Moe` computes exactly what `model.forward` does."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) != "qwen3_moe":
+        return False
+    if getattr(model, "use_kernels", False):
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return False
+    if (cfg.attention_bias or cfg.hidden_act != "silu" or list(cfg.mlp_only_layers)
+            or cfg.decoder_sparse_step != 1 or not cfg.num_experts
+            or getattr(cfg, "sliding_window", None) is not None):
+        return False
+    # Forward hooks (instrumentation, adapters, ZeRO-3's parameter gathering) only run inside
+    # the model's own forward.
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return False
+    # ZeRO-3 leaves empty placeholders (and a ds_status) on partitioned parameters.
+    return all(p.dtype == torch.float32 and not hasattr(p, "ds_status") and p.numel() > 0
+               for p in model.parameters())
+
+
+class LeanQwen3Moe:
+    """Prefill once, then one `step` per generated token, for a fixed batch of B rows.
+
+    `prefill(ids, mask, rows)` runs the distinct prompts (left-padded, (U,P)) and copies their
+    keys/values to the B rows that share them (`rows`: (B,) index into U); both return the
+    next-token logits (B,V) of every row.
+    """
+
+    def __init__(self, model: torch.nn.Module, batch: int, max_len: int):
+        cfg = model.config
+        self.model = model
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps, self.top_k = cfg.rms_norm_eps, cfg.num_experts_per_tok
+        self.norm_topk = cfg.norm_topk_prob
+        inner = model.model
+        self.layers = list(inner.layers[: cfg.num_hidden_layers])
+        self.embed, self.norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
+        weight = inner.embed_tokens.weight
+        device, dtype = weight.device, weight.dtype
+        hd, h, kv = self.head_dim, self.n_heads, self.n_kv
+        # Per layer, built once per generate call from the current weights: q/k/v as one
+        # projection, and one (H+KV, hd) scale for q_norm and k_norm with the attention's
+        # 1/sqrt(hd) folded into the query half (RoPE is linear, so it commutes).
+        self.qkv: list[torch.Tensor] = []
+        self.qk_scale: list[torch.Tensor] = []
+        for layer in self.layers:
+            att = layer.self_attn
+            self.qkv.append(torch.cat([att.q_proj.weight, att.k_proj.weight,
+                                       att.v_proj.weight]))
+            self.qk_scale.append(torch.cat([
+                (att.q_norm.weight * hd**-0.5).expand(h, hd),
+                att.k_norm.weight.expand(kv, hd)]))
+        # cos/sin for every position this batch can reach, from the model's own rotary module;
+        # rotate_half(x) * sin == roll(x, hd/2) * (sin with its first half negated).
+        positions = torch.arange(max_len, device=device).unsqueeze(0)
+        cos, sin = inner.rotary_emb(weight[:1], positions)
+        sign = torch.ones(hd, dtype=dtype, device=device)
+        sign[: hd // 2] = -1.0
+        self.cos, self.sin = cos[0], sin[0] * sign  # (T,hd)
+        shape = (batch, kv, max_len, hd)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.key_ok = torch.ones((batch, max_len), dtype=torch.bool, device=device)
+        self.neg = torch.finfo(dtype).min
+        self.length = 0  # filled cache positions
+        self.pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
+
+    # ---- building blocks -------------------------------------------------------------------
+
+    def rms(self, x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, self.eps)
+
+    def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  bias: torch.Tensor, cache_rows: torch.Tensor | None, at: int) -> torch.Tensor:
+        """Layer i's self-attention, x (N,T,D) -> (N,T,D). New keys/values go to cache
+        positions [at, at+T) of the rows `cache_rows` (None: rows 0..N-1); queries attend to
+        positions [0, at+T)."""
+        n, t, _ = x.shape
+        hd, h, kv = self.head_dim, self.n_heads, self.n_kv
+        g = h // kv
+        qkv = F.linear(x, self.qkv[i]).view(n, t, h + 2 * kv, hd)
+        qk = F.rms_norm(qkv[:, :, : h + kv], (hd,), None, self.eps).mul_(self.qk_scale[i])
+        qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # RoPE, (N,T,H+KV,hd)
+        q = qk[:, :, :h].transpose(1, 2)  # (N,H,T,hd)
+        k = qk[:, :, h:].transpose(1, 2)  # (N,KV,T,hd)
+        v = qkv[:, :, h + kv :].transpose(1, 2)
+        if cache_rows is None:
+            self.keys[i][:, :, at : at + t] = k
+            self.values[i][:, :, at : at + t] = v
+            keys, values = self.keys[i][:, :, : at + t], self.values[i][:, :, : at + t]
+        else:  # prefill of distinct prompts: attend within them, then fan out to the rows
+            self.keys[i][:, :, at : at + t] = k[cache_rows]
+            self.values[i][:, :, at : at + t] = v[cache_rows]
+            keys, values = k, v
+        # Query head j reads key head j // g: group the g query heads of each key head.
+        q = q.reshape(n, kv, g * t, hd)
+        scores = torch.matmul(q, keys.transpose(-1, -2))  # (N,KV,g*T,S)
+        scores = scores.view(n, kv, g, t, -1).add_(bias).softmax(-1)
+        out = torch.matmul(scores.view(n, kv, g * t, -1), values)  # (N,KV,g*T,hd)
+        out = out.view(n, h, t, hd).transpose(1, 2).reshape(n, t, h * hd)
+        return F.linear(out, self.layers[i].self_attn.o_proj.weight)
+
+    def moe(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Top-k routed experts, as Qwen3MoeSparseMoeBlock. x (N,T,D)."""
+        block = layer.mlp
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        logits = F.linear(h, block.gate.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        top, idx = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            top = top / top.sum(dim=-1, keepdim=True)
+        # The model's own experts implementation (grouped matmuls over the chosen experts).
+        return block.experts(h, idx, top.to(h.dtype)).view(shape)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor,
+                cache_rows: torch.Tensor | None, at: int) -> torch.Tensor:
+        """Logits (N,V) at the last position of each row of ids (N,T)."""
+        x = self.embed(ids)
+        cos = self.cos[pos].unsqueeze(2)  # (N,T,1,hd)
+        sin = self.sin[pos].unsqueeze(2)
+        for i, layer in enumerate(self.layers):
+            x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
+                                   cache_rows, at)
+            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm))
+        return self.lm_head(self.rms(x[:, -1], self.norm))
+
+    # ---- the decode loop's calls -----------------------------------------------------------
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """ids/mask (U,P) left-padded distinct prompts; rows (B,). Returns logits (B,V)."""
+        u, p = ids.shape
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        ok = mask.bool()
+        self.key_ok[:, :p] = ok[rows]
+        causal = torch.ones((p, p), dtype=torch.bool, device=ids.device).tril()
+        allowed = causal.unsqueeze(0) & ok.unsqueeze(1)  # (U,P,P)
+        bias = torch.zeros(allowed.shape, dtype=self.cos.dtype, device=ids.device)
+        bias.masked_fill_(~allowed, self.neg)
+        logits = self.forward(ids, pos, bias.view(u, 1, 1, p, p), rows, 0)
+        self.length = p
+        self.pos = pos[rows, -1:]
+        return logits[rows]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B,1): the token each row sampled last. Returns logits (B,V)."""
+        self.pos = self.pos + 1
+        at = self.length
+        n = tokens.shape[0]
+        ok = self.key_ok[:, : at + 1]
+        bias = torch.zeros(ok.shape, dtype=self.cos.dtype, device=tokens.device)
+        bias.masked_fill_(~ok, self.neg)
+        logits = self.forward(tokens, self.pos, bias.view(n, 1, 1, 1, at + 1), None, at)
+        self.length = at + 1
+        return logits
+
+
+def lean_decoder(model: torch.nn.Module, batch: int, max_len: int) -> LeanQwen3Moe | None:
+    return LeanQwen3Moe(model, batch, max_len) if supported(model) else None
