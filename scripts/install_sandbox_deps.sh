@@ -50,8 +50,10 @@ gate=$gatedir/gate-$(sha256sum workers/sandbox/harness/gate.c | cut -c1-16)
 if [ ! -x "$gate" ] && [ "$(id -u)" = 0 ]; then
     echo "install_sandbox_deps: building the sandbox gate $gate"
     mkdir -p "$gatedir" && chmod 755 "$gatedir"
-    if gcc -O2 -s -Wall -static -o "$gate.tmp" workers/sandbox/harness/gate.c 2>/dev/null \
-        || gcc -O2 -s -Wall -o "$gate.tmp" workers/sandbox/harness/gate.c; then
+    # the flags of workers/sandbox/gate.py (CFLAGS): static, no libc
+    if gcc -O2 -s -Wall -static -nostdlib -ffreestanding -fno-builtin -fno-stack-protector \
+        -fno-tree-loop-distribute-patterns -fno-pie -no-pie \
+        -o "$gate.tmp" workers/sandbox/harness/gate.c; then
         chmod 755 "$gate.tmp" && mv -f "$gate.tmp" "$gate"
     else
         rm -f "$gate.tmp"
