@@ -22,7 +22,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from workers.sandbox import Engine, EngineConfig, ExecutionRequest, process
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest, gate, process
+from workers.sandbox.policy import bwrap
 from workers.sandbox.scoring import humaneval_request, score
 from workers.sandbox.spec import Limits
 
@@ -183,6 +184,8 @@ def main() -> int:
 
     print(f"# load average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
           f"on {os.cpu_count()} cores (shared machine)")
+    print(f"# start-up gate: {gate.gate_binary() or 'dash + setpriv (no compiled gate)'}; "
+          f"/etc: {bwrap.etc_snapshot() or 'one bind per entry'}")
     print(f"# CPU per isolated execution at concurrency 2: {ours_cpu * 1000:.1f} ms "
           f"(sandbox {sandbox_cpu * 1000:.1f} ms + supervisor {supervisor_cpu * 1000:.1f} ms); "
           f"bare python3 -c: {bare_cpu * 1000:.1f} ms")
