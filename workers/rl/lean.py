@@ -34,13 +34,23 @@ def supported(model: torch.nn.Module) -> bool:
             or cfg.decoder_sparse_step != 1 or not cfg.num_experts
             or getattr(cfg, "sliding_window", None) is not None):
         return False
-    # Forward hooks (instrumentation, adapters, ZeRO-3's parameter gathering) only run inside
-    # the model's own forward.
-    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+    if foreign_hooks(model):
         return False
     # ZeRO-3 leaves empty placeholders (and a ds_status) on partitioned parameters.
     return all(p.dtype == torch.float32 and not hasattr(p, "ds_status") and p.numel() > 0
                for p in model.parameters())
+
+
+def foreign_hooks(model: torch.nn.Module) -> bool:
+    """Forward hooks (instrumentation, adapters, ZeRO-3's parameter gathering) run only inside
+    the model's own forward, so any of them rules the lean forward out. Exempt: the DeepSpeed
+    engine's own prologue/epilogue on the root module (timers, a profiler, ZeRO-3 flags and fp16
+    input casting, none of which applies to an unpartitioned fp32 model)."""
+    for m in model.modules():
+        for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()):
+            if not getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine."):
+                return True
+    return False
 
 
 class LeanQwen3Moe:
@@ -83,11 +93,14 @@ class LeanQwen3Moe:
         sign = torch.ones(hd, dtype=dtype, device=device)
         sign[: hd // 2] = -1.0
         self.cos, self.sin = cos[0], sin[0] * sign  # (T,hd)
-        shape = (batch, kv, max_len, hd)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.key_ok = torch.ones((batch, max_len), dtype=torch.bool, device=device)
         self.neg = torch.finfo(dtype).min
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        if batch:  # the decode loop's K/V buffers
+            shape = (batch, kv, max_len, hd)
+            self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+            self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.key_ok = torch.ones((batch, max_len), dtype=torch.bool, device=device)
         self.length = 0  # filled cache positions
         self.pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
 
@@ -105,12 +118,14 @@ class LeanQwen3Moe:
         hd, h, kv = self.head_dim, self.n_heads, self.n_kv
         g = h // kv
         qkv = F.linear(x, self.qkv[i]).view(n, t, h + 2 * kv, hd)
-        qk = F.rms_norm(qkv[:, :, : h + kv], (hd,), None, self.eps).mul_(self.qk_scale[i])
+        qk = F.rms_norm(qkv[:, :, : h + kv], (hd,), None, self.eps) * self.qk_scale[i]
         qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # RoPE, (N,T,H+KV,hd)
         q = qk[:, :, :h].transpose(1, 2)  # (N,H,T,hd)
         k = qk[:, :, h:].transpose(1, 2)  # (N,KV,T,hd)
         v = qkv[:, :, h + kv :].transpose(1, 2)
-        if cache_rows is None:
+        if not self.keys:  # training: no cache, the whole sequence at once
+            keys, values = k, v
+        elif cache_rows is None:
             self.keys[i][:, :, at : at + t] = k
             self.values[i][:, :, at : at + t] = v
             keys, values = self.keys[i][:, :, : at + t], self.values[i][:, :, : at + t]
@@ -121,17 +136,21 @@ class LeanQwen3Moe:
         # Query head j reads key head j // g: group the g query heads of each key head.
         q = q.reshape(n, kv, g * t, hd)
         scores = torch.matmul(q, keys.transpose(-1, -2))  # (N,KV,g*T,S)
-        scores = scores.view(n, kv, g, t, -1).add_(bias).softmax(-1)
+        scores = (scores.view(n, kv, g, t, -1) + bias).softmax(-1)
         out = torch.matmul(scores.view(n, kv, g * t, -1), values)  # (N,KV,g*T,hd)
         out = out.view(n, h, t, hd).transpose(1, 2).reshape(n, t, h * hd)
         return F.linear(out, self.layers[i].self_attn.o_proj.weight)
 
-    def moe(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Top-k routed experts, as Qwen3MoeSparseMoeBlock. x (N,T,D)."""
+    def moe(self, layer: torch.nn.Module, x: torch.Tensor,
+            routers: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Top-k routed experts, as Qwen3MoeSparseMoeBlock. x (N,T,D). The router logits
+        ((N*T),E) are appended to `routers` when given."""
         block = layer.mlp
         shape = x.shape
         h = x.reshape(-1, shape[-1])
         logits = F.linear(h, block.gate.weight)
+        if routers is not None:
+            routers.append(logits)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk:
@@ -150,6 +169,28 @@ class LeanQwen3Moe:
                                    cache_rows, at)
             x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm))
         return self.lm_head(self.rms(x[:, -1], self.norm))
+
+    # ---- training -----------------------------------------------------------------------
+
+    def train_forward(self, ids: torch.Tensor,
+                      mask: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The model's forward with autograd over whole sequences (B,L), padded anywhere:
+        logits (B,L,V) at every position and each layer's router logits ((B*L),E)."""
+        b, length = ids.shape
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones((length, length), dtype=torch.bool, device=ids.device).tril()
+        allowed = causal.unsqueeze(0) & mask.bool().unsqueeze(1)  # (B,L,L)
+        bias = torch.zeros(allowed.shape, dtype=self.cos.dtype, device=ids.device)
+        bias = bias.masked_fill_(~allowed, self.neg).view(b, 1, 1, length, length)
+        x = self.embed(ids)
+        cos = self.cos[pos].unsqueeze(2)
+        sin = self.sin[pos].unsqueeze(2)
+        routers: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
+                                   None, 0)
+            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers)
+        return self.lm_head(self.rms(x, self.norm)), tuple(routers)
 
     # ---- the decode loop's calls -----------------------------------------------------------
 

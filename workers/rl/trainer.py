@@ -13,6 +13,7 @@ import contextlib
 import copy
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_h
 from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import all_reduce_sum, any_rank, process_group
 from workers.rl.episodes import episodic, loss_mask, norm_len, play_groups, plays_episodes
+from workers.rl.lean import LeanQwen3Moe
+from workers.rl.lean import supported as lean_supported
 from workers.rl.losses import (
     aggregate,
     dpo_loss,
@@ -145,22 +148,82 @@ def pad_right(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
-def forward_completion(module, batch: RolloutBatch, sl: slice, moe: bool, device):
+_ROUTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def router_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]] | None:
+    """The modules whose output (at the index given) is a layer's router logits, in forward
+    order, read from the transformers model's own output-recording table; None if it has none
+    we can hook plainly."""
+    if model in _ROUTERS:
+        return _ROUTERS[model]
+    from transformers.utils.output_capturing import OutputRecorder
+
+    rec = (getattr(type(model), "_can_record_outputs", None) or {}).get("router_logits")
+    found = None
+    if isinstance(rec, OutputRecorder) and rec.layer_name is None and rec.class_name is None:
+        found = [(m, rec.index) for m in model.modules() if isinstance(m, rec.target_class)]
+    elif isinstance(rec, type):
+        found = [(m, 0) for m in model.modules() if isinstance(m, rec)]
+    _ROUTERS[model] = found or None
+    return _ROUTERS[model]
+
+
+def lean_trainable(module) -> torch.nn.Module | None:
+    """The model whose training forward can run as `LeanQwen3Moe.train_forward`, or None: a
+    model the lean forward supports, bare or wrapped by a stage-0 DeepSpeed engine (whose forward
+    adds nothing but timers; ZeRO optimizers hook the engine's forward outputs). Any other
+    wrapper's own forward is respected."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    if hasattr(module, "zero_optimization_stage"):  # a DeepSpeed engine
+        if module.zero_optimization_stage() != 0 or isinstance(
+                getattr(module, "optimizer", None), ZeROOptimizer):
+            return None
+        module = module.module
+    if isinstance(module, torch.nn.Module) and lean_supported(module):
+        return module
+    return None
+
+
+def forward_completion(module, batch: RolloutBatch, sl: slice, moe: bool, device,
+                       lean: bool = True):
     """Run the policy on prompt+completion, as laid out at sampling time.
     Returns completion logits (b,C,V), router logits per layer ((b*L),E) or None, and the
-    (b*L,) attention mask that router logits are aligned with."""
+    (b*L,) attention mask that router logits are aligned with.
+
+    With `lean` (and a model it supports) the forward is `LeanQwen3Moe.train_forward`: the same
+    mathematics as the transformers forward (logits and gradients equal to float rounding) in
+    fewer ops. Otherwise the transformers forward runs, and router logits are read by forward
+    hooks on the router modules for this one call: asking it for `output_router_logits` also
+    makes it compute its own auxiliary loss, which the trainer does not use (it computes its
+    per-layer one from the same logits)."""
     p_ids, p_mask = batch.prompt_ids[sl], batch.prompt_mask[sl]
     c_ids, c_mask = batch.completion_ids[sl], batch.completion_mask[sl]
     ids = torch.cat([p_ids, c_ids], 1).to(device)  # (b, L = P + C)
     mask = torch.cat([p_mask, c_mask], 1).to(device)
-    kwargs: dict[str, Any] = {"output_router_logits": True} if moe else {}
-    out = module(
-        input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False,
-        **kwargs,
-    )
     p = p_ids.shape[1]
+    model = lean_trainable(module) if lean else None
+    if model is not None:
+        logits, routers = LeanQwen3Moe(model, 0, ids.shape[1]).train_forward(ids, mask)
+        return logits[:, p - 1 : -1], (routers if moe else None), mask.reshape(-1)
+    taps = router_modules(getattr(module, "module", module)) if moe else None
+    captured: list[torch.Tensor] = []
+    handles = [m.register_forward_hook(lambda _m, _a, out, i=i: captured.append(out[i]))
+               for m, i in taps or []]
+    kwargs: dict[str, Any] = {"output_router_logits": True} if moe and not taps else {}
+    try:
+        out = module(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+            use_cache=False, **kwargs,
+        )
+    finally:
+        for h in handles:
+            h.remove()
     logits = out.logits[:, p - 1 : -1]  # (b,C,V): position t predicts completion token t
-    router = getattr(out, "router_logits", None) if moe else None
+    router = None
+    if moe:
+        router = tuple(captured) if taps else getattr(out, "router_logits", None)
     return logits, router, mask.reshape(-1)
 
 
@@ -265,8 +328,10 @@ class Run:
             g = self.generator(20_000 + step, self.rank)
             idx = torch.randint(n_examples, (per_rank,), generator=g)
             batch = self.completion_batch(tok, [self.sft_example(int(i)) for i in idx])
+            # transformers' own forward: the warm start every later RL run (and the benchmark,
+            # for both engines) begins from stays bit-identical to earlier versions.
             logits, router, flat_mask = forward_completion(
-                engine, batch, slice(None), moe, self.device
+                engine, batch, slice(None), moe, self.device, lean=False
             )
             mask = batch.completion_mask.to(self.device).float()
             logp = token_logprobs(logits, batch.completion_ids.to(self.device))

@@ -64,3 +64,36 @@ def test_steps_aside_where_it_would_not_be_exact(tiny_model):
     next(partitioned.parameters()).ds_status = "NOT_AVAILABLE"  # as ZeRO-3 marks them
     assert not supported(partitioned)
     assert not supported(torch.nn.Linear(2, 2))
+
+
+def test_training_forward_matches_logits_router_logits_and_gradients(tiny_model, tokenizer):
+    """Left-padded prompts and right-padded completions, as the trainer lays them out."""
+    from workers.rl.losses import load_balancing_loss
+
+    enc = tokenizer(["3+4=", "12+7=", "99+99="], return_tensors="pt", padding=True,
+                    add_special_tokens=False)
+    comp = torch.tensor([[5, 6, 1, 0], [7, 1, 0, 0], [8, 9, 10, 1]])
+    ids = torch.cat([enc["input_ids"], comp], 1)
+    mask = torch.cat([enc["attention_mask"], (comp > 0).long()], 1)
+    flat = mask.reshape(-1).float()
+    k = tiny_model.config.num_experts_per_tok
+
+    def loss_of(logits, routers):
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return -(logp * mask).sum() + load_balancing_loss(routers, k, flat)
+
+    tiny_model.train()
+    out = tiny_model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                     use_cache=False, output_router_logits=True)
+    loss_of(out.logits, out.router_logits).backward()
+    ref = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+    tiny_model.zero_grad()
+    logits, routers = LeanQwen3Moe(tiny_model, 0, ids.shape[1]).train_forward(ids, mask)
+    loss_of(logits, routers).backward()
+    real = mask.bool()
+    assert torch.allclose(logits[real], out.logits[real], atol=1e-5)
+    assert len(routers) == len(out.router_logits)
+    for mine, theirs in zip(routers, out.router_logits, strict=True):
+        assert torch.allclose(mine[real.reshape(-1)], theirs[real.reshape(-1)], atol=1e-5)
+    for name, p in tiny_model.named_parameters():
+        assert torch.allclose(p.grad, ref[name], atol=1e-5, rtol=1e-4), name
