@@ -72,6 +72,9 @@ def pad_cat(parts: list[torch.Tensor], pad: float, left: bool) -> torch.Tensor:
     width = max(p.shape[1] for p in parts)
     out = []
     for p in parts:
+        if p.shape[1] == width:  # groups of one generate call are equally wide
+            out.append(p)
+            continue
         fill = torch.full((p.shape[0], width - p.shape[1]), pad, dtype=p.dtype)
         out.append(torch.cat([fill, p] if left else [p, fill], 1))
     return torch.cat(out, 0)
