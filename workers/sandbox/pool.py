@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
@@ -16,6 +17,10 @@ from typing import Generic, Protocol, TypeVar
 
 class Disposable(Protocol):
     def destroy(self) -> None: ...
+
+
+class Bootable(Protocol):
+    def wait_booted(self, timeout: float) -> bool: ...
 
 
 T = TypeVar("T", bound=Disposable)
@@ -56,11 +61,21 @@ class WarmPool(Generic[T]):
             return item
 
     def wait_ready(self, timeout: float) -> bool:
-        """Block until the pool is full (used by benchmarks and tests to start warm)."""
+        """Block until the pool is full and, for items that can tell (`wait_booted`), each one
+        has finished starting (used by benchmarks and tests to start warm). A taken item may
+        still be starting; whoever takes it just waits for it."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            return self._cond.wait_for(
+            if not self._cond.wait_for(
                 lambda: self._closed or len(self._ready) >= self.size, timeout=timeout
-            )
+            ):
+                return False
+            items = list(self._ready)
+        for item in items:
+            wait = getattr(item, "wait_booted", None)
+            if wait is not None and not wait(max(deadline - time.monotonic(), 0.0)):
+                return False
+        return True
 
     def _refill(self) -> None:
         while True:

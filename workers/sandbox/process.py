@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import math
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -339,6 +340,13 @@ class SandboxProcess:
                 return {int(p) for p in fh.read().split()}
         except OSError:
             return set()
+
+    def wait_feedback(self, timeout: float) -> bool:
+        """Whether the feedback pipe has something to read (or was closed) within timeout,
+        without reading it: a warm bootstrap's READY line stays there for run() to skip."""
+        poller = select.poll()
+        poller.register(self.feedback_r, select.POLLIN)
+        return bool(poller.poll(max(timeout, 0.0) * 1000))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

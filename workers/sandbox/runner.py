@@ -116,6 +116,11 @@ class _Warm:
 
     proc: SandboxProcess
     dir: Path
+    announces_ready: bool = False  # the bootstrap writes READY on the feedback pipe
+
+    def wait_booted(self, timeout: float) -> bool:
+        """Whether the interpreter finished starting (or, dead, never will) within timeout."""
+        return not self.announces_ready or self.proc.wait_feedback(timeout)
 
     def destroy(self) -> None:
         self.proc.destroy()
@@ -228,7 +233,7 @@ class Engine:
         except BaseException:
             workdir.remove(path)
             raise
-        return _Warm(proc, path)
+        return _Warm(proc, path, announces_ready=lang.name == "python")
 
     def _boot_sandbox(self, lang: Language, limits: Limits) -> _Warm:
         pool_limits = self.config.pool_limits

@@ -120,6 +120,21 @@ def test_warm_sandboxes_are_single_use() -> None:
     assert second.stdout.split()[:2] == ["False", "False"]
 
 
+def test_warm_up_waits_until_the_pooled_interpreters_have_started() -> None:
+    import select
+
+    with Engine(EngineConfig(pool_size=2, warm_languages=("python",))) as eng:
+        assert eng.warm_up("python")
+        pool = eng._pools["python"]
+        for warm in list(pool._ready):
+            # the bootstrap's READY line is already waiting on the feedback pipe
+            poller = select.poll()
+            poller.register(warm.proc.feedback_r, select.POLLIN)
+            assert poller.poll(0)
+        result = eng.execute(ExecutionRequest(language="python", code="print('READY')"))
+    assert result.status == Status.OK and result.stdout == "READY\n"
+
+
 def test_missing_toolchain_is_a_sandbox_error_not_an_exception(engine: Engine) -> None:
     from workers.sandbox import languages
 
