@@ -2,7 +2,7 @@
 
 The gate runs as root on the host for every execution, so only a root-owned file in a
 root-owned directory that nobody else can write is used. It is built with the host's gcc,
-static and without libc (x86-64 and arm64), into `CRUCIBLE_SANDBOX_GATE_DIR` (default
+static and without libc (x86-64 only), into `CRUCIBLE_SANDBOX_GATE_DIR` (default
 `/usr/local/lib/crucible-sandbox`) under a name carrying the source's hash, so a changed source is
 rebuilt rather than an old binary trusted. `scripts/install_sandbox_deps.sh` builds it; the
 engine builds it on first use when it is missing. Where it cannot be built (no compiler, not
