@@ -87,7 +87,12 @@ def use_bf16(ts: TrainerSpec) -> bool:
     return ts.precision == "bf16"
 
 
-def make_engine(model, ts: TrainerSpec, lr: float, total_steps: int, micro: int, gas: int):
+def make_engine(model, ts: TrainerSpec, lr: float, total_steps: int, micro: int, gas: int,
+                own_clip: bool = False):
+    """`own_clip`: a stage-0 engine in a world of one leaves gradient clipping to the caller's
+    `clip_gradients` (the same arithmetic, bit for bit, without DeepSpeed's per-tensor loop and
+    its all-reduce of the norm); `engine.crucible_clip` holds the bound, 0 where DeepSpeed
+    clips."""
     import deepspeed
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -96,10 +101,12 @@ def make_engine(model, ts: TrainerSpec, lr: float, total_steps: int, micro: int,
         opt,
         lambda s: lr_factor(s, total_steps, ts.warmup_steps, ts.schedule, ts.min_lr_ratio),
     )
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    clip_here = own_clip and ts.zero_stage == 0 and world == 1 and ts.grad_clip > 0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": gas,
-        "gradient_clipping": ts.grad_clip,
+        "gradient_clipping": 0.0 if clip_here else ts.grad_clip,
         "zero_optimization": {"stage": ts.zero_stage},
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": use_bf16(ts)},
@@ -115,7 +122,25 @@ def make_engine(model, ts: TrainerSpec, lr: float, total_steps: int, micro: int,
         # In a world of one the stage-0 gradient all-reduce is an identity that still
         # flattens every gradient into a bucket, reduces it and copies it back each step.
         engine.enable_backward_allreduce = False
+    engine.crucible_clip = ts.grad_clip if clip_here else 0.0
     return engine
+
+
+def clip_gradients(engine) -> float | None:
+    """Clip the accumulated gradients to `engine.crucible_clip` as DeepSpeed's stage-0
+    `clip_grad_norm_` does in a world of one (per-tensor 2-norms, their root sum of squares,
+    coefficient min(1, bound / (norm + 1e-6)) applied to every gradient), with multi-tensor
+    ops. Call before the accumulation boundary's `engine.step()`. Returns the norm, or None
+    where DeepSpeed clips."""
+    bound = getattr(engine, "crucible_clip", 0.0)
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    if not bound or not grads:
+        return None
+    total = torch.stack(torch._foreach_norm(grads, 2.0)).pow(2.0).sum().float().pow(0.5)
+    coef = torch.tensor([float(bound)], device=total.device) / (total + 1e-6)
+    coef = torch.min(torch.tensor([1.0], device=coef.device), coef)
+    torch._foreach_mul_(grads, coef.reshape(()))
+    return float(total)
 
 
 def adamw_impl(params: list[torch.Tensor]) -> dict[str, bool]:
@@ -394,7 +419,7 @@ class Run:
             if use_bf16(ts):
                 ref = ref.to(torch.bfloat16)
         total_opt_steps = ts.steps * algo.updates_per_batch
-        engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas)
+        engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas, own_clip=True)
         vllm = spec.rollout.backend == "vllm"
         if vllm:
             from workers.rl.vllm_rollout import VllmRollout
@@ -593,6 +618,7 @@ class Run:
         sums: dict[str, float] = {}
         dropped = 0
         util_counts: list[torch.Tensor] = []
+        own_norm: float | None = None
         for mb, i in enumerate(range(0, n_seq, micro)):
             sl = slice(i, i + micro)
             logits, router, flat_mask = forward_completion(engine, batch, sl, moe, self.device)
@@ -646,6 +672,8 @@ class Run:
                 loss = logits.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0
                 dropped += 1
             engine.backward(loss)
+            if mb == gas - 1:
+                own_norm = clip_gradients(engine)
             engine.step()
             if finite:
                 for k, v in {**parts, **st}.items():
@@ -653,6 +681,8 @@ class Run:
         sums = {k: v / (gas - dropped) for k, v in sums.items()}
         sums["dropped_microbatches"] = float(dropped)
         gn = engine.get_global_grad_norm()
+        if gn is None:
+            gn = own_norm
         if gn is not None:
             sums["grad_norm"] = float(gn)
         if util_counts:
