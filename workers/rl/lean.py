@@ -88,6 +88,10 @@ class LeanQwen3Moe:
         self.layers = list(inner.layers[: cfg.num_hidden_layers])
         self.embed, self.norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
         weight = inner.embed_tokens.weight
+        # transformers' grouped_mm experts, inlined for CPU (see grouped_experts).
+        self.grouped = (getattr(cfg, "_experts_implementation", None) == "grouped_mm"
+                        and weight.device.type == "cpu"
+                        and hasattr(torch.nn.functional, "grouped_mm"))
         device, dtype = weight.device, weight.dtype
         hd, h, kv = self.head_dim, self.n_heads, self.n_kv
         # Per layer, built once per generate call from the current weights: q/k/v as one
@@ -171,8 +175,11 @@ class LeanQwen3Moe:
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk:
             top = top / top.sum(dim=-1, keepdim=True)
-        # The model's own experts implementation (grouped matmuls over the chosen experts).
-        return block.experts(h, idx, top.to(h.dtype)).view(shape)
+        top = top.to(h.dtype)
+        if self.grouped:
+            return grouped_experts(block.experts, h, idx, top).view(shape)
+        # The model's own experts implementation.
+        return block.experts(h, idx, top).view(shape)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor,
                 cache_rows: torch.Tensor | None, at: int) -> torch.Tensor:
@@ -236,6 +243,29 @@ class LeanQwen3Moe:
         logits = self.forward(tokens, self.pos, bias.view(n, 1, 1, 1, at + 1), None, at)
         self.length = at + 1
         return logits
+
+
+def grouped_experts(experts: torch.nn.Module, h: torch.Tensor, idx: torch.Tensor,
+                    top: torch.Tensor) -> torch.Tensor:
+    """transformers' `grouped_mm_experts_forward` for Qwen3-MoE experts on CPU, op for op (so
+    bit for bit), without its per-call dispatch checks: (token, expert) pairs sorted by expert,
+    one grouped matmul up, SiLU gate, one down, weighted, put back in order and summed per
+    token. h (N,D), idx/top (N,k)."""
+    k = idx.shape[-1]
+    expert_ids, perm = torch.sort(idx.reshape(-1))
+    hidden = h[perm // k]
+    weights = top.reshape(-1)[perm]
+    counts = torch.histc(expert_ids.float(), bins=experts.num_experts, min=0,
+                         max=experts.num_experts - 1)
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    up = F.grouped_mm(hidden, experts.gate_up_proj.transpose(-2, -1), offs=offsets)
+    gate, up = up.chunk(2, dim=-1)
+    out = F.grouped_mm(experts.act_fn(gate) * up, experts.down_proj.transpose(-2, -1),
+                       offs=offsets)
+    out = out * weights.unsqueeze(-1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    return out[inverse].view(h.shape[0], k, h.shape[-1]).sum(dim=1)
 
 
 def lean_decoder(model: torch.nn.Module, batch: int, max_len: int) -> LeanQwen3Moe | None:

@@ -97,3 +97,20 @@ def test_training_forward_matches_logits_router_logits_and_gradients(tiny_model,
         assert torch.allclose(mine[real.reshape(-1)], theirs[real.reshape(-1)], atol=1e-5)
     for name, p in tiny_model.named_parameters():
         assert torch.allclose(p.grad, ref[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_inlined_grouped_experts_are_transformers_bit_for_bit(tiny_model):
+    from workers.rl.lean import grouped_experts
+
+    block = tiny_model.model.layers[0].mlp
+    assert tiny_model.config._experts_implementation == "grouped_mm"
+    for n in (1, 7, 64):
+        h = torch.randn(n, tiny_model.config.hidden_size, requires_grad=True)
+        _, top, idx = block.gate(h)
+        theirs = block.experts(h, idx, top)
+        mine = grouped_experts(block.experts, h, idx, top)
+        assert torch.equal(mine, theirs)
+        wrt = [h, block.experts.gate_up_proj, block.experts.down_proj, block.gate.weight]
+        g_theirs = torch.autograd.grad(theirs.square().sum(), wrt, retain_graph=True)
+        g_mine = torch.autograd.grad(mine.square().sum(), wrt)
+        assert all(torch.equal(a, b) for a, b in zip(g_mine, g_theirs, strict=True))
