@@ -215,6 +215,65 @@ class LeanQwen3Moe:
             x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers)
         return self.lm_head(self.rms(x, self.norm)), tuple(routers)
 
+    def train_forward_packed(
+        self, p_ids: torch.Tensor, p_mask: torch.Tensor, c_ids: torch.Tensor,
+        c_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor] | None:
+        """The training forward over prompt (B,P, left-padded) + completion (B,C, right-padded)
+        rows, packed: each distinct prompt's real tokens once, then every row's real completion
+        tokens, as one sequence whose attention mask gives each token exactly the keys it has in
+        its own row (its prompt, then its row's earlier completion tokens), at the same
+        positions. GRPO repeats every prompt `group_size` times and pads completions to the
+        longest, so this is a fraction of B x (P+C) tokens; the mathematics is the unpacked
+        forward's. Returns completion logits (B,C,V) (position t predicts completion token t;
+        at padded positions a copy of a real one), per-layer router logits (T,E) of the packed
+        tokens and their weights (T,): the number of rows each token stands for, so weighted
+        router statistics equal the unpacked masked ones. None when no prompt is shared."""
+        b, p = p_ids.shape
+        dev = p_ids.device
+        uniq, inverse = torch.unique(torch.cat([p_ids, p_mask.long()], 1), dim=0,
+                                     return_inverse=True)
+        u = uniq.shape[0]
+        if u == b:
+            return None
+        u_ids, u_ok = uniq[:, :p], uniq[:, p:].bool()
+        u_pos = (u_ok.long().cumsum(-1) - 1).clamp(min=0)
+        c_ok = c_mask.bool()
+        n_prompt = u_ok.sum(-1)  # (U,) real prompt tokens
+        c_pos = n_prompt[inverse].unsqueeze(1) + torch.arange(c_ids.shape[1], device=dev)
+        owner_p = torch.arange(u, device=dev).unsqueeze(1).expand(u, p)[u_ok]
+        row_c = torch.arange(b, device=dev).unsqueeze(1).expand_as(c_ids)[c_ok]
+        n_p = owner_p.shape[0]
+        ids = torch.cat([u_ids[u_ok], c_ids[c_ok]])  # (T,)
+        pos = torch.cat([u_pos[u_ok], c_pos[c_ok]])
+        group = torch.cat([owner_p, inverse[row_c]])
+        row = torch.cat([torch.full((n_p,), -1, device=dev), row_c])
+        is_prompt = row < 0
+        allowed = ((group[:, None] == group[None, :]) & (pos[None, :] <= pos[:, None])
+                   & (is_prompt[None, :] | (row[None, :] == row[:, None])))  # (T,T)
+        t = ids.shape[0]
+        bias = torch.zeros((t, t), dtype=self.cos.dtype, device=dev)
+        bias = bias.masked_fill_(~allowed, self.neg).view(1, 1, 1, t, t)
+        x = self.embed(ids).unsqueeze(0)  # (1,T,D)
+        cos = self.cos[pos].view(1, t, 1, -1)
+        sin = self.sin[pos].view(1, t, 1, -1)
+        routers: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
+                                   None, 0)
+            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers)
+        # Which packed token predicts completion token (r, c): the prompt's last real token for
+        # c = 0, the row's token c-1 after that (a real one stands in at padded positions).
+        last_prompt = torch.cumsum(u_ok.sum(-1), 0) - 1  # (U,) index of each prompt's last
+        comp_index = torch.full(c_ids.shape, -1, dtype=torch.long, device=dev)
+        comp_index[c_ok] = torch.arange(n_p, t, device=dev)
+        pred = torch.cat([last_prompt[inverse].unsqueeze(1), comp_index[:, :-1]], 1)
+        pred = torch.where(pred < 0, pred[:, :1], pred)
+        logits = self.lm_head(self.rms(x[0, pred], self.norm))  # (B,C,V)
+        weights = torch.cat([torch.bincount(inverse, minlength=u)[owner_p],
+                             torch.ones(t - n_p, dtype=torch.long, device=dev)])
+        return logits, tuple(routers), weights.to(x.dtype)
+
     # ---- the decode loop's calls -----------------------------------------------------------
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -163,14 +163,20 @@ def expert_utilisation(
     router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
 ) -> list[dict[str, object]]:
     """Per layer: tokens routed to each expert and the load entropy normalised to [0, 1]
-    (1 = perfectly balanced, 0 = everything on one expert)."""
+    (1 = perfectly balanced, 0 = everything on one expert). `mask`: 0/1 per token, or token
+    weights (how many rows a packed token stands for)."""
     logits = stacked(router_logits)  # (L,N,E)
     n_layers, n_exp = logits.shape[0], logits.shape[-1]
     chosen = logits.topk(top_k, dim=-1).indices  # (L,N,k)
-    if mask is not None:
+    weights = None
+    if mask is not None and mask.is_floating_point() and bool((mask > 1).any()):
+        # Token weights (a packed token standing for several rows): weighted counts.
+        weights = mask.view(1, -1, 1).expand(chosen.shape).reshape(-1)
+    elif mask is not None:
         chosen = chosen[:, mask.bool()]
     offset = torch.arange(n_layers, device=chosen.device).view(-1, 1, 1) * n_exp
-    counts = torch.bincount((chosen + offset).reshape(-1), minlength=n_layers * n_exp)
+    counts = torch.bincount((chosen + offset).reshape(-1), weights=weights,
+                            minlength=n_layers * n_exp)
     counts = counts.view(n_layers, n_exp).float().cpu()  # (L,E)
     p = counts / counts.sum(-1, keepdim=True).clamp(min=1.0)
     ent = -(p * torch.log(p.clamp(min=1e-12))).sum(-1) / torch.log(torch.tensor(float(n_exp)))

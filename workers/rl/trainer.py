@@ -231,7 +231,13 @@ def forward_completion(module, batch: RolloutBatch, sl: slice, moe: bool, device
     p = p_ids.shape[1]
     model = lean_trainable(module) if lean else None
     if model is not None:
-        logits, routers = LeanQwen3Moe(model, 0, ids.shape[1]).train_forward(ids, mask)
+        lean_fwd = LeanQwen3Moe(model, 0, ids.shape[1])
+        packed = lean_fwd.train_forward_packed(p_ids.to(device), p_mask.to(device),
+                                               c_ids.to(device), c_mask.to(device))
+        if packed is not None:
+            logits, routers, weights = packed
+            return logits, (routers if moe else None), weights
+        logits, routers = lean_fwd.train_forward(ids, mask)
         return logits[:, p - 1 : -1], (routers if moe else None), mask.reshape(-1)
     taps = router_modules(getattr(module, "module", module)) if moe else None
     captured: list[torch.Tensor] = []

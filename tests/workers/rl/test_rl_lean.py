@@ -114,3 +114,47 @@ def test_inlined_grouped_experts_are_transformers_bit_for_bit(tiny_model):
         g_theirs = torch.autograd.grad(theirs.square().sum(), wrt, retain_graph=True)
         g_mine = torch.autograd.grad(mine.square().sum(), wrt)
         assert all(torch.equal(a, b) for a, b in zip(g_mine, g_theirs, strict=True))
+
+
+def test_packed_training_forward_equals_the_padded_one(tiny_model, tokenizer):
+    """Shared prompts of different lengths (left padding), completions of different lengths
+    (right padding): packed logits at real positions, the weighted auxiliary loss and expert
+    counts, and every gradient equal the padded forward's."""
+    from workers.rl.losses import expert_utilisation, load_balancing_loss
+
+    enc = tokenizer(["3+4=", "12+7=", "99+99="], return_tensors="pt", padding=True,
+                    add_special_tokens=False)
+    rows = torch.tensor([0, 0, 1, 2, 2, 2])
+    p_ids, p_mask = enc["input_ids"][rows], enc["attention_mask"][rows]
+    c_ids = torch.tensor([[5, 6, 1, 0], [7, 1, 0, 0], [8, 9, 10, 1], [5, 1, 0, 0],
+                          [6, 6, 6, 6], [9, 1, 0, 0]])
+    c_mask = (c_ids > 0).long()
+    ids, mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
+    p, k = p_ids.shape[1], tiny_model.config.num_experts_per_tok
+
+    def loss_of(logits, routers, weights):
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, c_ids.unsqueeze(-1))
+        return -(logp.squeeze(-1) * c_mask).sum() + load_balancing_loss(routers, k, weights)
+
+    lean = LeanQwen3Moe(tiny_model, 0, ids.shape[1])
+    logits, routers = lean.train_forward(ids, mask)
+    padded = (logits[:, p - 1 : -1], routers, mask.reshape(-1).float())
+    loss_of(*padded).backward()
+    ref = {n: q.grad.clone() for n, q in tiny_model.named_parameters()}
+    tiny_model.zero_grad()
+    lean = LeanQwen3Moe(tiny_model, 0, ids.shape[1])  # its fused weights are in the graph
+    packed = lean.train_forward_packed(p_ids, p_mask, c_ids, c_mask)
+    assert packed is not None
+    assert packed[2].shape[0] == int(enc["attention_mask"].sum()) + int(c_mask.sum())
+    loss_of(*packed).backward()
+    real = c_mask.bool()
+    assert torch.allclose(packed[0][real], padded[0][real], atol=1e-5)
+    assert torch.allclose(load_balancing_loss(packed[1], k, packed[2]),
+                          load_balancing_loss(padded[1], k, padded[2]), atol=1e-6)
+    counts = [u["tokens"] for u in expert_utilisation(packed[1], k, packed[2])]
+    assert counts == [u["tokens"] for u in expert_utilisation(padded[1], k, padded[2])]
+    for name, q in tiny_model.named_parameters():
+        assert torch.allclose(q.grad, ref[name], atol=1e-5, rtol=1e-4), name
+    # Nothing shared: the padded forward runs instead.
+    assert lean.train_forward_packed(p_ids[:3:2], p_mask[:3:2], c_ids[:3:2],
+                                     c_mask[:3:2]) is None
