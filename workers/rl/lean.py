@@ -228,7 +228,9 @@ class LeanQwen3Moe:
         forward's. Returns completion logits (B,C,V) (position t predicts completion token t;
         at padded positions a copy of a real one), per-layer router logits (T,E) of the packed
         tokens and their weights (T,): the number of rows each token stands for, so weighted
-        router statistics equal the unpacked masked ones. None when no prompt is shared."""
+        router statistics equal the unpacked masked ones. None when no prompt is shared, or
+        when the packed sequence's T x T attention would cost much more than the padded rows'
+        B x L x L (long sequences): then the padded forward is the one to run."""
         b, p = p_ids.shape
         dev = p_ids.device
         uniq, inverse = torch.unique(torch.cat([p_ids, p_mask.long()], 1), dim=0,
@@ -245,13 +247,15 @@ class LeanQwen3Moe:
         row_c = torch.arange(b, device=dev).unsqueeze(1).expand_as(c_ids)[c_ok]
         n_p = owner_p.shape[0]
         ids = torch.cat([u_ids[u_ok], c_ids[c_ok]])  # (T,)
+        t, length = ids.shape[0], p + c_ids.shape[1]
+        if t * t > max(1 << 20, 4 * b * length * length):
+            return None
         pos = torch.cat([u_pos[u_ok], c_pos[c_ok]])
         group = torch.cat([owner_p, inverse[row_c]])
         row = torch.cat([torch.full((n_p,), -1, device=dev), row_c])
         is_prompt = row < 0
         allowed = ((group[:, None] == group[None, :]) & (pos[None, :] <= pos[:, None])
                    & (is_prompt[None, :] | (row[None, :] == row[:, None])))  # (T,T)
-        t = ids.shape[0]
         bias = torch.zeros((t, t), dtype=self.cos.dtype, device=dev)
         bias = bias.masked_fill_(~allowed, self.neg).view(1, 1, 1, t, t)
         x = self.embed(ids).unsqueeze(0)  # (1,T,D)

@@ -158,3 +158,8 @@ def test_packed_training_forward_equals_the_padded_one(tiny_model, tokenizer):
     # Nothing shared: the padded forward runs instead.
     assert lean.train_forward_packed(p_ids[:3:2], p_mask[:3:2], c_ids[:3:2],
                                      c_mask[:3:2]) is None
+    # Many long rows: the packed T x T attention would dwarf the padded rows' B x L x L.
+    many = torch.tensor([[3, 4, 5, 6], [4, 5, 6, 7]]).repeat(32, 1)
+    long_c = torch.full((64, 100), 5)
+    assert lean.train_forward_packed(many, torch.ones_like(many), long_c,
+                                     torch.ones_like(long_c)) is None
