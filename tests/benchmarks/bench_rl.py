@@ -15,7 +15,8 @@ Figures (one process each, interleaved over `--repeats`, medians):
   learner_idle      fraction of a step the learner waits for rollouts: Crucible k=0 (sync)
                     vs `max_async_steps` k=1, 2 (the async figure quoted is k=2's)
 Crucible runs synchronously (k=0, its default) for the three figures against TRL. Its rollouts
-and (stage 0, fp32) training forward use its lean Qwen3-MoE forward (workers/rl/lean.py); TRL
+and (stage 0, fp32) training forward use its lean Qwen3-MoE forward (workers/rl/lean.py; the
+training forward packs each shared prompt once and drops padding); TRL
 runs transformers' model and `generate` at their defaults (sdpa attention, grouped_mm experts).
 The k=1/2 runs' steps/s are also printed against TRL's, marked as information: the actor thread
 uses a second core.
