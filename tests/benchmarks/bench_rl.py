@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--threshold", type=float, default=0.52,
                         help="held-out reward for time_to_reward")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--async-steps", type=int, default=30,
                         help="steps of each k=0/1/2 learner-idle run")
     args = parser.parse_args()
