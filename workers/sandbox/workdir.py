@@ -66,8 +66,9 @@ def create(
     if not _base_ready:
         BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
         os.chmod(BASE, 0o711)  # the unprivileged bwrap must traverse it to bind the work dir
+        sweep_orphans()
         _base_ready = True
-    path = Path(tempfile.mkdtemp(prefix="w-", dir=BASE))
+    path = Path(tempfile.mkdtemp(prefix=f"w-{os.getpid()}-", dir=BASE))
     try:
         _mount_tmpfs(path, files_bytes(files) + size_bytes, owner_uid, owner_gid, remount=False)
         write(path, files, owner_uid=owner_uid, owner_gid=owner_gid)
@@ -134,6 +135,33 @@ def read(path: Path, name: str, *, limit: int = 1 << 20) -> bytes:
             os.close(fd)
     finally:
         os.close(dir_fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(base: Path | None = None) -> list[Path]:
+    """Unmount and delete the work directories of supervisors that died without cleaning up
+    (a worker killed with SIGKILL leaves its tmpfs mounts behind). A directory is named
+    ``w-<supervisor pid>-…``; only those whose pid is gone are touched, so the live
+    supervisors sharing this host's folder keep theirs (a reused pid only delays a sweep).
+    Run once per process, before its first work directory."""
+    swept = []
+    for entry in (base or BASE).glob("w-*-*"):
+        pid = entry.name.split("-")[1]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # another supervisor may be sweeping it too
+            remove(entry)
+            swept.append(entry)
+    return swept
 
 
 def remove(path: Path) -> None:
