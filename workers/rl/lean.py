@@ -39,7 +39,7 @@ def supported(model: torch.nn.Module) -> bool:
     modules, params = _members(model)
     if foreign_hooks(modules):
         return False
-    # ZeRO-3 leaves empty placeholders (and a ds_status) on partitioned parameters.
+    # Under ZeRO-3 a partitioned parameter is an empty local tensor carrying a ds_status.
     return all(p.dtype == torch.float32 and not hasattr(p, "ds_status") and p.numel() > 0
                for p in params)
 

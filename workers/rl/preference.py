@@ -20,6 +20,7 @@ from workers.rl.distributed import all_reduce_sum
 from workers.rl.losses import dpo_loss, load_balancing_loss, token_logprobs
 from workers.rl.model import build_policy, is_moe
 from workers.rl.pinned_data import PinnedData, check_roles
+from workers.rl.rollout import RolloutBatch
 from workers.rl.spec import RunSpec
 from workers.rl.tasks import Example
 
@@ -34,13 +35,10 @@ def check_pinned(spec: RunSpec, pinned: PinnedData) -> None:
                 preference_steps=spec.preference.steps)
 
 
-def sequence_logps(module, run: Run, tok, pairs_prompt: list[str], completions: list[str],
-                   moe: bool):
+def sequence_logps(module, run: Run, batch: RolloutBatch, moe: bool):
     """Summed completion log-probabilities (N,) and router logits of one forward pass."""
     from workers.rl.trainer import forward_completion
 
-    batch = run.completion_batch(tok, [Example(prompt=p, reference=c)
-                                       for p, c in zip(pairs_prompt, completions, strict=True)])
     logits, router, flat_mask = forward_completion(module, batch, slice(None), moe, run.device)
     mask = batch.completion_mask.to(run.device).float()
     logp = token_logprobs(logits, batch.completion_ids.to(run.device))
@@ -72,11 +70,13 @@ def preference_phase(run: Run, tok, start: Path) -> Path:
     for step in range(pref.steps):
         g = run.generator(40_000 + step, run.rank)
         picked = [pairs[int(i)] for i in torch.randint(len(pairs), (per_rank,), generator=g)]
-        prompts = [p.prompt for p in picked] * 2
-        texts = [p.chosen for p in picked] + [p.rejected for p in picked]
-        seq, router, flat_mask = sequence_logps(engine, run, tok, prompts, texts, moe)
+        # One batch: each pair's chosen rows, then its rejected rows.
+        batch = run.completion_batch(
+            tok, [Example(prompt=p.prompt, reference=p.chosen) for p in picked]
+            + [Example(prompt=p.prompt, reference=p.rejected) for p in picked])
+        seq, router, flat_mask = sequence_logps(engine, run, batch, moe)
         with torch.no_grad():
-            ref_seq, _, _ = sequence_logps(reference, run, tok, prompts, texts, False)
+            ref_seq, _, _ = sequence_logps(reference, run, batch, False)
         n = len(picked)
         loss, acc = dpo_loss(seq[:n], seq[n:], ref_seq[:n], ref_seq[n:], pref.beta)
         if router is not None:

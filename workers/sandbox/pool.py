@@ -19,10 +19,6 @@ class Disposable(Protocol):
     def destroy(self) -> None: ...
 
 
-class Bootable(Protocol):
-    def wait_booted(self, timeout: float) -> bool: ...
-
-
 T = TypeVar("T", bound=Disposable)
 
 
