@@ -226,6 +226,7 @@ def plan_run(
         )
     env_versions = _environments(team, spec, kind, environment, environments)
     if kind == "train":
+        _check_train_config(parsed, env_versions)
         _check_training_datasets(parsed, pinned)
 
     normalized = parsed.model_dump(mode="json")
@@ -246,6 +247,29 @@ def plan_run(
         base_checkpoint=base_checkpoint, base_model=base_described, max_attempts=attempts,
         tags=clean_tags,
     )
+
+
+def _check_train_config(parsed: Any, env_versions: list[EnvironmentVersion]) -> None:
+    """Fields of the engine's config that a platform run would carry without using them are
+    refused, so the frozen config says only what the run did: the environment comes from the
+    pinned versions (QC-gated), the checkpoint folder from the worker (checkpoints live in the
+    object store)."""
+    if parsed.environment is not None:
+        raise InvalidInput(
+            "config.environment is for local runs (python -m workers.rl train); on the "
+            "platform register it as an environment version, let QC pass it, and pin it with "
+            "'environments'.", details={"config.environment": ["not used on the platform"]})
+    if parsed.task is not None and env_versions:
+        pins = ", ".join(f"{v.environment.slug}@v{v.number}" for v in env_versions)
+        raise InvalidInput(
+            f"config.task (the built-in arithmetic task) does not apply: this run trains on "
+            f"its pinned environment(s) {pins}; remove config.task.",
+            details={"config.task": ["the pinned environments replace it"]})
+    if parsed.checkpoint.dir is not None:
+        raise InvalidInput(
+            "config.checkpoint.dir is chosen by the worker on the platform (a scratch folder "
+            "per attempt; checkpoints are kept in the object store); remove it.",
+            details={"config.checkpoint.dir": ["set by the worker"]})
 
 
 def _check_training_datasets(parsed: Any, pinned: dict[str, DatasetVersion]) -> None:

@@ -114,6 +114,34 @@ def test_train_pins_several_passed_environments_and_datasets_with_lineage(member
     assert twice.status_code == 400 and "pinned twice" in twice.json()["message"]
 
 
+def test_the_frozen_config_names_only_what_the_run_uses(member, envs):
+    """No phantom fields: the arithmetic task, a local checkpoint folder, an inline
+    environment are not carried by a platform run that would not use them."""
+    r = train(member.client, environments=["arith@v2"])
+    assert r.status_code == 201, r.content
+    config = r.json()["config"]
+    assert "task" not in config and "environment" not in config
+    assert "dir" not in config["checkpoint"] and config["checkpoint"]["keep"] == 2
+    assert config["tokenizer"] == {"source": "train", "vocab_size": 96}
+    assert Run.objects.get(pk=r.json()["id"]).config == config
+
+    with_task = train(member.client, environments=["arith@v2"],
+                      config={"task": {"max_operand": 5}})
+    assert with_task.status_code == 400
+    assert "config.task" in with_task.json()["message"]
+    assert "arith@v2" in with_task.json()["message"]
+    inline = train(member.client, config={"environment": {"source": "builtin",
+                                                          "name": "arithmetic"}})
+    assert inline.status_code == 400 and "pin it with 'environments'" in inline.json()["message"]
+    local = train(member.client, config={"checkpoint": {"dir": "/tmp/mine"}})
+    assert local.status_code == 400
+    assert "checkpoint.dir is chosen by the worker" in local.json()["message"]
+    # Without pinned environments the arithmetic task's settings are what it trains on: kept.
+    own = train(member.client, config={"task": {"max_operand": 5}})
+    assert own.status_code == 201 and own.json()["config"]["task"]["max_operand"] == 5
+    assert Run.objects.count() == 2
+
+
 def test_max_attempts_is_validated(member, project):
     assert train(member.client, max_attempts=5).json()["max_attempts"] == 5
     for bad in (0, 21, "many"):
@@ -154,7 +182,7 @@ def test_checkpoint_of_an_earlier_run_is_resolved_and_pinned(member, worker, obj
     assert body["config"]["model"]["source"] == "path"
     assert body["config"]["model"]["path"] == latest.uri
     assert body["config"]["model"]["router_aux_loss_coef"] == 0.02
-    assert body["config"]["tokenizer"]["source"] == "model"
+    assert body["config"]["tokenizer"] == {"source": "model"}  # no unused vocab_size
     child = Run.objects.get(pk=body["id"])
     assert child.base_checkpoint == latest
     assert LineageEdge.objects.filter(source_type="checkpoint", source_id=str(latest.pk),

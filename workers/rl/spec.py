@@ -12,7 +12,15 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 # Re-exported for the control plane's launch check (it may import specs, not engines).
 from workers.rl.pinned_data import (  # noqa: F401
@@ -71,11 +79,42 @@ class ModelSpec(_Strict):
         return self
 
 
+DEFAULT_VOCAB_SIZE = 96
+DEFAULT_CHECKPOINT_DIR = "var/rl/checkpoints"
+
+
+def _drop_none(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """A frozen config names only what applies: optional fields left unset are left out."""
+    return {k: v for k, v in data.items() if not (k in keys and v is None)}
+
+
 class TokenizerSpec(_Strict):
-    """`model`: load from the model directory; `train`: BPE trained on the task corpus."""
+    """`model`: load from the model directory; `train`: BPE trained on the task corpus, with
+    `vocab_size` tokens (default 96). A model's own tokenizer has its own vocabulary, so
+    `vocab_size` is refused with `source = 'model'` instead of being carried along unused."""
 
     source: Literal["model", "train"] = "train"
-    vocab_size: PosInt = 96
+    vocab_size: PosInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_size(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("source", "train") == "train" \
+                and data.get("vocab_size") is None:
+            return {**data, "vocab_size": DEFAULT_VOCAB_SIZE}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenizerSpec:
+        if self.source == "model" and self.vocab_size is not None:
+            raise ValueError("tokenizer.vocab_size applies to a trained tokenizer (source = "
+                             "'train'); with source = 'model' the model's own tokenizer and "
+                             "vocabulary are used: remove vocab_size")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), "vocab_size")
 
 
 class ArithmeticSpec(_Strict):
@@ -207,10 +246,22 @@ class TrainerSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    dir: str = "var/rl/checkpoints"
+    """`dir`: where a local run keeps its checkpoints (default `var/rl/checkpoints`). A run on
+    the platform leaves it unset: its worker picks a scratch folder per attempt and the
+    checkpoints live in the object store."""
+
+    dir: str | None = None
     every: NonNegInt = 0
     keep: PosInt = 2
     save_final: bool = True
+
+    @property
+    def folder(self) -> str:
+        return self.dir or DEFAULT_CHECKPOINT_DIR
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), "dir")
 
 
 class OutputSpec(_Strict):
@@ -219,12 +270,18 @@ class OutputSpec(_Strict):
 
 
 class RunSpec(_Strict):
-    """One RL run. Printed at start and stored next to its checkpoints."""
+    """One RL run. Printed at start and stored next to its checkpoints.
+
+    What it trains on: `environment` (any environment spec the platform accepts: a built-in,
+    uploaded tasks with a rubric, a `verifiers` module), or `task` (the built-in arithmetic
+    task's own settings), or, with neither, the arithmetic task's defaults. On the platform the
+    pinned environment versions take that place, and the launch refuses both fields there."""
 
     name: str = "run"
     model: ModelSpec = ModelSpec()
     tokenizer: TokenizerSpec = TokenizerSpec()
-    task: ArithmeticSpec = ArithmeticSpec()
+    task: ArithmeticSpec | None = None
+    environment: dict[str, Any] | None = None
     rollout: RolloutSpec = RolloutSpec()
     sft: SftSpec = SftSpec()
     preference: PreferenceSpec = PreferenceSpec()
@@ -236,8 +293,41 @@ class RunSpec(_Strict):
     data: DataCacheSpec = DataCacheSpec()
     vllm: VllmSpec = VllmSpec()
 
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment(cls, value: Any) -> Any:
+        """Validated as the platform validates an environment version (imported here: the
+        environment spec module imports this one)."""
+        if value is None:
+            return None
+        from workers.envs.spec import EnvironmentSpec
+
+        if not isinstance(value, dict):
+            raise ValueError("environment must be a table: an environment spec such as "
+                             "{source = 'builtin', name = 'math'}")
+        if "tasks_file" in value:
+            raise ValueError("tasks_file is read by `python -m workers.rl` (load_spec) from "
+                             "the config's folder; pass the tasks inline as environment.tasks")
+        doc = value if "env" in value else {"env": value}  # the source table, or the document
+        try:
+            parsed = EnvironmentSpec.model_validate(doc)
+        except ValidationError as err:
+            source = doc["env"].get("source") if isinstance(doc["env"], dict) else None
+
+            def where(loc: tuple[Any, ...]) -> str:
+                parts = list(loc[1:])  # past "env", and past the union's tag
+                if parts and parts[0] == source:
+                    parts = parts[1:]
+                return "".join(f"{p}." for p in parts).rstrip(".") + ": " if parts else ""
+
+            raise ValueError("; ".join(f"{where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
+                                       for e in err.errors())) from None
+        return parsed.env.model_dump(mode="json")
+
     @model_validator(mode="after")
     def _check(self) -> RunSpec:
+        if self.task is not None and self.environment is not None:
+            raise ValueError("give task (the built-in arithmetic task) or environment, not both")
         if self.tokenizer.source == "model" and self.model.source == "preset":
             raise ValueError("tokenizer.source = 'model' needs model.source = 'path'")
         if self.rollout.backend == "vllm" and self.trainer.max_async_steps:
@@ -246,6 +336,10 @@ class RunSpec(_Strict):
             raise ValueError("rollout.backend = 'vllm' runs synchronously for now: set "
                              "trainer.max_async_steps = 0")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), "task", "environment")
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
@@ -270,9 +364,41 @@ def parse_spec(data: dict[str, Any]) -> RunSpec:
         raise SpecError(_format(err)) from None
 
 
+def read_tasks_file(path: Path) -> list[Any]:
+    """Task records from a JSONL file (one record a line) or a JSON list: what a dataset
+    version holds and what an uploaded environment reads."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"invalid run config:\n  environment.tasks_file: cannot read {path}: "
+                        f"{exc.strerror}") from None
+    try:
+        if path.suffix == ".json":
+            records = json.loads(text)
+            if not isinstance(records, list):
+                raise ValueError("a .json tasks file holds a list of task records")
+            return records
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise SpecError(f"invalid run config:\n  environment.tasks_file: {path}: {exc}") \
+            from None
+
+
 def load_spec(path: str | Path) -> RunSpec:
-    """Read a TOML (or JSON) run config."""
+    """Read a TOML (or JSON) run config. `environment.tasks_file` (JSONL, or a JSON list; a
+    path relative to the config's folder) is read here and inlined as `environment.tasks`, so
+    the frozen config holds the tasks the run trained on."""
     p = Path(path)
     text = p.read_text()
     data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    env = data.get("environment") if isinstance(data, dict) else None
+    if isinstance(env, dict) and "tasks_file" in env:
+        env = dict(env)
+        tasks_file = Path(str(env.pop("tasks_file")))
+        if "tasks" in env:
+            raise SpecError("invalid run config:\n  environment: give tasks_file or tasks, "
+                            "not both")
+        env["tasks"] = read_tasks_file(tasks_file if tasks_file.is_absolute()
+                                       else p.parent / tasks_file)
+        data = {**data, "environment": env}
     return parse_spec(data)

@@ -45,8 +45,9 @@ from workers.rl.pinned_data import PinnedData
 from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend, position_ids
 from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, StdoutSink
-from workers.rl.spec import RunSpec, TrainerSpec
-from workers.rl.tasks import Example, Task, build_task
+from workers.rl.spec import DEFAULT_VOCAB_SIZE, RunSpec, TrainerSpec
+from workers.rl.tasks import Example, Task
+from workers.rl.tasks.environment import task_from_spec
 from workers.rl.tokenizer import load_tokenizer, train_bpe
 
 
@@ -265,7 +266,11 @@ class Run:
         pinned: PinnedData | None = None,
     ):
         self.spec, self.rank, self.world = spec, rank, world
-        self.task = task or build_task(spec.task)
+        if task is not None and (spec.task is not None or spec.environment is not None):
+            field = "task" if spec.task is not None else "environment"
+            raise ValueError(f"this run trains on the environments it was given; its config's "
+                             f"{field} would be ignored: remove it")
+        self.task = task or task_from_spec(spec)
         self.pinned = pinned or PinnedData()
         check_pinned(spec, self.pinned)
         self.cache: Any = None  # workers.rl.datacache.DataCache when data.source is set
@@ -281,7 +286,7 @@ class Run:
             import_vllm()  # fail before SFT, naming what to install, not after it
             if not torch.cuda.is_available():
                 raise VllmUnavailable(f"{INSTALL_HINT}; no CUDA device is visible")
-        self.root = Path(spec.checkpoint.dir)
+        self.root = Path(spec.checkpoint.folder)
         self.sink: MetricSink = (sink or default_sink(spec)) if rank == 0 else NullSink()
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
@@ -321,7 +326,7 @@ class Run:
             assert self.spec.model.path is not None
             return load_tokenizer(self.spec.model.path)
         return train_bpe(self.task.corpus() + self.pinned.corpus(),
-                         self.spec.tokenizer.vocab_size)
+                         self.spec.tokenizer.vocab_size or DEFAULT_VOCAB_SIZE)
 
     def sft_example(self, index: int) -> Example:
         """SFT example ``index`` of the task's references (when sft.environment) followed by

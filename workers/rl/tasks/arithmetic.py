@@ -54,5 +54,6 @@ class ArithmeticTask:
         return [ex.prompt + ex.reference for ex in self.train + self.eval] + ["\n"]
 
 
-def build_task(spec: ArithmeticSpec) -> ArithmeticTask:
-    return ArithmeticTask(spec)
+def build_task(spec: ArithmeticSpec | None = None) -> ArithmeticTask:
+    """The arithmetic task; None (a run config without `task`) means its defaults."""
+    return ArithmeticTask(spec or ArithmeticSpec())
