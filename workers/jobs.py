@@ -128,8 +128,10 @@ def preset_model_dir(env_spec: dict[str, Any], model: dict[str, Any],
     tokenizer trained on the environment's tasks (what a train run on it starts from)."""
     from workers.envs.adapter import as_rl_task
     from workers.envs.load import load_environment
+    from workers.rl import prompt_format
+    from workers.rl.episodes import plays_episodes
     from workers.rl.model import build_policy
-    from workers.rl.spec import ModelSpec, TokenizerSpec
+    from workers.rl.spec import DEFAULT_VOCAB_SIZE, ModelSpec, TokenizerSpec
     from workers.rl.tokenizer import train_bpe
 
     spec = ModelSpec.model_validate(model)
@@ -138,11 +140,14 @@ def preset_model_dir(env_spec: dict[str, Any], model: dict[str, Any],
         raise JobError("the preset model has no tokenizer of its own: tokenizer.source must "
                        "be 'train'")
     task = as_rl_task(load_environment(env_spec, resolve_dataset=resolve))
-    tok = train_bpe(task.corpus(), tok_spec.vocab_size)
+    tok = train_bpe(task.corpus(), tok_spec.vocab_size or DEFAULT_VOCAB_SIZE)
     policy = build_policy(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
     target.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(target)
     tok.save_pretrained(target)
+    # The prompts a train run on it would see: raw text, as the engine records it.
+    layout = "episode" if plays_episodes(task) else "single_turn"
+    prompt_format.write(target, prompt_format.PromptFormat(format="raw", layout=layout))
     return target
 
 
@@ -201,13 +206,16 @@ def run_eval(session: WorkerSession) -> None:
         with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
                 contextlib.ExitStack() as hold:
             folder, named = _model_dir(session, env, store, Path(tmp), hold)
-            fmt = cfg.get("chat_format", "auto")
-            session.log_event(f"evaluating {named['kind']} policy on {_label(env)} (served "
-                              f"here, chat format {fmt})", data={"policy": named})
-            with start_server(folder, name="policy", chat_format=fmt) as server:
+            with start_server(folder, name="policy",
+                              chat_format=cfg.get("chat_format", "auto")) as server:
+                # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
+                # RL engine trained), else its tokenizer's template, else plain lines.
+                named["chat_format"] = server.openai_app.policy.chat_format
+                session.log_event(f"evaluating {named['kind']} policy on {_label(env)} (served "
+                                  f"here, chat format {named['chat_format']})",
+                                  data={"policy": named})
                 endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
                 report = evaluate(loaded, EndpointPolicy(endpoint), **kwargs)
-        named["chat_format"] = fmt
     report["policy"]["source"] = named
     prompts = {t.id: t.prompt for t in loaded.tasks}
     samples = report.pop("samples", None) or []

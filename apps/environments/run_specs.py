@@ -52,9 +52,11 @@ class EvalRunConfig(_Strict):
                                                                "run samples")] = 50
     chat_format: Literal["auto", "template", "plain", "raw"] = Field(
         "auto", description="how the served model sees the messages: its tokenizer's chat "
-                            "template, 'role: text' lines, or the prompt verbatim (what a run "
-                            "trained on raw prompts saw); auto = template if it has one, "
-                            "else plain. Endpoint policies apply their own.")
+                            "template, 'role: text' lines, or the raw prompt text the RL "
+                            "engine trains on; auto = the format the checkpoint records "
+                            "(prompt_format.json: raw for what Crucible trained), else the "
+                            "template if it has one, else plain. Endpoint policies apply "
+                            "their own.")
 
     @model_validator(mode="after")
     def _check(self) -> EvalRunConfig:

@@ -78,7 +78,8 @@ def test_qc_then_eval_of_the_arithmetic_builtin(live_server, start_worker):
         assert report["summary"]["tasks"] == 3 and report["summary"]["samples"] == 6
         assert set(report["summary"]["pass_at"]) == {"1", "2"}
         assert 0.0 <= report["summary"]["pass_at"]["1"] <= report["summary"]["pass_at"]["2"]
-        assert report["policy"]["source"] == {"kind": "preset", "seed": 0, "chat_format": "auto"}
+        # "auto" resolved to the prompt format the preset folder records: raw, as it trains
+        assert report["policy"]["source"] == {"kind": "preset", "seed": 0, "chat_format": "raw"}
         assert report["environment"]["name"] == "arithmetic"
         metrics = client.run_metrics("e2e", ev["id"], names=["eval/pass@2"])
         assert metrics["series"][0]["points"][-1]["last"] == report["summary"]["pass_at"]["2"]

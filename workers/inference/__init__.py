@@ -6,10 +6,11 @@ written by the RL engine) so `verifiers`, the data-synthesis generators and eval
 (n, temperature, top_p, max_tokens, stop, seed, logprobs, stream), `GET /v1/models`, with token
 usage. Sampling goes through the RL engine's own rollout path (`workers.rl.rollout.HFRollout`).
 
-Prompts for chat requests: the tokenizer's chat template when it has one; otherwise the plain
-format `<role>: <content>\\n` per message followed by `assistant:`; or, with
-`chat_format="raw"`, the message contents joined by newlines (a lone user message is sent as
-is — what an RL run on raw prompts such as `3+4=` trained on).
+Prompts for chat requests (`chat_format`, default "auto"): the format the checkpoint records in
+`prompt_format.json` (written by the RL engine beside every model it saves: "raw", the plain
+prompt text it trained on, so a lone user message `3+4=` is sent verbatim); without a record,
+the tokenizer's chat template when it has one, else the plain format `<role>: <content>\\n` per
+message followed by `assistant:`. "template", "plain" and "raw" force one.
 
 From the command line:
 

@@ -19,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--name", help="model id clients send (default: the directory's name)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer <key>`")
     serve.add_argument("--chat-format", choices=["auto", "template", "plain", "raw"],
-                       default="auto")
+                       default="auto", help="how chat messages become the prompt; auto: the "
+                       "checkpoint's recorded format (prompt_format.json, raw for what "
+                       "Crucible trained), else the tokenizer's template, else 'role: text'")
     serve.add_argument("--max-batch", type=int, default=64,
                        help="sequences sampled together at most")
     serve.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if present)")

@@ -19,7 +19,9 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM
 
+from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
+from workers.rl.prompt_format import Layout
 from workers.rl.rollout import HFRollout, RolloutBatch, cut_at_stop, position_ids
 from workers.rl.spec import RolloutSpec
 from workers.rl.tokenizer import load_tokenizer
@@ -72,12 +74,14 @@ def plain_chat(messages: list[tuple[str, str]]) -> str:
     return "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
 
 
-def raw_chat(messages: list[tuple[str, str]]) -> str:
-    """Message contents joined by newlines: a lone user message is sent verbatim, i.e. exactly
-    the prompt an RL run on raw prompts (e.g. `3+4=`) trained on."""
-    if messages and messages[-1][0] == "assistant":
-        raise ChatFormatError("chat format 'raw' cannot continue an assistant message")
-    return "\n".join(content for _, content in messages)
+def raw_chat(messages: list[tuple[str, str]], layout: Layout = "single_turn",
+             eos_token: str = "") -> str:
+    """The prompt text the RL engine trains on (workers.rl.prompt_format): single-turn, the
+    contents joined by a blank line, so a lone user message is sent verbatim (`3+4=`)."""
+    try:
+        return prompt_formats.render(messages, layout, eos_token)
+    except prompt_formats.PromptFormatError as exc:
+        raise ChatFormatError(f"chat format 'raw': {exc}") from None
 
 
 class Policy:
@@ -108,8 +112,14 @@ class Policy:
         self.request_tok = copy.deepcopy(self.tok)
         self.context: int | None = getattr(model.config, "max_position_embeddings", None)
         has_template = bool(getattr(self.tok, "chat_template", None))
+        # How the checkpoint was trained (prompt_format.json), when the RL engine wrote it.
+        self.recorded = prompt_formats.read(path)
+        self.layout: Layout = self.recorded.layout if self.recorded else "single_turn"
         if chat_format == "auto":
-            chat_format = "template" if has_template else "plain"
+            if self.recorded is not None and self.recorded.format == "raw":
+                chat_format = "raw"
+            else:
+                chat_format = "template" if has_template else "plain"
         if chat_format == "template" and not has_template:
             raise ValueError(f"the tokenizer in {path} has no chat template; use 'plain' or 'raw'")
         self.chat_format: ChatFormat = chat_format
@@ -123,7 +133,7 @@ class Policy:
                 tokenize=False, add_generation_prompt=True,
             )
         if self.chat_format == "raw":
-            return raw_chat(messages)
+            return raw_chat(messages, self.layout, self.request_tok.eos_token or "")
         return plain_chat(messages)
 
     def encode(self, text: str) -> list[int]:

@@ -1,7 +1,8 @@
 """Atomic, resumable checkpoints.
 
 Layout of one checkpoint, `<dir>/step-000040/`:
-  hf/          the policy + tokenizer in Hugging Face format (loadable by any tool)
+  hf/          the policy + tokenizer in Hugging Face format (loadable by any tool), and
+               prompt_format.json (how the policy saw its prompts; see prompt_format.py)
   ds/          DeepSpeed state: model, optimizer and LR-scheduler partitions of every rank
   rng-rank<r>.pt   python/numpy/torch RNG states of rank r
   rank<r>.json     rank r's own loop state (its curriculum sampler: data position, pass rates)
@@ -25,6 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from workers.rl import prompt_format as prompt_formats
+from workers.rl.prompt_format import PromptFormat
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 
@@ -77,8 +81,10 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def save_hf(module: torch.nn.Module, tokenizer, out: Path, zero_stage: int) -> None:
-    """Collective under ZeRO-3 (parameters are gathered); rank 0 writes."""
+def save_hf(module: torch.nn.Module, tokenizer, out: Path, zero_stage: int,
+            prompt_format: PromptFormat | None = None) -> None:
+    """Collective under ZeRO-3 (parameters are gathered); rank 0 writes. `prompt_format`:
+    how the policy saw its prompts, recorded beside the weights for whoever serves them."""
     import deepspeed
 
     params = list(module.parameters())
@@ -89,15 +95,18 @@ def save_hf(module: torch.nn.Module, tokenizer, out: Path, zero_stage: int) -> N
             state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
             module.save_pretrained(out, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(out)
+            if prompt_format is not None:
+                prompt_formats.write(out, prompt_format)
 
 
-def save_hf_atomic(module, tokenizer, out: Path, zero_stage: int) -> None:
+def save_hf_atomic(module, tokenizer, out: Path, zero_stage: int,
+                   prompt_format: PromptFormat | None = None) -> None:
     tmp = out.with_name(f".tmp-{out.name}")
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    save_hf(module, tokenizer, tmp, zero_stage)
+    save_hf(module, tokenizer, tmp, zero_stage, prompt_format)
     _barrier()
     if _rank() == 0:
         shutil.rmtree(out, ignore_errors=True)
@@ -114,6 +123,7 @@ def save(
     keep: int,
     zero_stage: int,
     rank_state: dict[str, Any] | None = None,
+    prompt_format: PromptFormat | None = None,
 ) -> Path:
     """Collective: every rank must call it with the same step."""
     final = step_dir(root, step)
@@ -124,7 +134,7 @@ def save(
         tmp.mkdir(parents=True)
     _barrier()
     engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-    save_hf(engine.module, tokenizer, tmp / "hf", zero_stage)
+    save_hf(engine.module, tokenizer, tmp / "hf", zero_stage, prompt_format)
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
     if rank_state is not None:
         (tmp / f"rank{rank}.json").write_text(json.dumps(rank_state, sort_keys=True))

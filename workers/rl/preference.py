@@ -91,7 +91,7 @@ def preference_phase(run: Run, tok, start: Path) -> Path:
             loss_v, acc_v, margin_v = (float(v) / run.world for v in totals)
             run.sink.log(step, {"preference/loss": loss_v, "preference/accuracy": acc_v,
                                 "preference/margin": margin_v})
-    ckpt.save_hf_atomic(engine.module, tok, out, spec.trainer.zero_stage)
+    ckpt.save_hf_atomic(engine.module, tok, out, spec.trainer.zero_stage, run.prompt_format)
     run.sink.event("info", f"preference (DPO) warm start done after {pref.steps} steps on "
                    f"{len(pairs)} pairs", {})
     del engine, reference

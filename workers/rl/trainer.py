@@ -43,6 +43,7 @@ from workers.rl.losses import (
 from workers.rl.model import build_policy, is_moe
 from workers.rl.pinned_data import PinnedData
 from workers.rl.preference import check_pinned, preference_phase
+from workers.rl.prompt_format import PromptFormat
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend, position_ids
 from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import DEFAULT_VOCAB_SIZE, RunSpec, TrainerSpec
@@ -273,6 +274,9 @@ class Run:
         self.task = task or task_from_spec(spec)
         self.pinned = pinned or PinnedData()
         check_pinned(spec, self.pinned)
+        # Prompts are plain text, never a chat template: recorded with every saved model.
+        self.prompt_format = PromptFormat(
+            format="raw", layout="episode" if plays_episodes(self.task) else "single_turn")
         self.cache: Any = None  # workers.rl.datacache.DataCache when data.source is set
         self.episode_tok: Any = None  # the evaluation's tokenizer copy for episode tasks
         if spec.data.source is not None:
@@ -383,7 +387,7 @@ class Run:
             if step % 10 == 0 or step == spec.sft.steps - 1:
                 val = float(all_reduce_sum(loss.detach().cpu().reshape(1))) / self.world
                 self.sink.log(step, {"sft/loss": val})
-        ckpt.save_hf_atomic(engine.module, tok, out, spec.trainer.zero_stage)
+        ckpt.save_hf_atomic(engine.module, tok, out, spec.trainer.zero_stage, self.prompt_format)
         self.sink.event("info", f"SFT warm start done after {spec.sft.steps} steps", {})
         del engine
         return out
@@ -440,7 +444,8 @@ class Run:
             init_dir = sft_dir
             if not (sft_dir / "config.json").is_file():
                 init_dir = self.root / "vllm-init"
-                ckpt.save_hf_atomic(engine.module, tok, init_dir, ts.zero_stage)
+                ckpt.save_hf_atomic(engine.module, tok, init_dir, ts.zero_stage,
+                                    self.prompt_format)
             backend: Any = VllmRollout(init_dir, tok, spec.vllm, version=0)
         else:
             backend = make_backend(spec.rollout.backend, engine.module, tok, ts.zero_stage == 3)
@@ -554,7 +559,8 @@ class Run:
                     path = ckpt.save(engine, tok, self.root, done,
                                      {"cursor": cursor, "nan_streak": nan_streak,
                                       "metrics": metrics}, spec.checkpoint.keep, ts.zero_stage,
-                                     rank_state={"sampler": sb.sampler_state})
+                                     rank_state={"sampler": sb.sampler_state},
+                                     prompt_format=self.prompt_format)
                     self.sink.checkpoint(done, str(path / "hf"), metrics)
                 result.steps = done
                 result.curriculum = sb.sampler_state
@@ -569,7 +575,7 @@ class Run:
             self.sink.log(ts.steps, {"eval/reward_mean": result.eval_reward[ts.steps]})
         if spec.checkpoint.save_final:
             final = self.root / "final"
-            ckpt.save_hf_atomic(engine.module, tok, final, ts.zero_stage)
+            ckpt.save_hf_atomic(engine.module, tok, final, ts.zero_stage, self.prompt_format)
             result.final_dir = str(final)
             self.sink.checkpoint(ts.steps, str(final), {"eval/reward_mean":
                                                         result.eval_reward[ts.steps]})

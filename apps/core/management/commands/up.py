@@ -58,7 +58,7 @@ DEMO_TRAIN = {
 # answer, written the way the environment asks ("7 + 3 - 2=" -> "8").
 DEMO_SFT_TEMPLATES = {"prompt_template": "{problem[expression]}=",
                       "completion_template": "{answer}"}
-DEMO_EVAL = {"samples_per_task": 1, "k": [1], "chat_format": "raw",
+DEMO_EVAL = {"samples_per_task": 1, "k": [1],
              "sampling": {"max_tokens": 3, "temperature": 0.0}}
 
 

@@ -1,0 +1,80 @@
+"""A checkpoint the RL engine trained records its prompt format, and the server's defaults use
+it: chat clients get the accuracy raw completions get (they got 0/40 where raw got 27/40)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import torch
+
+from workers.inference import start_server
+from workers.rl.sinks import NullSink
+from workers.rl.spec import parse_spec
+from workers.rl.tasks import build_task
+from workers.rl.trainer import train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-layer tiny MoE warm-started on the arithmetic references (seconds on a CPU)."""
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("trained")
+    spec = parse_spec({
+        "model": {"preset": {"num_layers": 2}},
+        "sft": {"steps": 150, "batch_size": 32},
+        "rollout": {"group_size": 2, "max_new_tokens": 3},
+        "trainer": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4, "zero_stage": 0,
+                    "eval_samples": 1},
+        "checkpoint": {"dir": str(folder)},
+        "output": {"stdout": False},
+    })
+    result = train(spec, NullSink())
+    return result.final_dir, build_task(spec.task)
+
+
+def test_checkpoints_record_the_prompt_format_they_were_trained_with(trained):
+    final, _ = trained
+    root = final.rsplit("/", 1)[0]
+    for folder in (final, f"{root}/sft"):
+        with open(f"{folder}/prompt_format.json") as f:
+            assert json.load(f) == {"format": "raw", "layout": "single_turn"}
+
+
+def test_served_with_defaults_chat_scores_as_raw_completions(trained):
+    final, task = trained
+    with start_server(final, name="policy") as srv:  # the README's serve command's defaults
+        assert srv.openai_app.policy.chat_format == "raw"
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        prompts = [e.prompt for e in task.eval]
+        raw = client.completions.create(model="policy", prompt=prompts, max_tokens=3,
+                                        temperature=0)
+        raw_text = [c.text for c in sorted(raw.choices, key=lambda c: c.index)]
+        chat_text = [client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": p}], max_tokens=3,
+            temperature=0).choices[0].message.content for p in prompts]
+    raw_score, _ = task.reward(task.eval, raw_text)
+    chat_score, _ = task.reward(task.eval, chat_text)
+    print(f"held-out greedy exact match: raw {sum(raw_score)}/{len(prompts)}, "
+          f"chat {sum(chat_score)}/{len(prompts)}")
+    assert sum(raw_score) >= 2  # the model learned something, so equality is not 0 == 0
+    assert chat_text == raw_text and chat_score == raw_score
+
+
+def test_the_episode_layout_is_the_text_the_engine_plays_episodes_in():
+    from workers.rl.episodes import PlainCodec
+    from workers.rl.prompt_format import render
+    from workers.rl.tokenizer import train_bpe
+
+    tok = train_bpe(["fix the bug: def f(): return 1\ntests failed: f() != 2\n"], 96)
+    codec = PlainCodec(tok)
+    chat = [("user", "fix the bug"), ("assistant", "def f(): return 1"),
+            ("user", "tests failed: f() != 2")]
+    ids = (codec.encode_message({"role": "user", "content": chat[0][1]})
+           + tok(chat[1][1], add_special_tokens=False)["input_ids"] + codec.end_of_turn
+           + codec.after_turn + codec.encode_message({"role": "user", "content": chat[2][1]}))
+    assert render(chat, "episode", tok.eos_token) == tok.decode(ids)
+    assert render(chat[:1], "single_turn", tok.eos_token) == "fix the bug"
+    with pytest.raises(ValueError, match="cannot continue an assistant message"):
+        render(chat[:2], "single_turn", tok.eos_token)
