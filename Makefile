@@ -25,8 +25,11 @@ lint: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run
 
 # Tests keep their state (SQLite file, broker spool, objects) in var/test, wiped each time.
+# Everything the suite needs is installed first (each script only installs what is missing):
+# the Python extras above, the sandbox's bubblewrap and toolchains, the browser tests' chromium.
 test: $(STAMP)
 	bash scripts/install_sandbox_deps.sh
+	bash scripts/install_test_deps.sh
 	rm -rf var/test
 	CRUCIBLE_VAR_DIR=$(CURDIR)/var/test $(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from config.asgi import application
 from tests.factories import DatasetFactory, make_run
+from tests.skips import host_reason
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,8 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"),
-                    reason="cross-process streaming needs the Redis channel layer (REDIS_URL)")
+                    reason=host_reason("cross-process streaming needs the Redis channel "
+                                       "layer (REDIS_URL)"))
 def test_stream_crosses_web_processes_through_redis(live_server, member, project, worker):
     """A worker posts to one web process (the live server); a client watches through
     another (a uvicorn subprocess); Redis carries the message between them."""

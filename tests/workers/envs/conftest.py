@@ -6,27 +6,11 @@ without them those tests are skipped with the reason."""
 from __future__ import annotations
 
 import atexit
-import os
-import shutil
 
 import pytest
 
+from tests.skips import sandbox_unavailable
 from workers.envs.checkers import Sandbox
-
-
-def sandbox_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the sandbox engine runs as root (cgroups, dropping to the sandbox uid)"
-    if not shutil.which("bwrap"):
-        return "bubblewrap missing: run scripts/install_sandbox_deps.sh (apt: bubblewrap)"
-    from workers.sandbox import cgroups
-
-    try:
-        cgroups.backend()
-    except cgroups.CgroupError as exc:
-        return str(exc)
-    return None
-
 
 _shared: Sandbox | None = None
 

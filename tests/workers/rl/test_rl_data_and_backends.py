@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.skips import host_reason
 from workers.rl.datacache import write_shards
 from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import SpecError, parse_spec
@@ -68,7 +69,8 @@ def test_a_bad_data_source_is_refused_by_the_spec():
         parse_spec({"rollout": {"backend": "vllm"}, "trainer": {"max_async_steps": 1}})
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the backend can start")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason=host_reason("on a CUDA machine the backend can start"))
 def test_vllm_backend_without_a_gpu_fails_before_sft_naming_the_extra(tmp_path):
     spec = tiny_spec(tmp_path, rollout={"backend": "vllm"})
     with pytest.raises(VllmUnavailable, match=r"pip install \.\[gpu\]"):

@@ -15,6 +15,7 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
+from tests.skips import host_reason
 from workers.rl.model import build_policy
 from workers.rl.rollout import position_ids
 from workers.rl.spec import ModelSpec, RolloutSpec, TinyMoeSpec
@@ -31,7 +32,9 @@ from workers.rl.vllm_rollout import (
 )
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-GPU_REASON = (
+# A host skip (tests/skips.py): `make test` does not install the GPU extra, which is only
+# useful, and only installable with its CUDA torch, on a GPU pool's host.
+GPU_REASON = host_reason(
     "the vLLM engine test needs a CUDA GPU and vLLM (`pip install .[gpu]`); this machine has "
     f"cuda={torch.cuda.is_available()}, vllm={HAS_VLLM}"
 )
@@ -138,8 +141,8 @@ def test_vllm_spec_validation():
         VllmSpec(enable_chunked_prefill=False, max_model_len=4096, max_num_batched_tokens=512)
 
 
-@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here; the missing-vLLM error cannot "
-                    "be shown")
+@pytest.mark.skipif(HAS_VLLM, reason=host_reason("vLLM is installed here; the missing-vLLM "
+                                              "error cannot be shown"))
 def test_missing_vllm_names_the_gpu_extra(tmp_path, tokenizer):
     with pytest.raises(VllmUnavailable, match=r"pip install \.\[gpu\]"):
         VllmRollout(tmp_path, tokenizer, VllmSpec())

@@ -6,30 +6,17 @@ sandbox test is skipped with the reason, and `scripts/install_sandbox_deps.sh` i
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from workers.sandbox import Engine, EngineConfig, ExecutionRequest, ExecutionResult, cgroups
-
-
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the sandbox engine runs as root (cgroups, dropping to the sandbox uid)"
-    if not shutil.which("bwrap"):
-        return "bubblewrap missing: run scripts/install_sandbox_deps.sh (apt: bubblewrap)"
-    try:
-        cgroups.backend()
-    except cgroups.CgroupError as exc:
-        return str(exc)
-    return None
+from tests.skips import sandbox_unavailable
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest, ExecutionResult
 
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[Engine]:
-    reason = _unavailable()
+    reason = sandbox_unavailable()  # root and cgroups: host skips; bubblewrap: installable
     if reason:
         pytest.skip(reason)
     with Engine(EngineConfig(pool_size=1)) as eng:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.skips import host_skip
 from workers.sandbox import cgroups, workdir
 
 
@@ -182,11 +183,11 @@ def test_v2_writes_limits_reads_usage_and_kills_through_its_files(tmp_path: Path
 def test_real_cgroup_v2_limits_oom_and_kill() -> None:
     """On a host with v2 memory/pids controllers: a real cgroup, a real OOM kill, cgroup.kill."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to create cgroups")
+        host_skip("needs root to create cgroups")
     try:
         parent = cgroups.v2_parent()
     except (OSError, cgroups.CgroupError) as exc:
-        pytest.skip(f"no usable cgroup v2 memory/pids controllers on this host: {exc}")
+        host_skip(f"no usable cgroup v2 memory/pids controllers on this host: {exc}")
     group = cgroups.CgroupV2(f"{os.getpid()}-v2test-{os.urandom(3).hex()}", parent)
     try:
         group.set_limits(memory_bytes=64 << 20, pids=16)

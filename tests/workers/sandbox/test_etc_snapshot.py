@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.skips import host_skip
 from workers.sandbox import Engine, EngineConfig, ExecutionRequest
 from workers.sandbox.policy import bwrap
 from workers.sandbox.spec import Status
@@ -52,7 +53,7 @@ def test_sandbox_sees_the_copy_read_only(run: object) -> None:
 
 def test_a_changed_host_entry_reaches_new_sandboxes(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() != 0:
-        pytest.skip("writes a probe file into the host's /etc")
+        host_skip("writes a probe file into the host's /etc")
     probe = Path(f"/etc/crucible-sandbox-probe-{os.urandom(4).hex()}")
     monkeypatch.setattr(bwrap, "_ETC_FILES", (*bwrap._ETC_FILES, str(probe)))
     monkeypatch.setattr(bwrap, "_SNAPSHOT_CHECK_S", 0.0)  # look at the host every time

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.skips import host_skip
 from workers.sandbox import Engine, EngineConfig, ExecutionRequest, gate, process
 from workers.sandbox.spec import Limits, Status
 
@@ -28,7 +29,7 @@ print("STDIN", sys.stdin.read())
 @pytest.fixture(scope="module")
 def binary() -> str:
     if os.geteuid() != 0:
-        pytest.skip("the gate is built and run by root")
+        host_skip("the gate is built and run by root")
     path = gate.gate_binary()
     if path is None:
         pytest.skip("no C compiler to build the gate (the engine uses dash + setpriv)")
@@ -84,7 +85,7 @@ def test_gate_runs_nothing_without_its_line_or_with_bad_arguments(
 
 def test_only_root_owned_unwritable_files_are_trusted(tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("ownership checks need files owned by root")
+        host_skip("ownership checks need files owned by root")
     home = tmp_path / "gates"
     home.mkdir(mode=0o755)
     exe = home / "gate-x"
@@ -109,7 +110,7 @@ def test_both_gates_give_sandboxes_their_limits(
     compiled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if os.geteuid() != 0:
-        pytest.skip("the sandbox engine runs as root")
+        host_skip("the sandbox engine runs as root")
     if compiled and gate.gate_binary() is None:
         pytest.skip("no C compiler to build the gate")
     if not compiled:

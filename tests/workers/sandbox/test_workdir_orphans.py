@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.skips import host_reason
 from workers.sandbox import workdir
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting tmpfs work dirs needs root")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason=host_reason("mounting tmpfs work dirs needs root"))
 
 CREATE = """
 import sys, time

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.skips import sandbox_unavailable
 from workers.sandbox import Engine, EngineConfig
-from workers.synthesis.code_stage import sandbox_unavailable
 
 
 @pytest.fixture(scope="module")
