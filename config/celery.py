@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_init, worker_process_init  # noqa: F401 - re-exported
 from kombu import Queue
 
 from config import env
 
 QUEUES = ("gpu", "sandbox", "cpu")
+# worker_init and worker_process_init are re-exported for workers.tasks (which may import this
+# module, not celery itself): each worker process takes its thread allotment there.
 
 
 def sweep_seconds() -> float:

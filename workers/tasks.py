@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import traceback
@@ -23,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from config.celery import app
-from workers import jobs
+from config.celery import app, worker_init, worker_process_init
+from workers import jobs, threads
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
 from workers.model_cache import ModelCache, fetch_tar
 from workers.profile.engine import Stopped, run_profile
@@ -48,6 +49,37 @@ class ApiSink:
 
     def should_stop(self) -> bool:
         return self.session.should_stop
+
+
+def _pool_processes(worker: Any) -> int:
+    """Processes of a Celery worker that run tasks at once: the prefork pool's children, or the
+    one process of a solo pool."""
+    pool = getattr(worker, "pool_cls", None)
+    name = f"{getattr(pool, '__module__', '')}.{getattr(pool, '__name__', pool)}"
+    if "solo" in name:
+        return 1
+    try:
+        return max(1, int(getattr(worker, "concurrency", 1) or 1))
+    except (TypeError, ValueError):  # "auto": resolved later, to at most the usable cores
+        return threads.usable_cores()
+
+
+@worker_init.connect
+def _threads_for_worker(sender: Any = None, **_: Any) -> None:
+    """worker_init, in the worker's main process before its pool starts: the processes sharing
+    the cores are the pool's (unless the launcher said otherwise), and the allotment goes to
+    the pool's children through the environment."""
+    os.environ.setdefault(threads.SHARERS, str(_pool_processes(sender)))
+    print(f"crucible worker {os.getpid()}: {threads.configure(role='celery worker').describe()}",
+          file=sys.stderr, flush=True)
+
+
+@worker_process_init.connect
+def _threads_for_pool_process(**_: Any) -> None:
+    """worker_process_init, in each prefork child as it starts."""
+    allot = threads.configure(role="celery worker process")
+    print(f"crucible worker process {os.getpid()}: {allot.describe()}", file=sys.stderr,
+          flush=True)
 
 
 def _profile(session: WorkerSession) -> None:

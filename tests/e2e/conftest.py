@@ -32,10 +32,12 @@ def start_worker(live_server):  # noqa: ANN001, ANN201
     procs: list[subprocess.Popen] = []
 
     def start(worker_token: str, queues: str = "cpu", extra_env: dict | None = None,
-              log: Path | None = None, beat: Path | None = None) -> subprocess.Popen:
+              log: Path | None = None, beat: Path | None = None,
+              pool: tuple[str, ...] = ("-P", "solo")) -> subprocess.Popen:
         """A worker process; ``log``: write its output to that file instead of a pipe (a
         chatty worker would fill the pipe and block); ``beat``: also run the beat (lease
-        sweeps) in it, keeping its schedule in that file."""
+        sweeps) in it, keeping its schedule in that file; ``pool``: its pool options (one
+        process by default)."""
         env = {
             **os.environ,
             "CRUCIBLE_API_URL": live_server.url,
@@ -46,7 +48,7 @@ def start_worker(live_server):  # noqa: ANN001, ANN201
         }
         env.pop("DATABASE_URL", None)  # workers hold no database credentials
         command = [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", queues,
-                   "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                   *pool, "--without-gossip", "--without-mingle", "--without-heartbeat",
                    "--loglevel", "INFO"]
         if beat is not None:
             command += ["-B", "-s", str(beat)]

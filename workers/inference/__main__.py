@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from workers.rl.model import ModelDirError
+from workers import threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,16 +27,27 @@ def main(argv: list[str] | None = None) -> int:
                        help="sequences sampled together at most")
     serve.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if present)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    serve.add_argument("--threads", type=int, help="torch/OpenMP/MKL threads (default: "
+                       f"${threads.SETTING}, else the usable cores / ${threads.SHARERS})")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        os.environ[threads.SETTING] = str(args.threads)
+    try:  # before torch loads, so OpenMP and MKL start with the allotment
+        allot = threads.configure(role="inference server")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     from workers.inference.server import serve_forever
+    from workers.rl.model import ModelDirError
 
     try:
         serve_forever(
             args.model, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
             chat_format=args.chat_format, max_rows=args.max_batch, device=args.device,
             dtype=args.dtype,
-            on_ready=lambda url: print(f"serving {args.model} at {url}", flush=True),
+            on_ready=lambda url: print(f"serving {args.model} at {url}; {allot.describe()}",
+                                       flush=True),
         )
     except (ModelDirError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from workers import threads
 from workers.inference.engine import Batcher, Policy, Sample, SamplingParams
 from workers.inference.protocol import (
     ApiError,
@@ -142,7 +143,8 @@ class OpenAIApp:
     # ---- routes ----------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": self.config.model_name})
+        return JSONResponse({"status": "ok", "model": self.config.model_name,
+                             "threads": threads.in_use()["torch_threads"]})
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.config.model_name, "object": "model", "created": self.created,

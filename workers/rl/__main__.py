@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from workers import threads
 from workers.rl.spec import SpecError, load_spec
 
 
@@ -28,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "validate":
         print(spec.to_json())
         return 0
+    # Before torch loads: under torchrun the ranks on this host share its cores.
+    try:
+        allot = threads.configure(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), role="trainer")
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(allot.describe(), file=sys.stderr, flush=True)
     from workers.rl.trainer import TrainingFailed, train
 
     try:

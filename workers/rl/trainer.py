@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workers import threads
 from workers.rl import advantages as adv_lib
 from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
@@ -781,8 +782,11 @@ def train(
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
             (root / "spec.json").write_text(spec.to_json())
-            run.sink.event("info", f"run {spec.name} on {world} rank(s), config:\n{spec.to_json()}",
-                           {"spec": spec.model_dump(mode="json"), "world_size": world})
+            used = threads.in_use()
+            run.sink.event("info", f"run {spec.name} on {world} rank(s), {used['torch_threads']} "
+                           f"torch thread(s) per rank, config:\n{spec.to_json()}",
+                           {"spec": spec.model_dump(mode="json"), "world_size": world,
+                            "threads": used})
         if not resume and (ckpt.latest(root) is not None or (root / "sft").exists()
                            or (root / "preference").exists()):
             raise ValueError(

@@ -1,0 +1,63 @@
+"""A Celery worker with a pool of two processes gives each its thread allotment (the usable cores
+over the two of them, with no setting), says so in its log at start, and a train run on it
+reports the torch threads it really ran with in its first event."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from apps.core.actor import Actor
+from apps.teams.models import Role
+from apps.teams.services import personal_token_create, worker_token_create
+from tests.e2e.conftest import wait_for
+from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from workers import threads
+from workers.client import CrucibleClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
+              pytest.mark.timeout(600)]
+
+TINY = {
+    "model": {"preset": {"num_layers": 1}},
+    "rollout": {"group_size": 2, "max_new_tokens": 2},
+    "trainer": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4, "zero_stage": 0,
+                "eval_samples": 1},
+    "checkpoint": {"save_final": False},
+}
+
+
+def test_prefork_worker_processes_take_and_report_their_allotment(live_server, start_worker,
+                                                                  tmp_path, monkeypatch):
+    for name in (threads.SETTING, threads.SHARERS, *threads.LIBRARY_VARS):
+        monkeypatch.delenv(name, raising=False)  # the worker decides from its own pool
+    user = UserFactory(username="th")
+    team = TeamFactory(slug="th")
+    MembershipFactory(team=team, user=user, role=Role.MEMBER)
+    ProjectFactory(team=team, slug="demo")
+    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="th")
+    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    log = tmp_path / "worker.log"
+    worker = start_worker(worker_token, queues="gpu", log=log, pool=("-P", "prefork", "-c", "2"))
+    expect = max(1, threads.usable_cores() // 2)
+
+    def both_children_started() -> list[str]:
+        assert worker.poll() is None, log.read_text()[-3000:]
+        found = re.findall(r"crucible worker process \d+: threads: (\d+) per process",
+                           log.read_text())
+        return found if len(found) == 2 else []
+
+    assert wait_for(both_children_started, timeout=180, what="two pool processes") == \
+        [str(expect)] * 2
+    assert "2 process(es) sharing them" in log.read_text()
+
+    with CrucibleClient(live_server.url, token) as client:
+        run = client.launch_run("th", project="demo", kind="train", config=TINY)
+        done = client.wait_for_run("th", run["id"], timeout=400)
+        assert done["status"] == "succeeded", (done["error"], log.read_text()[-3000:])
+        events = client.run_events("th", run["id"])["results"]
+    started = next(e for e in events if "config" in e["message"] and "threads" in e["data"])
+    assert started["data"]["threads"]["torch_threads"] == expect
+    assert started["data"]["threads"]["OMP_NUM_THREADS"] == str(expect)
+    assert f"{expect} torch thread(s) per rank" in started["message"]
