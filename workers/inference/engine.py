@@ -3,7 +3,9 @@ rollout path (`HFRollout`), so "our inference" samples exactly as training does.
 
 One thread owns the model. Requests that arrive while it is busy and share their sampling
 settings are merged into one batch (a request with a `seed` runs alone, so the same request
-always gives the same completions).
+always gives the same completions). Every decode step reports each row's token, its logprob and
+the top alternatives from that step's logits (`TokenEvent`); a streaming request receives them
+as they are sampled, the others in their finished `Sample`s.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import copy
 import secrets
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +25,13 @@ from transformers import AutoModelForCausalLM
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
 from workers.rl.prompt_format import Layout
-from workers.rl.rollout import HFRollout, RolloutBatch, cut_at_stop, position_ids
+from workers.rl.rollout import HFRollout, Prompt, SamplingControls, cut_at_stop
 from workers.rl.spec import RolloutSpec
 from workers.rl.tokenizer import load_tokenizer
 
 ChatFormat = Literal["auto", "template", "plain", "raw"]
 # HFRollout samples at temperature > 0; this one makes sampling an argmax in float32.
 GREEDY_TEMPERATURE = 1e-6
-RESCORE_ROWS = 8  # rows per re-scoring forward, to bound the (rows, C, V) logits
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,13 @@ class SamplingParams:
     top_p: float
     max_tokens: int
     stop: tuple[str, ...] = ()
-    top_logprobs: int = 0  # alternatives per position to return (needs a re-scoring pass)
+    top_logprobs: int = 0  # alternatives per position to return
+    top_k: int = 0  # vLLM's controls (0 / 0.0 / 1.0: off)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def controls(self) -> SamplingControls:
+        return SamplingControls(self.top_k, self.min_p, self.repetition_penalty)
 
 
 @dataclass
@@ -50,15 +58,32 @@ class Sample:
     top_logprobs: list[list[tuple[int, float]]]  # per token, when requested
     text: str  # decoded, cut at the first stop string
     finish_reason: Literal["stop", "length"]
+    eos: bool = False  # the last token is the end of sequence (a stop signal, not text)
+
+    @property
+    def text_tokens(self) -> int:
+        """Completion tokens as usage counts them: the eos is not one."""
+        return len(self.token_ids) - int(self.eos)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of one row (the request's own row: prompt-major, n per prompt)."""
+
+    row: int
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
 
 
 @dataclass
 class Job:
-    prompts: list[str]
+    prompts: list[Prompt]
     n: int
     params: SamplingParams
     seed: int | None
     future: Future = field(default_factory=Future)
+    on_token: Callable[[TokenEvent], None] | None = None  # called on the batcher's thread
 
     @property
     def rows(self) -> int:
@@ -136,25 +161,38 @@ class Policy:
             return raw_chat(messages, self.layout, self.request_tok.eos_token or "")
         return plain_chat(messages)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt exactly as sampling sees it (request threads only)."""
-        return self.request_tok(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        return self.request_tok(prompt, add_special_tokens=False)["input_ids"]
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.encode(text))
+    def count_tokens(self, prompt: Prompt) -> int:
+        return len(self.encode(prompt))
 
     def token_text(self, token_id: int) -> str:
         return self.request_tok.decode([token_id])
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Completion text of sampled ids, special tokens (the eos) left out (request threads)."""
+        return self.request_tok.decode(token_ids, skip_special_tokens=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
 
     # ---- sampling --------------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[str], params: SamplingParams, seed: int | None
+        self, prompts: list[Prompt], params: SamplingParams, seed: int | None,
+        on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[Sample]:
         """One sample per prompt (repeat a prompt for several). Logprobs are those of the sampling
-        distribution (logits / temperature, before top-p), as the RL engine records them; for
-        greedy decoding (temperature 0) they are the model's own (temperature 1)."""
+        distribution (logits after any repetition penalty, / temperature, before top-k, top-p
+        and min-p), as the RL engine records them; for greedy decoding (temperature 0) they are
+        the model's own (temperature 1). They come from each decode step's logits, and
+        `on_token` receives every row's token as it is sampled (streaming)."""
         greedy = params.temperature == 0.0
         spec = RolloutSpec(
             max_new_tokens=params.max_tokens,
@@ -164,51 +202,38 @@ class Policy:
         )
         gen = torch.Generator()
         gen.manual_seed(seed if seed is not None else secrets.randbits(62))
-        batch = self.rollout.generate(prompts, spec, gen)
-        rescored = None
-        if greedy or params.top_logprobs:
-            rescored = self._rescore(batch, 1.0 if greedy else params.temperature,
-                                     params.top_logprobs)
+        scale = 1.0 if greedy else params.temperature
+        k = params.top_logprobs
+        lps: list[list[float]] = [[] for _ in prompts]
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]
+
+        def step(_t: int, tokens: torch.Tensor, logits: torch.Tensor, live: torch.Tensor) -> None:
+            logp = torch.log_softmax(logits / scale, dim=-1)  # (B,V)
+            chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).cpu().tolist()
+            alts: list[list[tuple[int, float]]] = [[] for _ in chosen]
+            if k:
+                vals, idx = logp.topk(k, dim=-1)
+                alts = [list(zip(i, v, strict=True))
+                        for i, v in zip(idx.cpu().tolist(), vals.cpu().tolist(), strict=True)]
+            for row in torch.nonzero(live).flatten().tolist():
+                lps[row].append(chosen[row])
+                tops[row].append(alts[row])
+                if on_token is not None:
+                    on_token(TokenEvent(row, int(tokens[row]), chosen[row], alts[row]))
+
+        batch = self.rollout.generate(prompts, spec, gen, controls=params.controls(),
+                                      on_step=step)
         eos = self.tok.eos_token_id
         out = []
         for i in range(len(prompts)):
             m = batch.completion_mask[i].bool()
             ids = batch.completion_ids[i][m].tolist()
-            if rescored is not None:
-                lps, tops = rescored[0][i][: len(ids)], rescored[1][i][: len(ids)]
-            else:
-                lps, tops = batch.logprobs[i][m].tolist(), []
             full = self.tok.decode(ids, skip_special_tokens=True)
             text, hit_stop = cut_at_stop(full, list(params.stop))
             ended = bool(ids) and ids[-1] == eos
-            out.append(Sample(ids, lps, tops, text, "stop" if ended or hit_stop else "length"))
+            out.append(Sample(ids, lps[i][: len(ids)], tops[i][: len(ids)] if k else [], text,
+                              "stop" if ended or hit_stop else "length", eos=ended))
         return out
-
-    def _rescore(
-        self, batch: RolloutBatch, temperature: float, k: int
-    ) -> tuple[list[list[float]], list[list[list[tuple[int, float]]]]]:
-        """Logprobs of the sampled tokens and the top-k alternatives, from one forward over
-        prompt + completion laid out exactly as sampled."""
-        lps: list[list[float]] = []
-        tops: list[list[list[tuple[int, float]]]] = []
-        p_len = batch.prompt_ids.shape[1]
-        for s in range(0, batch.prompt_ids.shape[0], RESCORE_ROWS):
-            sl = slice(s, s + RESCORE_ROWS)
-            ids = torch.cat([batch.prompt_ids[sl], batch.completion_ids[sl]], 1)  # (b,P+C)
-            mask = torch.cat([batch.prompt_mask[sl], batch.completion_mask[sl]], 1)
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            logits = self.model(input_ids=ids, attention_mask=mask,
-                                position_ids=position_ids(mask), use_cache=False).logits
-            logp = torch.log_softmax(logits[:, p_len - 1 : -1].float() / temperature, -1)
-            comp = batch.completion_ids[sl].to(self.device)  # (b,C)
-            lps += logp.gather(-1, comp[..., None]).squeeze(-1).cpu().tolist()
-            if k:
-                vals, idx = logp.topk(k, dim=-1)  # (b,C,k)
-                tops += [[list(zip(ri, rv, strict=True)) for ri, rv in zip(ti, tv, strict=True)]
-                         for ti, tv in zip(idx.cpu().tolist(), vals.cpu().tolist(), strict=True)]
-            else:
-                tops += [[] for _ in range(comp.shape[0])]
-        return lps, tops
 
 
 class Batcher:
@@ -224,10 +249,12 @@ class Batcher:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, prompts: list[str], n: int, params: SamplingParams,
-               seed: int | None) -> Future:
-        """Future of `list[list[Sample]]`: per prompt, its n samples."""
-        job = Job(prompts, n, params, seed)
+    def submit(self, prompts: list[Prompt], n: int, params: SamplingParams,
+               seed: int | None, on_token: Callable[[TokenEvent], None] | None = None
+               ) -> Future:
+        """Future of `list[list[Sample]]`: per prompt, its n samples. `on_token` (called on the
+        batcher's thread) receives each of the job's tokens as it is sampled."""
+        job = Job(prompts, n, params, seed, on_token=on_token)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the inference server is shutting down")
@@ -264,8 +291,17 @@ class Batcher:
             if not group:
                 continue
             prompts = [p for j in group for p in j.prompts for _ in range(j.n)]
+            owners: list[tuple[Job, int]] = [(j, r) for j in group for r in range(j.rows)]
+
+            def route(ev: TokenEvent, owners: list[tuple[Job, int]] = owners) -> None:
+                job, row = owners[ev.row]
+                if job.on_token is not None:
+                    job.on_token(TokenEvent(row, ev.token_id, ev.logprob, ev.top_logprobs))
+
+            streaming = any(j.on_token is not None for j in group)
             try:
-                samples = self.policy.generate(prompts, group[0].params, group[0].seed)
+                samples = self.policy.generate(prompts, group[0].params, group[0].seed,
+                                               route if streaming else None)
             except Exception as exc:  # noqa: BLE001 - handed to every waiting request
                 for j in group:
                     j.future.set_exception(exc)

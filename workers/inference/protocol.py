@@ -1,7 +1,9 @@
 """The OpenAI request bodies this server accepts, and its error shape.
 
 Fields follow the OpenAI API names so the official client, `verifiers` and other
-OpenAI-compatible callers work unchanged. A field the server cannot honour (tools, penalties,
+OpenAI-compatible callers work unchanged, plus the vLLM extensions RL clients send (token-id
+prompts, `return_token_ids`, `return_tokens_as_token_ids`, `top_k`, `min_p`,
+`repetition_penalty`). A field the server cannot honour (tools, presence/frequency penalties,
 logit bias...) is refused with a 400 that names it, instead of being silently ignored; purely
 informational fields (`user`, `metadata`, ...) are accepted and ignored, as OpenAI does.
 """
@@ -89,13 +91,17 @@ class _Sampling(_Req):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # vLLM's extension, for RL clients: the response carries prompt and completion token ids.
+    # vLLM's extensions, for RL clients (TRL's vLLM client, verifiers): the response carries
+    # prompt and completion token ids; logprob tokens are named `token_id:<id>`.
     return_token_ids: bool = False
-    # vLLM extensions clients such as `verifiers` may pass; only their neutral values are
-    # accepted (anything else would change sampling in a way this server cannot honour).
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    return_tokens_as_token_ids: bool = False
+    # vLLM's sampling controls, applied as vLLM orders them: repetition penalty, temperature,
+    # top-k, top-p, min-p. -1 / 0 (top_k), 0 (min_p) and 1 (repetition_penalty) are off.
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    # Accepted at their neutral values only (anything else would change the output in a way
+    # this server cannot honour).
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
@@ -110,8 +116,7 @@ class _Sampling(_Req):
 
     @model_validator(mode="after")
     def _neutral_extensions(self) -> _Sampling:
-        neutral = {"top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,),
-                   "skip_special_tokens": (True,), "include_stop_str_in_output": (False,),
+        neutral = {"skip_special_tokens": (True,), "include_stop_str_in_output": (False,),
                    "ignore_eos": (False,)}
         for name, ok in neutral.items():
             value = getattr(self, name)
@@ -183,8 +188,15 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(_Sampling):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1024)]
+    """`prompt`: text, a list of texts, token ids, or a list of token-id lists (what TRL's vLLM
+    client sends), at most 1024 prompts."""
+
+    prompt: (str | Annotated[list[str], Field(min_length=1, max_length=1024)]
+             | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=1024)])
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
@@ -200,14 +212,21 @@ class CompletionRequest(_Sampling):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _text_prompts(cls, v: Any) -> Any:
-        if isinstance(v, list) and v and not all(isinstance(p, str) for p in v):
-            raise ValueError("prompt must be a string or a list of strings (token-id prompts "
-                             "are not supported; send text)")
-        return v
+    def _one_kind(cls, v: Any) -> Any:
+        if not isinstance(v, list) or not v:
+            return v
+        kinds = {type(p) for p in v}
+        if kinds in ({str}, {int}, {list}):
+            return v
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids or "
+                         "a list of token-id lists, not a mix")
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
 
 
 def parse_request(cls: type[T], body: Any) -> T:

@@ -2,13 +2,20 @@
 
 Routes: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`,
 `POST /v1/completions`, `GET /health`. Streaming (`stream: true`) is answered in the SSE
-chunk format OpenAI clients parse; the text arrives in one chunk per choice once it is
-generated, because the rollout path samples a whole batch at a time.
+chunk format OpenAI clients parse, a chunk per token as the batch samples it (the choices of
+`n > 1` interleaved), each choice's finish, then usage (`stream_options.include_usage`).
+
+The end-of-sequence token is a stop signal, not text: it is not in a choice's text or
+`logprobs`, nor counted in `completion_tokens`. RL clients (TRL's vLLM client, verifiers) get
+the token-level view they ask for: `return_token_ids` adds the sampled ids (the final eos
+included, as vLLM returns them), and `return_tokens_as_token_ids` names logprob tokens
+`token_id:<id>` and shows every sampled id's logprob, eos included, aligned with `token_ids`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import socket
@@ -27,13 +34,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from workers import threads
-from workers.inference.engine import Batcher, Policy, Sample, SamplingParams
+from workers.inference.engine import Batcher, Policy, Sample, SamplingParams, TokenEvent
 from workers.inference.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
 )
+from workers.rl.rollout import Prompt, cut_at_stop
 
 DEFAULT_CHAT_MAX_TOKENS = 256  # when a chat request names no limit (also capped by context)
 
@@ -106,7 +114,7 @@ class OpenAIApp:
                            f"'{self.config.model_name}'", status=404, param="model",
                            code="model_not_found")
 
-    def _params(self, req: ChatCompletionRequest | CompletionRequest, prompts: list[str],
+    def _params(self, req: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt],
                 limit: int | None, top: int) -> tuple[SamplingParams, list[int]]:
         lengths = [self.policy.count_tokens(p) for p in prompts]
         ctx = self.policy.context
@@ -125,20 +133,59 @@ class OpenAIApp:
         temperature = 1.0 if req.temperature is None else req.temperature
         params = SamplingParams(temperature=temperature,
                                 top_p=1.0 if req.top_p is None else req.top_p,
-                                max_tokens=limit, stop=tuple(req.stops()), top_logprobs=top)
+                                max_tokens=limit, stop=tuple(req.stops()), top_logprobs=top,
+                                top_k=max(0, req.top_k or 0), min_p=req.min_p or 0.0,
+                                repetition_penalty=(1.0 if req.repetition_penalty is None
+                                                    else req.repetition_penalty))
         return params, lengths
 
-    async def _run(self, prompts: list[str], n: int, params: SamplingParams,
+    def _check_token_ids(self, prompts: list[Prompt]) -> None:
+        vocab = self.policy.vocab_size
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                continue
+            bad = next((t for t in p if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ApiError(f"prompt {i} holds token id {bad}, outside this model's "
+                               f"vocabulary of {vocab} ids", param="prompt")
+
+    async def _run(self, prompts: list[Prompt], n: int, params: SamplingParams,
                    seed: int | None) -> list[list[Sample]]:
         fut = self.batcher.submit(prompts, n, params, seed)
         return await asyncio.wrap_future(fut)
 
+    def _start_stream(self, prompts: list[Prompt], n: int, params: SamplingParams,
+                      seed: int | None) -> asyncio.Queue[tuple[str, Any]]:
+        """Submit a job whose tokens arrive on the returned queue as ("token", TokenEvent),
+        then ("done", future) once it finished (or failed)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def put(item: tuple[str, Any]) -> None:
+            # From the batcher's thread; a client that went away (its loop closed) must not
+            # stop the batch the other requests share.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        fut = self.batcher.submit(prompts, n, params, seed,
+                                  on_token=lambda ev: put(("token", ev)))
+        fut.add_done_callback(lambda f: put(("done", f)))
+        return queue
+
     @staticmethod
     def _usage(lengths: list[int], results: list[list[Sample]]) -> dict[str, int]:
         prompt = sum(lengths)
-        completion = sum(len(s.token_ids) for samples in results for s in samples)
+        completion = sum(s.text_tokens for samples in results for s in samples)
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}
+
+    def _token_name(self, token_id: int, as_ids: bool) -> str:
+        return f"token_id:{token_id}" if as_ids else self.policy.token_text(token_id)
+
+    def _shown(self, s: Sample, as_ids: bool) -> int:
+        """How many of a sample's tokens its logprobs show: the eos is a stop signal, not text
+        (shown only in the token-id view RL clients ask for, aligned with `token_ids`)."""
+        return len(s.token_ids) if as_ids else s.text_tokens
 
     # ---- routes ----------------------------------------------------------------------------
 
@@ -178,39 +225,46 @@ class OpenAIApp:
             if req.top_logprobs and not req.logprobs:
                 raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
             params, lengths = self._params(req, [prompt], req.limit(), top)
+            if req.stream:
+                return self._stream(self._chat_stream(req, prompt, params, lengths))
             results = await self._run([prompt], req.n, params, req.seed)
         except ApiError as err:
             return _error(err)
-        rid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+        as_ids = req.return_tokens_as_token_ids
         choices = []
         for i, s in enumerate(results[0]):
+            shown = self._shown(s, as_ids)
             choice: dict[str, Any] = {
                 "index": i, "message": {"role": "assistant", "content": s.text},
-                "logprobs": {"content": self._chat_logprobs(s)} if req.logprobs else None,
+                "logprobs": ({"content": [self._chat_entry(t, lp, alts, as_ids) for t, lp, alts
+                                          in self._positions(s, shown)]}
+                             if req.logprobs else None),
                 "finish_reason": s.finish_reason,
             }
             if req.return_token_ids:
                 choice["token_ids"] = s.token_ids
             choices.append(choice)
-        body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created,
+        body: dict[str, Any] = {"id": f"chatcmpl-{secrets.token_hex(12)}",
+                                "object": "chat.completion", "created": int(time.time()),
                                 "model": self.config.model_name, "choices": choices,
                                 "usage": self._usage(lengths, results)}
         if req.return_token_ids:
             body["prompt_token_ids"] = self.policy.encode(prompt)
-        if req.stream:
-            return self._stream(self._chat_chunks(body, req))
         return JSONResponse(body)
 
-    def _chat_logprobs(self, s: Sample) -> list[dict[str, Any]]:
-        out = []
-        for j, (tid, lp) in enumerate(zip(s.token_ids, s.logprobs, strict=True)):
-            text = self.policy.token_text(tid)
-            alts = [{"token": (t := self.policy.token_text(a)), "logprob": v,
-                     "bytes": list(t.encode())} for a, v in (s.top_logprobs[j]
-                                                             if s.top_logprobs else [])]
-            out.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
-                        "top_logprobs": alts})
-        return out
+    @staticmethod
+    def _positions(s: Sample, shown: int) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        tops = s.top_logprobs or [[] for _ in s.token_ids]
+        return list(zip(s.token_ids[:shown], s.logprobs[:shown], tops[:shown], strict=True))
+
+    def _chat_entry(self, token_id: int, logprob: float, alts: list[tuple[int, float]],
+                    as_ids: bool) -> dict[str, Any]:
+        text = self.policy.token_text(token_id)
+        return {"token": self._token_name(token_id, as_ids), "logprob": logprob,
+                "bytes": list(text.encode()),
+                "top_logprobs": [{"token": self._token_name(a, as_ids), "logprob": v,
+                                  "bytes": list(self.policy.token_text(a).encode())}
+                                 for a, v in alts]}
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -223,18 +277,23 @@ class OpenAIApp:
                 raise ApiError("echo with logprobs is not supported (prompt tokens are not "
                                "scored)", param="echo")
             prompts = req.prompts()
+            self._check_token_ids(prompts)
             params, lengths = self._params(req, prompts, req.max_tokens, req.logprobs or 0)
+            if req.stream:
+                return self._stream(self._completion_stream(req, prompts, params, lengths))
             results = await self._run(prompts, req.n, params, req.seed)
         except ApiError as err:
             return _error(err)
+        as_ids = req.return_tokens_as_token_ids
         choices = []
         for p, samples in enumerate(results):
             for j, s in enumerate(samples):
                 choice: dict[str, Any] = {
                     "index": p * req.n + j,
-                    "text": (prompts[p] + s.text) if req.echo else s.text,
-                    "logprobs": (self._completion_logprobs(s, req.logprobs)
-                                 if req.logprobs is not None else None),
+                    "text": (self._prompt_text(prompts[p]) + s.text) if req.echo else s.text,
+                    "logprobs": (self._completion_logprobs(
+                        self._positions(s, self._shown(s, as_ids)), as_ids)
+                        if req.logprobs is not None else None),
                     "finish_reason": s.finish_reason,
                 }
                 if req.return_token_ids:
@@ -244,66 +303,191 @@ class OpenAIApp:
         body = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion",
                 "created": int(time.time()), "model": self.config.model_name,
                 "choices": choices, "usage": self._usage(lengths, results)}
-        if req.stream:
-            return self._stream(self._completion_chunks(body, req))
         return JSONResponse(body)
 
-    def _completion_logprobs(self, s: Sample, k: int) -> dict[str, Any]:
-        tokens = [self.policy.token_text(t) for t in s.token_ids]
-        offsets, at = [], 0
-        for t in tokens:
+    def _prompt_text(self, prompt: Prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.policy.decode(list(prompt))
+
+    def _completion_logprobs(self, positions: list[tuple[int, float, list[tuple[int, float]]]],
+                             as_ids: bool, start: int = 0) -> dict[str, Any]:
+        """The legacy completions layout; `start`: the text offset of the first position."""
+        tokens, offsets, at = [], [], start
+        for token_id, _, _ in positions:
+            tokens.append(self._token_name(token_id, as_ids))
             offsets.append(at)
-            at += len(t)
-        top = ([{self.policy.token_text(a): v for a, v in alts} for alts in s.top_logprobs]
-               if k else None)
-        return {"tokens": tokens, "token_logprobs": s.logprobs, "top_logprobs": top,
+            at += len(self.policy.token_text(token_id))
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in positions],
+                "top_logprobs": [{self._token_name(a, as_ids): v for a, v in alts}
+                                 for _, _, alts in positions],
                 "text_offset": offsets}
 
     # ---- streaming -------------------------------------------------------------------------
 
     @staticmethod
-    def _stream(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    def _stream(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         async def events() -> AsyncIterator[bytes]:
-            for chunk in chunks:
+            async for chunk in chunks:
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
 
-    @staticmethod
-    def _chat_chunks(body: dict[str, Any], req: ChatCompletionRequest) -> list[dict[str, Any]]:
-        head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
-                "model": body["model"]}
-        chunks = []
-        for c in body["choices"]:
-            first = {"index": c["index"], "delta": {"role": "assistant", "content": ""},
-                     "logprobs": None, "finish_reason": None}
-            text = {"index": c["index"], "delta": {"content": c["message"]["content"]},
-                    "logprobs": c["logprobs"], "finish_reason": None}
-            if "token_ids" in c:
-                text["token_ids"] = c["token_ids"]
-            last = {"index": c["index"], "delta": {}, "logprobs": None,
-                    "finish_reason": c["finish_reason"]}
-            chunks += [{**head, "choices": [x]} for x in (first, text, last)]
-        if req.stream_options and req.stream_options.include_usage:
-            chunks.append({**head, "choices": [], "usage": body["usage"]})
-        return chunks
+    async def _tokens(self, prompts: list[Prompt], n: int, params: SamplingParams,
+                      seed: int | None) -> AsyncIterator[TokenEvent | list[list[Sample]]]:
+        """The job's tokens as they are sampled, then its finished samples."""
+        queue = self._start_stream(prompts, n, params, seed)
+        while True:
+            kind, item = await queue.get()
+            if kind == "token":
+                yield item
+            else:
+                yield item.result()  # raises what generation raised
+                return
 
     @staticmethod
-    def _completion_chunks(body: dict[str, Any],
-                           req: CompletionRequest) -> list[dict[str, Any]]:
-        head = {"id": body["id"], "object": "text_completion", "created": body["created"],
-                "model": body["model"]}
-        chunks = []
-        for c in body["choices"]:
-            chunks.append({**head, "choices": [{**c, "finish_reason": None}]})
-            chunks.append({**head, "choices": [{"index": c["index"], "text": "",
-                                                "logprobs": None,
-                                                "finish_reason": c["finish_reason"]}]})
+    def _failed(exc: Exception) -> dict[str, Any]:
+        """A failure after the stream began: an error event (the official client raises it)."""
+        return ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500,
+                        type="server_error").body()
+
+    async def _chat_stream(self, req: ChatCompletionRequest, prompt: str,
+                           params: SamplingParams, lengths: list[int]
+                           ) -> AsyncIterator[dict[str, Any]]:
+        """Role first for every choice, then a chunk per sampled token as it comes (the n
+        choices interleaved), then each choice's finish, then usage if asked."""
+        head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": self.config.model_name}
+        as_ids, eos = req.return_tokens_as_token_ids, self.policy.tok.eos_token_id
+        texts = [TextStream(self.policy, list(params.stop)) for _ in range(req.n)]
+        for i in range(req.n):
+            first: dict[str, Any] = {**head, "choices": [{
+                "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}]}
+            if req.return_token_ids and i == 0:
+                first["prompt_token_ids"] = self.policy.encode(prompt)
+            yield first
+        try:
+            async for item in self._tokens([prompt], req.n, params, req.seed):
+                if isinstance(item, TokenEvent):
+                    is_eos = item.token_id == eos
+                    delta = "" if is_eos else texts[item.row].push(item.token_id)
+                    show = req.logprobs and (as_ids or not is_eos)
+                    if not (delta or show or req.return_token_ids):
+                        continue
+                    choice: dict[str, Any] = {
+                        "index": item.row, "delta": {"content": delta},
+                        "logprobs": ({"content": [self._chat_entry(
+                            item.token_id, item.logprob, item.top_logprobs, as_ids)]}
+                            if show else None),
+                        "finish_reason": None}
+                    if req.return_token_ids:
+                        choice["token_ids"] = [item.token_id]
+                    yield {**head, "choices": [choice]}
+                    continue
+                results = item
+        except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
+            yield self._failed(exc)
+            return
+        for i, s in enumerate(results[0]):
+            rest = texts[i].finish(s.text)
+            if rest:
+                yield {**head, "choices": [{"index": i, "delta": {"content": rest},
+                                            "logprobs": None, "finish_reason": None}]}
+            yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                        "finish_reason": s.finish_reason}]}
         if req.stream_options and req.stream_options.include_usage:
-            chunks.append({**head, "choices": [], "usage": body["usage"]})
-        return chunks
+            yield {**head, "choices": [], "usage": self._usage(lengths, results)}
+
+    async def _completion_stream(self, req: CompletionRequest, prompts: list[Prompt],
+                                 params: SamplingParams, lengths: list[int]
+                                 ) -> AsyncIterator[dict[str, Any]]:
+        """A chunk per sampled token as it comes (choices interleaved), then each choice's
+        finish, then usage if asked. Choice `p * n + j` is prompt p's sample j."""
+        head = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion",
+                "created": int(time.time()), "model": self.config.model_name}
+        as_ids, eos, n = req.return_tokens_as_token_ids, self.policy.tok.eos_token_id, req.n
+        rows = len(prompts) * n
+        texts = [TextStream(self.policy, list(params.stop)) for _ in range(rows)]
+        offsets = [0] * rows
+        if req.echo or req.return_token_ids:
+            for r in range(rows):
+                choice: dict[str, Any] = {
+                    "index": r, "text": self._prompt_text(prompts[r // n]) if req.echo else "",
+                    "logprobs": None, "finish_reason": None}
+                if req.return_token_ids:
+                    choice["prompt_token_ids"] = self.policy.encode(prompts[r // n])
+                yield {**head, "choices": [choice]}
+        try:
+            async for item in self._tokens(prompts, n, params, req.seed):
+                if isinstance(item, TokenEvent):
+                    is_eos = item.token_id == eos
+                    delta = "" if is_eos else texts[item.row].push(item.token_id)
+                    show = req.logprobs is not None and (as_ids or not is_eos)
+                    if not (delta or show or req.return_token_ids):
+                        continue
+                    lp = None
+                    if show:
+                        lp = self._completion_logprobs(
+                            [(item.token_id, item.logprob, item.top_logprobs)], as_ids,
+                            offsets[item.row])
+                        offsets[item.row] += len(self.policy.token_text(item.token_id))
+                    choice = {"index": item.row, "text": delta, "logprobs": lp,
+                              "finish_reason": None}
+                    if req.return_token_ids:
+                        choice["token_ids"] = [item.token_id]
+                    yield {**head, "choices": [choice]}
+                    continue
+                results = item
+        except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
+            yield self._failed(exc)
+            return
+        for p, samples in enumerate(results):
+            for j, s in enumerate(samples):
+                r = p * n + j
+                rest = texts[r].finish(s.text)
+                if rest:
+                    yield {**head, "choices": [{"index": r, "text": rest, "logprobs": None,
+                                                "finish_reason": None}]}
+                yield {**head, "choices": [{"index": r, "text": "", "logprobs": None,
+                                            "finish_reason": s.finish_reason}]}
+        if req.stream_options and req.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": self._usage(lengths, results)}
+
+
+class TextStream:
+    """The text of one streamed choice, sent as it becomes final: a tail that may still turn
+    into a stop string (which the full text leaves out) or that ends in half a UTF-8 character
+    waits for the next token; after the last token the sample's own text settles the rest."""
+
+    def __init__(self, policy: Policy, stops: list[str]) -> None:
+        self.policy, self.stops = policy, [s for s in stops if s]
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.policy.decode(self.ids)
+        cut, hit = cut_at_stop(text, self.stops)
+        return self._advance(cut if hit else text[: len(text) - self._held(text)])
+
+    def finish(self, final: str) -> str:
+        return self._advance(final)
+
+    def _held(self, text: str) -> int:
+        held = len(text) - len(text.rstrip("\ufffd"))  # an unfinished multi-byte character
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:size]):
+                    held = max(held, size)
+                    break
+        return held
+
+    def _advance(self, settled: str) -> str:
+        if len(settled) <= len(self.sent) or not settled.startswith(self.sent):
+            return ""
+        delta, self.sent = settled[len(self.sent):], settled
+        return delta
 
 
 def build_app(model_dir: str | Path, *, name: str | None = None, api_key: str | None = None,

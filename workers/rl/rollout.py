@@ -6,7 +6,7 @@ the trainer will re-score them: left-padded prompt, then right-padded completion
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +56,52 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
+def top_k_filter(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k most likely tokens (ties at the k-th kept too); renormalise. (B,V)."""
+    if k <= 0 or k >= probs.shape[-1]:
+        return probs
+    kth = probs.topk(k, dim=-1).values[..., -1:]  # (B,1)
+    kept = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def min_p_filter(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep tokens at least `min_p` times as likely as the most likely one; renormalise."""
+    if min_p <= 0.0:
+        return probs
+    floor = probs.max(-1, keepdim=True).values * min_p  # (B,1)
+    kept = torch.where(probs >= floor, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The CTRL / vLLM / transformers penalty on tokens already in the prompt or the output:
+    a positive logit is divided by `penalty`, a negative one multiplied. (B,V), seen bool."""
+    scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, scaled, logits)
+
+
+@dataclass(frozen=True)
+class SamplingControls:
+    """vLLM-style sampling controls beyond temperature and top-p, for the inference server:
+    applied as vLLM orders them (penalty, temperature, top-k, top-p, min-p). The RL engine's
+    own sampling leaves them off."""
+
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def neutral(self) -> bool:
+        return self.top_k <= 0 and self.min_p <= 0.0 and self.repetition_penalty == 1.0
+
+
+# Called after every decode step with (step, sampled ids (B,), the step's logits (B,V) after any
+# repetition penalty and before temperature, the (B,) rows that sampled a token this step).
+StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+Prompt = str | Sequence[int]  # text, or token ids (the inference server's completions API)
+
+
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     hits = [text.find(s) for s in stops if s and s in text]
     return (text[: min(hits)], True) if hits else (text, False)
@@ -78,8 +124,11 @@ class HFRollout:
         self.model = model
 
     def generate(
-        self, prompts: list[str], spec: RolloutSpec, generator: torch.Generator
+        self, prompts: Sequence[Prompt], spec: RolloutSpec, generator: torch.Generator, *,
+        controls: SamplingControls | None = None, on_step: StepHook | None = None,
     ) -> RolloutBatch:
+        """`controls` and `on_step` serve the inference server (top-k, min-p and repetition
+        penalty; per-token logprobs and streaming); the RL engine passes neither."""
         uniq_ids, uniq_mask, rows = self.encode(prompts)
         restore = self.eval_mode()
         try:
@@ -87,7 +136,8 @@ class HFRollout:
             # lazily built buffers may be created here, and the trainer's autograd later
             # uses both (inference tensors cannot be saved for backward).
             with torch.no_grad():
-                ids, lp, mask = self.sample(uniq_ids, uniq_mask, rows, spec, generator)
+                ids, lp, mask = self.sample(uniq_ids, uniq_mask, rows, spec, generator,
+                                            controls, on_step)
         finally:
             restore()
         comp, mask, lp = ids.cpu(), mask.cpu(), lp.cpu()
@@ -122,14 +172,30 @@ class HFRollout:
 
         return restore
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def encode(self, prompts: Sequence[Prompt]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Left-padded ids and mask of the distinct prompts, and the (B,) row of each prompt
-        in them: a group repeats its prompt `group_size` times, tokenized and prefilled once."""
-        uniq = list(dict.fromkeys(prompts))
-        enc = self.tok(uniq, return_tensors="pt", padding=True, add_special_tokens=False)
-        row = {p: i for i, p in enumerate(uniq)}
-        idx = torch.tensor([row[p] for p in prompts], dtype=torch.long)
-        return enc["input_ids"], enc["attention_mask"], idx
+        in them: a group repeats its prompt `group_size` times, tokenized and prefilled once.
+        A prompt may also be given as token ids (used as they are)."""
+        if all(isinstance(p, str) for p in prompts):
+            uniq = list(dict.fromkeys(prompts))
+            enc = self.tok(uniq, return_tensors="pt", padding=True, add_special_tokens=False)
+            row = {p: i for i, p in enumerate(uniq)}
+            idx = torch.tensor([row[p] for p in prompts], dtype=torch.long)
+            return enc["input_ids"], enc["attention_mask"], idx
+        keys = [p if isinstance(p, str) else tuple(int(t) for t in p) for p in prompts]
+        uniq_keys = list(dict.fromkeys(keys))
+        seqs = [list(self.tok(k, add_special_tokens=False)["input_ids"]) if isinstance(k, str)
+                else list(k) for k in uniq_keys]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):  # left padding, as the tokenizer pads
+            if s:
+                ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+                mask[i, width - len(s):] = 1
+        at = {k: i for i, k in enumerate(uniq_keys)}
+        return ids, mask, torch.tensor([at[k] for k in keys], dtype=torch.long)
 
     def sample(
         self,
@@ -138,6 +204,8 @@ class HFRollout:
         rows: torch.Tensor,
         spec: RolloutSpec,
         generator: torch.Generator,
+        controls: SamplingControls | None = None,
+        on_step: StepHook | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decode loop: (B,C) ids, logprobs and mask, C <= max_new_tokens.
 
@@ -174,15 +242,33 @@ class HFRollout:
             out = self.model(input_ids=uniq_ids.to(device)[rows_d], attention_mask=attn[:, :p],
                              position_ids=pos, use_cache=True)
             cache, logits = out.cache, out.logits[:, -1]  # (B,V)
+        controls = None if controls is None or controls.neutral else controls
+        seen = None  # (B,V) tokens in the prompt or sampled so far, for the repetition penalty
+        if controls is not None and controls.repetition_penalty != 1.0:
+            p_ids, p_mask = uniq_ids.to(device)[rows_d], uniq_mask.to(device)[rows_d]
+            seen = torch.zeros((b, logits.shape[-1]), dtype=torch.long, device=device)
+            seen = seen.scatter_add_(1, p_ids * p_mask, p_mask.long()) > 0
         t = 0
         for t in range(n_new):
-            logp = torch.log_softmax(logits.float() / spec.temperature, dim=-1)  # (B,V)
-            probs = top_p_filter(logp.exp(), spec.top_p)
+            raw = logits.float()
+            if seen is not None:
+                raw = repetition_penalty(raw, seen, controls.repetition_penalty)  # type: ignore[union-attr]
+            logp = torch.log_softmax(raw / spec.temperature, dim=-1)  # (B,V)
+            probs = logp.exp()
+            if controls is not None:
+                probs = top_k_filter(probs, controls.top_k)
+            probs = top_p_filter(probs, spec.top_p)
+            if controls is not None:
+                probs = min_p_filter(probs, controls.min_p)
             nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)  # (B,1)
             live = ~done
             ids[:, t] = torch.where(done, tok.pad_token_id, nxt.squeeze(-1))
             lp[:, t] = torch.where(done, 0.0, logp.gather(-1, nxt).squeeze(-1))
             mask[:, t] = live
+            if seen is not None:
+                seen[torch.arange(b, device=device), ids[:, t]] |= live
+            if on_step is not None:
+                on_step(t, ids[:, t], raw, live)
             done = done | (ids[:, t] == tok.eos_token_id)
             if spec.stop:
                 self.mark_stopped(ids[:, : t + 1], done, spec.stop)

@@ -11,7 +11,7 @@ import openai
 import pytest
 import torch
 
-from workers.inference import start_server
+from tests.workers.inference.conftest import KEY
 from workers.inference.__main__ import main as cli_main
 from workers.inference.engine import Batcher, SamplingParams, plain_chat, raw_chat
 from workers.inference.protocol import (
@@ -20,41 +20,7 @@ from workers.inference.protocol import (
     CompletionRequest,
     parse_request,
 )
-from workers.rl.model import build_policy
 from workers.rl.rollout import position_ids
-from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
-from workers.rl.tasks import build_task
-from workers.rl.tokenizer import train_bpe
-
-KEY = "test-key"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
-    model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
-                         tok.pad_token_id, tok.eos_token_id)
-    out = tmp_path_factory.mktemp("policy")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    torch.set_num_threads(1)
-    with start_server(model_dir, name="tiny", api_key=KEY) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def policy(server):
-    return server.openai_app.policy
 
 
 def _scores(policy, prompt: str, completion: list[int], temperature: float) -> list[float]:
@@ -91,11 +57,15 @@ def test_chat_completion_counts_tokens_and_returns_sampling_logprobs(client, pol
         assert choice.index == i and 1 <= len(ids) <= 5
         assert choice.finish_reason == ("length" if len(ids) == 5 else "stop")
         lps = [c.logprob for c in choice.logprobs.content]
-        assert len(lps) == len(ids)
+        # The eos is a stop signal: in token_ids (what an RL client trains on), not in logprobs
+        # or usage.
+        text_ids = ids[:-1] if ids[-1] == policy.tok.eos_token_id else ids
+        assert len(lps) == len(text_ids)
         # The server reports the sampling policy's log-probs: log_softmax(logits / T).
-        assert lps == pytest.approx(_scores(policy, prompt, ids, 0.7), abs=1e-4)
+        assert lps == pytest.approx(_scores(policy, prompt, ids, 0.7)[: len(text_ids)],
+                                    abs=1e-4)
         assert choice.message.content == policy.tok.decode(ids, skip_special_tokens=True)
-        completion_tokens += len(ids)
+        completion_tokens += len(text_ids)
     assert r.usage.prompt_tokens == len(prompt_ids)
     assert r.usage.completion_tokens == completion_tokens
     assert r.usage.total_tokens == len(prompt_ids) + completion_tokens
@@ -180,7 +150,9 @@ def test_streaming_chat_delivers_the_same_text_and_usage(client):
         ({"messages": []}, "messages", "at least 1"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"presence_penalty": 0.5}, "presence_penalty", "penalties are not supported"),
-        ({"top_k": 5}, "", "top_k=5 is not supported"),
+        ({"top_k": -3}, "top_k", "greater than or equal to -1"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+        ({"ignore_eos": True}, "", "ignore_eos=True is not supported"),
     ],
 )
 def test_bad_chat_requests_get_openai_errors(client, body, param, fragment):
@@ -216,8 +188,9 @@ def test_transport_level_errors_are_json(server, client):
         client.completions.create(model="gpt-4", prompt="x")
     assert err.value.body["code"] == "model_not_found"
     tokens = httpx.post(f"{base}/completions", headers=auth,
-                        json={"model": "tiny", "prompt": [[1, 2, 3]]})
-    assert tokens.status_code == 400 and "send text" in tokens.json()["error"]["message"]
+                        json={"model": "tiny", "prompt": [[1, 2, 99999]]})
+    assert tokens.status_code == 400
+    assert "token id 99999, outside this model's vocabulary" in tokens.json()["error"]["message"]
 
 
 def test_concurrent_requests_share_batches(policy):

@@ -78,3 +78,48 @@ def test_the_episode_layout_is_the_text_the_engine_plays_episodes_in():
     assert render(chat[:1], "single_turn", tok.eos_token) == "fix the bug"
     with pytest.raises(ValueError, match="cannot continue an assistant message"):
         render(chat[:2], "single_turn", tok.eos_token)
+
+
+def test_eos_is_not_text_but_rl_clients_get_it_as_a_token(trained):
+    """The SFT'd model ends its answers with eos: not in the text, the logprobs or
+    completion_tokens (streamed or not); TRL's vLLM client (its own request and parsing code,
+    token-id prompts, `return_tokens_as_token_ids`, top_k / min_p / repetition_penalty) gets
+    the sampled ids with the eos and a logprob for each."""
+    requests = pytest.importorskip("requests")
+    vllm_client = pytest.importorskip("trl.generation.vllm_client")
+    final, task = trained
+    prompts = [e.prompt for e in task.eval[:6]]
+    with start_server(final, name="policy") as srv:
+        eos = srv.openai_app.policy.tok.eos_token_id
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        kw = {"model": "policy", "prompt": prompts, "max_tokens": 4, "temperature": 0,
+              "logprobs": 0, "extra_body": {"return_token_ids": True}}
+        r = client.completions.create(**kw)
+        ended = [c.model_extra["token_ids"][-1] == eos for c in r.choices]
+        assert sum(ended) >= 3  # the model learned to stop
+        for c, stop in zip(r.choices, ended, strict=True):
+            ids = c.model_extra["token_ids"]
+            assert len(c.logprobs.tokens) == len(ids) - stop
+            assert c.finish_reason == ("stop" if stop else "length")
+            assert "<eos>" not in "".join(c.logprobs.tokens) + c.text
+        assert r.usage.completion_tokens == sum(
+            len(c.model_extra["token_ids"]) for c in r.choices) - sum(ended)
+        chunks = list(client.completions.create(**kw, stream=True,
+                                                stream_options={"include_usage": True}))
+        assert chunks[-1].usage == r.usage
+        streamed = [t for ch in chunks[:-1] for c in ch.choices if c.logprobs
+                    for t in c.logprobs.tokens]
+        assert streamed and "<eos>" not in streamed
+
+        trl = vllm_client.VLLMClient.__new__(vllm_client.VLLMClient)  # no weight-sync setup
+        trl.session, trl.base_url, trl.model = requests.Session(), srv.url[:-3], "policy"
+        prompt_ids = [srv.openai_app.policy.encode(p) for p in prompts]
+        out = trl.generate(prompts=prompt_ids, n=2, temperature=1.0, top_k=5, min_p=0.05,
+                           repetition_penalty=1.1, max_tokens=4, generation_kwargs={"seed": 1})
+    assert out["prompt_ids"] == prompt_ids
+    assert len(out["completion_ids"]) == 2 * len(prompts)
+    for ids, lps, lp_ids in zip(out["completion_ids"], out["logprobs"],
+                                out["logprob_token_ids"], strict=True):
+        assert len(lps) == len(ids) and [alts[0] for alts in lp_ids] == ids
+        assert all(lp[0] <= 0.0 for lp in lps)
+    assert any(ids[-1] == eos for ids in out["completion_ids"])

@@ -1,0 +1,44 @@
+"""A tiny Qwen3-MoE built from a config and saved like an RL checkpoint (no downloads), served
+by the OpenAI-compatible server on a free port for each test module."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+
+from workers.inference import start_server
+from workers.rl.model import build_policy
+from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
+from workers.rl.tasks import build_task
+from workers.rl.tokenizer import train_bpe
+
+KEY = "test-key"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):  # noqa: ANN001, ANN201
+    tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
+    model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
+                         tok.pad_token_id, tok.eos_token_id)
+    out = tmp_path_factory.mktemp("policy")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):  # noqa: ANN001, ANN201
+    torch.set_num_threads(1)
+    with start_server(model_dir, name="tiny", api_key=KEY) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):  # noqa: ANN001, ANN201
+    return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def policy(server):  # noqa: ANN001, ANN201
+    return server.openai_app.policy
