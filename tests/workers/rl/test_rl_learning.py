@@ -97,6 +97,7 @@ def test_closed_share_is_relative_to_the_headroom():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # three runs: about 2 CPU-minutes, several times that under load
 def test_grpo_raises_held_out_reward_after_sft(tmp_path):
     runs = [learning_run(tmp_path / f"seed{seed}", seed) for seed in SEEDS]
     for r in runs:
