@@ -8,6 +8,7 @@ checkers send the whole batch to the sandbox engine at once (`execute_batch`), s
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -58,7 +59,15 @@ class Sandbox:
         return self.engine.execute_batch(requests, concurrency=self.concurrency)
 
 
-def code_request(task: EnvTask, completion: str, limits: Limits) -> ExecutionRequest:
+def grader_key(owner: str) -> str:
+    """A key of its own for one environment instance: its tasks' tests (one author) may share a
+    test driver's zygote (`ExecutionRequest.grader_key`); no other environment's ever do."""
+    return f"{owner}-{secrets.token_hex(8)}"
+
+
+def code_request(
+    task: EnvTask, completion: str, limits: Limits, key: str | None = None
+) -> ExecutionRequest:
     """The program that checks a code completion against the task's tests.
 
     HumanEval-style tasks (`metadata.entry_point`): a completion that defines the entry point
@@ -70,10 +79,12 @@ def code_request(task: EnvTask, completion: str, limits: Limits) -> ExecutionReq
     if entry:
         code = extract_code(completion)
         if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
-            return humaneval_request(task.prompt + "\n\n", code, task.tests, entry, limits)
-        return humaneval_request(task.prompt, completion, task.tests, entry, limits)
+            return humaneval_request(task.prompt + "\n\n", code, task.tests, entry, limits,
+                                     grader_key=key)
+        return humaneval_request(task.prompt, completion, task.tests, entry, limits,
+                                 grader_key=key)
     return ExecutionRequest(language="python", code=extract_code(completion), tests=task.tests,
-                            limits=limits)
+                            limits=limits, grader_key=key)
 
 
 def stdio_cases_request(
@@ -108,10 +119,12 @@ def execution_info(result: ExecutionResult) -> dict[str, Any]:
             "feedback": text[-FEEDBACK_CHARS:]}
 
 
-def unit_tests(sandbox: Sandbox, limits: Limits) -> ComponentFn:
+def unit_tests(sandbox: Sandbox, limits: Limits, key: str | None = None) -> ComponentFn:
+    """Unit tests in the test driver; `key` (grader_key) lets the environment's executions
+    share a forking driver."""
     def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
-        results = sandbox.run([code_request(t, c, limits) for t, c in zip(tasks, completions,
-                                                                           strict=True)])
+        results = sandbox.run([code_request(t, c, limits, key)
+                               for t, c in zip(tasks, completions, strict=True)])
         return [(score(r), execution_info(r)) for r in results]
     return fn
 
@@ -177,7 +190,9 @@ def regex(pattern: str) -> ComponentFn:
     return fn
 
 
-def build_component(spec: ComponentSpec, sandbox: Sandbox, limits: Limits) -> Component:
+def build_component(
+    spec: ComponentSpec, sandbox: Sandbox, limits: Limits, key: str | None = None
+) -> Component:
     """A rubric component from its spec; unknown params are an error naming them."""
     params: Mapping[str, Any] = spec.params
     allowed = {"exact_match": {"case_sensitive"}, "contains": {"case_sensitive"},
@@ -203,7 +218,7 @@ def build_component(spec: ComponentSpec, sandbox: Sandbox, limits: Limits) -> Co
     elif spec.checker == "math_equiv":
         fn = math_equiv()
     elif spec.checker == "unit_tests":
-        fn = unit_tests(sandbox, limits)
+        fn = unit_tests(sandbox, limits, key)
     elif spec.checker == "stdio_cases":
         fn = stdio_cases(sandbox, limits, str(params.get("language", "python")))
     elif spec.checker == "call_cases":

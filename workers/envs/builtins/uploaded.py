@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from workers.envs import mathcheck
 from workers.envs.base import Environment, EnvTask, Message, Reply, Rubric
 from workers.envs.builtins.code import FEEDBACK
-from workers.envs.checkers import Sandbox, build_component
+from workers.envs.checkers import Sandbox, build_component, grader_key
 from workers.envs.spec import TaskRecord, TasksEnvSpec
 from workers.envs.tools import build_tools
 
@@ -35,7 +35,8 @@ class TasksEnvironment(Environment):
     def __init__(self, spec: TasksEnvSpec, records: Sequence[TaskRecord],
                  sandbox: Sandbox | None = None) -> None:
         self.sandbox = sandbox or Sandbox()
-        components = tuple(build_component(c, self.sandbox, spec.limits)
+        key = grader_key(self.name)
+        components = tuple(build_component(c, self.sandbox, spec.limits, key)
                            for c in spec.rubric.components)
         self._code = [c for c in components if c.kind in CODE_CHECKERS]
         self._answer_checked = any(c.kind in ("math_equiv", "exact_match", "contains")
