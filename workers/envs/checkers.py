@@ -8,6 +8,7 @@ checkers send the whole batch to the sandbox engine at once (`execute_batch`), s
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from workers.envs import mathcheck
 from workers.envs.base import Component, ComponentFn, EnvTask
 from workers.envs.spec import CHECKERS, ComponentSpec
-from workers.sandbox.scoring import humaneval_request, score, stdio_request
-from workers.sandbox.spec import ExecutionRequest, ExecutionResult, Limits, StdioCase
+from workers.sandbox.scoring import calls_request, humaneval_request, score, stdio_request
+from workers.sandbox.spec import CallCase, ExecutionRequest, ExecutionResult, Limits, StdioCase
 
 if TYPE_CHECKING:
     from workers.sandbox.runner import Engine
@@ -58,7 +59,15 @@ class Sandbox:
         return self.engine.execute_batch(requests, concurrency=self.concurrency)
 
 
-def code_request(task: EnvTask, completion: str, limits: Limits) -> ExecutionRequest:
+def grader_key(owner: str) -> str:
+    """A key of its own for one environment instance: its tasks' tests (one author) may share a
+    test driver's zygote (`ExecutionRequest.grader_key`); no other environment's ever do."""
+    return f"{owner}-{secrets.token_hex(8)}"
+
+
+def code_request(
+    task: EnvTask, completion: str, limits: Limits, key: str | None = None
+) -> ExecutionRequest:
     """The program that checks a code completion against the task's tests.
 
     HumanEval-style tasks (`metadata.entry_point`): a completion that defines the entry point
@@ -70,10 +79,12 @@ def code_request(task: EnvTask, completion: str, limits: Limits) -> ExecutionReq
     if entry:
         code = extract_code(completion)
         if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
-            return humaneval_request(task.prompt + "\n\n", code, task.tests, entry, limits)
-        return humaneval_request(task.prompt, completion, task.tests, entry, limits)
+            return humaneval_request(task.prompt + "\n\n", code, task.tests, entry, limits,
+                                     grader_key=key)
+        return humaneval_request(task.prompt, completion, task.tests, entry, limits,
+                                 grader_key=key)
     return ExecutionRequest(language="python", code=extract_code(completion), tests=task.tests,
-                            limits=limits)
+                            limits=limits, grader_key=key)
 
 
 def stdio_cases_request(
@@ -85,21 +96,35 @@ def stdio_cases_request(
     return stdio_request(language, extract_code(completion), cases, limits)
 
 
+def call_cases_request(
+    task: EnvTask, completion: str, limits: Limits, language: str = "python"
+) -> ExecutionRequest:
+    calls = [CallCase(**c) for c in task.metadata.get("calls", [])]
+    if not calls:
+        raise ValueError(f"task {task.id!r} has no calls for the call_cases checker")
+    return calls_request(language, extract_code(completion), calls, limits)
+
+
 def execution_info(result: ExecutionResult) -> dict[str, Any]:
-    """What QC and feedback turns need from an execution: status and the failure text."""
+    """What QC, feedback turns and the run's verdict counts need from an execution: status,
+    how the verdict was reached (workers.sandbox.spec.VERDICTS) and the failure text (the
+    candidate's own output and the grader's reason; never the hidden tests)."""
     failed = next((c for c in result.cases if not c.passed), None)
     head = failed or result
     text = "\n".join(p for p in (head.message, head.stderr.strip(), head.stdout.strip()) if p)
     if failed is not None and failed.status == "OK":
         text = "wrong output on a test case" + (f"\n{text}" if text else "")
     return {"status": str(result.status), "wall_ms": result.wall_ms,
+            "verdict": result.verdict or ("passed" if result.passed else "failed"),
             "feedback": text[-FEEDBACK_CHARS:]}
 
 
-def unit_tests(sandbox: Sandbox, limits: Limits) -> ComponentFn:
+def unit_tests(sandbox: Sandbox, limits: Limits, key: str | None = None) -> ComponentFn:
+    """Unit tests in the test driver; `key` (grader_key) lets the environment's executions
+    share a forking driver."""
     def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
-        results = sandbox.run([code_request(t, c, limits) for t, c in zip(tasks, completions,
-                                                                           strict=True)])
+        results = sandbox.run([code_request(t, c, limits, key)
+                               for t, c in zip(tasks, completions, strict=True)])
         return [(score(r), execution_info(r)) for r in results]
     return fn
 
@@ -107,6 +132,14 @@ def unit_tests(sandbox: Sandbox, limits: Limits) -> ComponentFn:
 def stdio_cases(sandbox: Sandbox, limits: Limits, language: str) -> ComponentFn:
     def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
         results = sandbox.run([stdio_cases_request(t, c, limits, language)
+                               for t, c in zip(tasks, completions, strict=True)])
+        return [(score(r), execution_info(r)) for r in results]
+    return fn
+
+
+def call_cases(sandbox: Sandbox, limits: Limits, language: str) -> ComponentFn:
+    def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
+        results = sandbox.run([call_cases_request(t, c, limits, language)
                                for t, c in zip(tasks, completions, strict=True)])
         return [(score(r), execution_info(r)) for r in results]
     return fn
@@ -157,11 +190,14 @@ def regex(pattern: str) -> ComponentFn:
     return fn
 
 
-def build_component(spec: ComponentSpec, sandbox: Sandbox, limits: Limits) -> Component:
+def build_component(
+    spec: ComponentSpec, sandbox: Sandbox, limits: Limits, key: str | None = None
+) -> Component:
     """A rubric component from its spec; unknown params are an error naming them."""
     params: Mapping[str, Any] = spec.params
     allowed = {"exact_match": {"case_sensitive"}, "contains": {"case_sensitive"},
-               "regex": {"pattern"}, "stdio_cases": {"language"}, "math_equiv": set(),
+               "regex": {"pattern"}, "stdio_cases": {"language"}, "call_cases": {"language"},
+               "math_equiv": set(),
                "unit_tests": set()}[spec.checker]
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -182,9 +218,11 @@ def build_component(spec: ComponentSpec, sandbox: Sandbox, limits: Limits) -> Co
     elif spec.checker == "math_equiv":
         fn = math_equiv()
     elif spec.checker == "unit_tests":
-        fn = unit_tests(sandbox, limits)
+        fn = unit_tests(sandbox, limits, key)
     elif spec.checker == "stdio_cases":
         fn = stdio_cases(sandbox, limits, str(params.get("language", "python")))
+    elif spec.checker == "call_cases":
+        fn = call_cases(sandbox, limits, str(params.get("language", "python")))
     else:  # the spec validator keeps this unreachable; say so if it is not
         raise ValueError(f"unknown checker {spec.checker!r}; known: {sorted(CHECKERS)}")
     return Component(name=spec.name, weight=spec.weight, fn=fn, kind=spec.checker,
