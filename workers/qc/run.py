@@ -10,7 +10,8 @@ through the environment itself (so code runs in the sandbox exactly as in traini
 - `empty_rewarded` / `trivial_rewarded`: the empty answer or a trivial one (the environment's
   `trivial_answers`: `pass`, identity, echo, "I don't know") earns anything; under a rubric
   with partial-credit components a trivial answer may earn up to `trivial_max_share` of their
-  weight (an echo shares characters with the answer), never more;
+  weight on a task (an echo shares characters with the answer), and the version is blocked
+  when the best trivial answer earns more than `trivial_mean_share` of it on average;
 - `lax_checker`: a near-miss wrong answer (`wrong_answers`: off by one, doubled, negated, an
   extra digit) earns full reward;
 - `ambiguous_duplicate`: another task has the same prompt but a different answer, reference or
@@ -214,8 +215,11 @@ def run_qc(
     flags: list[dict[str, Any]] = []
     score_s = 0.0
     # Partial credit (a similarity, a share of fields) gives a trivial answer some reward by
-    # construction; it must stay in the bottom `trivial_max_share` of what the graded
-    # components give. Binary components still must give it nothing.
+    # construction (an echoed string shares characters with the answer). Judged against the
+    # rubric's range: on one task it must stay below `trivial_max_share` of what the graded
+    # components give (above, the task is degenerate: echoing nearly answers it), and on
+    # average below `trivial_mean_share` (above, a no-effort policy collects the reward).
+    # Binary components still must give it nothing.
     allowed = spec.trivial_max_share * env.rubric.graded_total
     if all(c["ok"] for c in checks):
         done = 0
@@ -257,6 +261,14 @@ def run_qc(
     if rate > spec.quarantine_threshold:
         block.append(f"{len(quarantined)} of {n} tasks quarantined ({rate:.1%}), above the "
                      f"threshold of {spec.quarantine_threshold:.1%}")
+    graded = env.rubric.graded_total
+    trivial = [r["trivial_reward"] for r in rows if "trivial_reward" in r]
+    trivial_mean = statistics.fmean(trivial) if trivial else None
+    if graded > 0 and trivial_mean is not None and \
+            trivial_mean > spec.trivial_mean_share * graded + 1e-9:
+        block.append(f"the best trivial answer earns {trivial_mean:.3g} on average over the "
+                     f"tasks, above {spec.trivial_mean_share:g} of the partial-credit weight "
+                     f"({graded:g}): a policy that does not try would collect it")
     by_reason: dict[str, int] = defaultdict(int)
     for q in quarantined:
         for check in {r["check"] for r in q["reasons"]}:
@@ -283,6 +295,7 @@ def run_qc(
                                          and r["reference_reward"] >= full - 1e-9),
             "empty_zero": sum(1 for r in rows if r.get("empty_reward") == 0.0),
             "trivial_allowed": round(allowed, 6),
+            "trivial_mean": round(trivial_mean, 6) if trivial_mean is not None else None,
             "by_reason": dict(sorted(by_reason.items())),
             "flags": dict(sorted(_count(f["kind"] for f in flags).items())),
         },
@@ -332,7 +345,8 @@ def run_qc_spec(spec: Mapping[str, Any], qc: QcSpec | None = None, **load_kwargs
             "summary": {"tasks": 0, "quarantined": 0, "quarantine_rate": 0.0,
                         "threshold": qc.quarantine_threshold,
                         "usable_tasks": {"train": 0, "eval": 0}, "reference_full_reward": 0,
-                        "empty_zero": 0, "trivial_allowed": 0.0, "by_reason": {}, "flags": {}},
+                        "empty_zero": 0, "trivial_allowed": 0.0, "trivial_mean": None,
+                        "by_reason": {}, "flags": {}},
             "quarantined": [], "quarantined_ids": [], "flags": [], "tasks": [],
             "timings": {"total_s": round(time.perf_counter() - t0, 3),
                         "load_s": round(time.perf_counter() - t0, 3), "scoring_s": 0.0,
