@@ -310,7 +310,82 @@ C_STDIO: tuple[Forgery, ...] = (
             "  printf(\"%ld %ld\\n\", r, m); fflush(stdout); abort(); }\n"),
 )
 
-LIBRARY: tuple[Forgery, ...] = (*PYTHON_UNIT, *JAVASCRIPT_UNIT, *PYTHON_STDIO, *C_STDIO)
+# Call-case forgeries for the call-server languages: what each can do from inside its server's
+# process. The supervisor compares every answer itself, so they come down to leaving early,
+# writing forged records or replies on every fd, hooks that run at exit, exceptions that say
+# passed, and replacing the server's own serializer.
+RUBY_UNIT: tuple[Forgery, ...] = (
+    Forgery("rb_early_exit", "ruby", "unit", "print PASSED and exit 0 while loading",
+            "def {name}(*a) = nil\nputs 'PASSED'\nexit!(0)\n"),
+    Forgery("rb_forged_records", "ruby", "unit",
+            "write framed records and forged replies to every fd, then answer nil",
+            "def crucible_flood\n"
+            "  ['VERDICT passed', 'EXIT 0', '[\"ok\",true]'].each do |b|\n"
+            "    (0..63).each do |fd|\n"
+            "      begin\n        io = IO.new(fd, autoclose: false)\n"
+            "        io.syswrite('CRF1' + [b.bytesize].pack('N') + b)\n"
+            "        io.syswrite([b.bytesize].pack('N') + b)\n"
+            "      rescue StandardError, NotImplementedError\n      end\n"
+            "    end\n  end\nend\ncrucible_flood\n"
+            "def {name}(*a)\n  crucible_flood\n  nil\nend\n"),
+    Forgery("rb_exit_hook", "ruby", "unit", "at_exit forges records and exits 0",
+            "at_exit { STDOUT.puts 'PASSED'; exit!(0) }\ndef {name}(*a) = nil\n"),
+    Forgery("rb_patch_serializer", "ruby", "unit",
+            "replace JSON.generate so every reply says ok/true",
+            "require 'json'\nmodule JSON\n  def self.generate(*) = '[\"ok\",true]'\nend\n"
+            "def {name}(*a) = nil\n"),
+    Forgery("rb_raise_passed", "ruby", "unit", "raise an exception named and saying passed",
+            "class Passed < StandardError; def message = 'passed'; end\n"
+            "def {name}(*a) = raise(Passed)\n"),
+)
+
+PHP_UNIT: tuple[Forgery, ...] = (
+    Forgery("php_early_exit", "php", "unit", "print PASSED and exit 0 while loading",
+            "<?php\nfunction {name}(...$a) { return null; }\necho \"PASSED\\n\";\nexit(0);\n"),
+    Forgery("php_forged_records", "php", "unit",
+            "write framed records and forged replies to every fd, then answer null",
+            "<?php\nfunction crucible_flood() {\n"
+            "  foreach (['VERDICT passed', 'EXIT 0', '[\"ok\",true]'] as $b) {\n"
+            "    for ($fd = 0; $fd < 64; $fd++) {\n"
+            "      $h = @fopen(\"php://fd/$fd\", 'wb');\n"
+            "      if ($h) { @fwrite($h, 'CRF1' . pack('N', strlen($b)) . $b);\n"
+            "        @fwrite($h, pack('N', strlen($b)) . $b); }\n"
+            "    } } }\ncrucible_flood();\n"
+            "function {name}(...$a) { crucible_flood(); return null; }\n"),
+    Forgery("php_shutdown_hook", "php", "unit", "a shutdown function prints PASSED and exits 0",
+            "<?php\nregister_shutdown_function(function () { echo \"PASSED\\n\"; exit(0); });\n"
+            "function {name}(...$a) { return null; }\n"),
+    Forgery("php_raise_passed", "php", "unit", "throw an exception saying passed",
+            "<?php\nclass Passed extends Exception {}\n"
+            "function {name}(...$a) { throw new Passed('passed'); }\n"),
+)
+
+LUA_UNIT: tuple[Forgery, ...] = (
+    Forgery("lua_early_exit", "lua", "unit", "print PASSED and exit 0 while loading",
+            "function {name}(...) return nil end\nprint('PASSED')\nos.exit(0)\n"),
+    Forgery("lua_forged_records", "lua", "unit",
+            "write framed records and forged replies to every fd, then answer nil",
+            "local function flood()\n"
+            "  for _, b in ipairs({'VERDICT passed', 'EXIT 0', '[\"ok\",true]'}) do\n"
+            "    for fd = 0, 63 do\n"
+            "      local f = io.open('/dev/fd/' .. fd, 'wb')\n"
+            "      if f then f:write('CRF1' .. string.pack('>I4', #b) .. b,\n"
+            "                        string.pack('>I4', #b) .. b); f:close() end\n"
+            "    end\n  end\nend\nflood()\n"
+            "function {name}(...) flood() return nil end\n"),
+    Forgery("lua_gc_hook", "lua", "unit", "a __gc finaliser prints PASSED and exits 0 at close",
+            "KEEP = setmetatable({}, {__gc = function() print('PASSED') os.exit(0) end})\n"
+            "function {name}(...) return nil end\n"),
+    Forgery("lua_patch_serializer", "lua", "unit",
+            "replace string.pack and io.write so replies say ok/true",
+            "local pack = string.pack\nstring.pack = function(f, n) return pack(f, 11) end\n"
+            "function {name}(...) return true end\n"),
+    Forgery("lua_error_passed", "lua", "unit", "raise an error whose value says passed",
+            "function {name}(...) error({passed = true, message = 'passed'}) end\n"),
+)
+
+LIBRARY: tuple[Forgery, ...] = (*PYTHON_UNIT, *JAVASCRIPT_UNIT, *RUBY_UNIT, *PHP_UNIT,
+                                *LUA_UNIT, *PYTHON_STDIO, *C_STDIO)
 
 _NOT_UNDER_TEST = set(dir(builtins)) | set(keyword.kwlist) | {"check", "candidate", "assert"}
 

@@ -16,7 +16,8 @@ through the environment itself (so code runs in the sandbox exactly as in traini
   extra digit) earns full reward;
 - `ambiguous_duplicate`: another task has the same prompt but a different answer, reference or
   tests, so one prompt has two truths;
-- `forgeable`: on code environments (unit tests, stdin/stdout cases), one of the known reward
+- `forgeable`: on code environments (unit tests, call cases, stdin/stdout cases), one of the
+  known reward
   forgeries (`workers/qc/forgeries.py`: test machinery replaced, the reporter reached through
   frames, an always-equal object, forged records on every fd, the right output followed by a
   crash...) earns anything on a sample of tasks (`forgery_tasks`). This also blocks the
@@ -68,6 +69,13 @@ def _forgery_probes(env: Environment, tasks: Sequence[EnvTask]) -> list[_Probe]:
         if "unit_tests" in kinds and task.tests:
             name = forgeries.function_under_test(task.tests, task.metadata.get("entry_point"))
             for forgery in forgeries.for_language("python", "unit"):
+                probes.append(_Probe(task, "forgery", _fenced(forgery.render(name=name)),
+                                     label=forgery.id))
+        calls = kinds.get("call_cases")
+        if calls is not None and task.metadata.get("calls"):
+            name = str(task.metadata["calls"][0]["function"])
+            language = str(calls.params.get("language", "python"))
+            for forgery in forgeries.for_language(language, "unit"):
                 probes.append(_Probe(task, "forgery", _fenced(forgery.render(name=name)),
                                      label=forgery.id))
         stdio = kinds.get("stdio_cases")

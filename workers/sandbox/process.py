@@ -92,10 +92,20 @@ def _settled(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _ours(comm: str) -> bool:
+    """Whether a process of this name is one the engine starts: bwrap (and the helpers it forks
+    during set-up), or the status waiter (PID 1 of a sandbox, re-parented to this subreaper
+    when bwrap is killed first): the static one's name is its file name, cut to 15 bytes."""
+    if comm == "bwrap" or comm.startswith("waiter-"):
+        return True
+    return comm == "perl" and gate.waiter_binary() is None  # the Perl waiter, where in use
+
+
 def sweep() -> int:
-    """Reap untracked zombie children named bwrap: helpers a bwrap forked during its own set-up
-    and had not reaped when it was killed. Only this engine starts bwrap in this process, and
-    live Popens are skipped, so nothing another component waits for is taken."""
+    """Reap untracked zombie children the engine started (see _ours): set-up helpers a bwrap
+    had not reaped when it was killed, and status waiters whose bwrap died first. Only this
+    engine starts them in this process, and live Popens are skipped, so nothing another
+    component waits for is taken."""
     me = os.getpid()
     children: set[int] = set()
     with contextlib.suppress(OSError):
@@ -111,7 +121,7 @@ def sweep() -> int:
                 comm, _, rest = fh.read().partition("(")[2].rpartition(")")
         except OSError:
             continue
-        if comm == "bwrap" and rest.split()[0] == "Z":
+        if _ours(comm) and rest.split()[0] == "Z":
             with contextlib.suppress(ChildProcessError):
                 reaped += bool(os.waitpid(pid, os.WNOHANG)[0])
     return reaped

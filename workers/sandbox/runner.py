@@ -27,11 +27,13 @@ import os
 import secrets
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import calls as calls_driver
 from . import cgroups, languages, uids, workdir
 from .harness import source as harness_source
 from .harness import wire
@@ -40,6 +42,7 @@ from .pool import WarmPool
 from .process import Outcome, SandboxError, SandboxProcess, feedback_cap, teardown_later
 from .scoring import compare_output
 from .spec import (
+    CallResult,
     CaseResult,
     ExecutionRequest,
     ExecutionResult,
@@ -331,6 +334,8 @@ class Engine:
         except ToolchainMissing as exc:
             return self._failed(request, str(exc))
         try:
+            if request.calls:
+                return self._execute_calls(lang, request)
             if lang.name in _BOOT_ARGV:
                 if request.tests is not None:
                     return self._execute_graded(lang, request)
@@ -471,6 +476,90 @@ class Engine:
             payload = next((v for k, v in out.feedback if k == "TRACE"), None)
             if payload is not None:
                 result.trace = _trace(payload, request)
+        return result
+
+    def _execute_calls(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
+        """Call cases: the candidate's call server answers, the supervisor compares (calls.py).
+        Every call fails unless the program also ends cleanly once the calls are done."""
+        to_candidate = os.pipe2(os.O_CLOEXEC)
+        from_candidate = os.pipe2(os.O_CLOEXEC)
+        links = (to_candidate[0], from_candidate[1])
+        host_fds = [to_candidate[1], from_candidate[0]]
+        warm: _Warm | None = None
+        proc: SandboxProcess | None = None
+        path: Path | None = None
+        uid: int | None = None
+        try:
+            if lang.name in _BOOT_ARGV:
+                code = request.code + (JS_LOOKUP_FOOTER if lang.name == "javascript" else "")
+                warm = self._spawn_boot(lang, request.limits, links)
+                self._prepare(warm, request, {**request.files, lang.source: code})
+                proc, control = warm.proc, self._control(lang, {"mode": "serve",
+                                                                "argv": request.argv})
+            else:
+                if lang.serve is None:
+                    raise SandboxError(f"{lang.name} has no call server")
+                uid = uids.lease()
+                for fd in links:  # servers that reopen /dev/fd/N (Lua) need to own the pipes
+                    os.fchown(fd, uid, uid)
+                path = workdir.create({**request.files, lang.source: request.code},
+                                      owner_uid=uid, owner_gid=uid,
+                                      size_bytes=request.limits.workdir_mb << 20)
+                proc = SandboxProcess(argv=list(lang.serve), workdir=path, limits=request.limits,
+                                      uid=uid, env=lang.env, ro_binds=lang.binds, links=links)
+                control = None
+            for fd in links:  # the sandbox holds its ends now
+                os.close(fd)
+            links = ()
+            deadline = time.monotonic() + request.limits.wall_ms / 1000
+            cpu0 = time.thread_time_ns()
+
+            def driven() -> tuple[list[CallResult], str, float]:
+                results, stopped = calls_driver.drive(host_fds[1], host_fds[0], request.calls,
+                                                      deadline)
+                host_fds.remove(host_fds[0])  # drive() closed the write end
+                return results, stopped, (time.thread_time_ns() - cpu0) / 1e6
+
+            future = _grader_threads().submit(driven)
+            try:
+                out = proc.run(request.stdin.encode(), control=control)
+            finally:
+                results, stopped, driver_cpu = future.result()
+            read_back = _read_back(warm.dir if warm else path, request.read_back)  # type: ignore[arg-type]
+        finally:
+            for fd in (*links, *host_fds):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if warm is not None:
+                teardown_later(warm)
+            elif proc is not None:
+                proc.destroy()
+            if path is not None:
+                workdir.remove(path)
+            if uid is not None and proc is not None and proc.clean:
+                uids.release(uid)
+        phase = phase_result(out, request.limits)
+        result = ExecutionResult(language=lang.name, calls=results, **phase.model_dump())
+        result.supervisor_cpu_ms = round(out.supervisor_cpu_ms + driver_cpu, 3)
+        result.files, result.file_errors = read_back
+        if phase.status != Status.OK:
+            for call in result.calls:
+                if call.passed:
+                    call.passed, call.error = False, f"the program ended badly: {phase.message}"
+        failed = next((c for c in result.calls if not c.passed), None)
+        if failed is None:
+            result.verdict = "passed"
+        elif phase.status == Status.TLE:
+            result.verdict, result.verdict_detail = "timeout", phase.message
+        elif stopped and "exited" in stopped:
+            result.verdict, result.verdict_detail = "exited_early", stopped
+        else:
+            result.verdict = "failed"
+            result.verdict_detail = f"{failed.function}: {failed.error}" + (
+                f" (returned {failed.got})" if failed.got else "")
+        if result.verdict != "passed" and result.status == Status.OK:
+            result.status, result.message = Status.RE, f"calls did not pass: " \
+                f"{result.verdict_detail}"
         return result
 
     def _execute_plain(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
