@@ -36,6 +36,8 @@ from workers.sandbox.scoring import (
 )
 from workers.sandbox.spec import CallCase, ExecutionResult, Limits, Status, StdioCase
 
+from .programs import ADDERS
+
 ADD_TESTS = ("assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert add(10, 5) == 15\n"
              "assert add((1,), (2,)) == (1, 2)\n")
 HONEST_ADD = "def add(a, b):\n    return a + b\n"
@@ -367,15 +369,6 @@ def test_per_user_kernel_limits_are_not_shared_between_sandboxes(engine: Engine)
 CALLS = [CallCase(function="add", args=[2, 3], expected=5),
          CallCase(function="add", args=[[1], [2]], expected=[1, 2]),
          CallCase(function="add", args=[-1, 3], expected=2)]
-ADDERS = {
-    "python": "def add(a, b):\n    return a + b\n",
-    "javascript": "function add(a, b) { return Array.isArray(a) ? a.concat(b) : a + b; }\n",
-    "ruby": "def add(a, b)\n  a + b\nend\n",
-    "php": "<?php\nfunction add($a, $b) { return is_array($a) ? array_merge($a, $b) : $a + $b; }\n",
-    "lua": "function add(a, b)\n  if type(a) ~= 'table' then return a + b end\n"
-           "  local t = {}\n  for _, x in ipairs(a) do t[#t + 1] = x end\n"
-           "  for _, x in ipairs(b) do t[#t + 1] = x end\n  return t\nend\n",
-}
 # the right answers, then the program ends badly once the calls are done
 CRASH_AFTER = {
     "python": "\nimport atexit, os\natexit.register(os.abort)\n",
