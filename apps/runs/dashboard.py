@@ -13,6 +13,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
 from django.db.models import Q, QuerySet
+from django.urls import reverse
 
 from apps.environments.models import Environment
 from apps.lineage.models import ArtifactType, LineageEdge
@@ -272,6 +273,7 @@ class Neighbour:
     id: str
     label: str
     run_id: str | None = None
+    url: str | None = None
 
 
 def lineage_neighbours(run: Run) -> list[Neighbour]:
@@ -303,23 +305,31 @@ def _label(run: Run, rows: list[Neighbour]) -> None:
         return [r.id for r in rows if r.type == kind]
 
     labels: dict[tuple[str, str], str] = {}
+    urls: dict[tuple[str, str], str] = {}
     runs_found: set[str] = set()
+    team_slug = run.team.slug
     if ids(ArtifactType.DATASET_VERSION):
         for v in DatasetVersion.objects.filter(
             dataset__team_id=run.team_id, digest__in=ids(ArtifactType.DATASET_VERSION)
         ).select_related("dataset"):
             labels[(ArtifactType.DATASET_VERSION, v.digest)] = (
                 f"dataset {v.dataset.slug} v{v.number}")
+            urls[(ArtifactType.DATASET_VERSION, v.digest)] = reverse(
+                "dataset-page", args=[team_slug, v.dataset.slug])
     if ids(ArtifactType.ENVIRONMENT_VERSION):
         for v in EnvironmentVersion.objects.filter(
             environment__team_id=run.team_id, digest__in=ids(ArtifactType.ENVIRONMENT_VERSION)
         ).select_related("environment"):
             labels[(ArtifactType.ENVIRONMENT_VERSION, v.digest)] = (
                 f"environment {v.environment.slug} v{v.number}")
+            urls[(ArtifactType.ENVIRONMENT_VERSION, v.digest)] = reverse(
+                "environment-version-page", args=[team_slug, v.environment.slug, v.digest])
     ckpt_ids = [i for i in ids(ArtifactType.CHECKPOINT) if i.isdigit()]
     if ckpt_ids:
         for c in Checkpoint.objects.filter(team_id=run.team_id, pk__in=ckpt_ids):
             labels[(ArtifactType.CHECKPOINT, str(c.pk))] = f"checkpoint @ step {c.step}"
+            urls[(ArtifactType.CHECKPOINT, str(c.pk))] = (
+                reverse("run-page", args=[team_slug, str(c.run_id)]) + "#ckpt-h")
     run_ids = ids(ArtifactType.RUN)
     if run_ids:
         for r in Run.objects.filter(team_id=run.team_id, pk__in=run_ids).only("id", "name",
@@ -330,6 +340,9 @@ def _label(run: Run, rows: list[Neighbour]) -> None:
         r.label = labels.get((r.type, r.id), f"{r.type} {r.id[:16]}")
         if r.type == ArtifactType.RUN and r.id in runs_found:
             r.run_id = r.id
+            r.url = reverse("run-page", args=[team_slug, r.id])
+        elif (r.type, r.id) in urls:
+            r.url = urls[(r.type, r.id)]
 
 
 SAMPLE_SORTS = {"reward": ("reward", "id"), "-reward": ("-reward", "id"), "id": ("id",)}
@@ -349,3 +362,65 @@ def step_samples(run: Run, step: int, sort: str, limit: int = 200) -> QuerySet:
             F("reward").asc(nulls_last=True)
         return rows.order_by(expr, "id")[:limit]
     return rows.order_by(*order)[:limit]
+
+
+# --- run page: sections, checkpoints, report ------------------------------------------------
+
+CHART_POINTS = 2000  # points per chart the run page loads (a chart is < 1,000 px wide)
+REPORT_ROWS = 200
+CHECKPOINT_KEYS = ("eval/reward_mean", "reward_mean", "reward/mean", "loss", "kl",
+                   "eval/mean_reward")
+MAX_CHECKPOINT_KEYS = 8
+
+
+def sections_for(run: Run) -> dict[str, bool]:
+    """Which run-page sections apply to a run of this kind (the rest are left out)."""
+    kind = run.kind
+    return {"experts": kind == RunKind.TRAIN, "checkpoints": kind == RunKind.TRAIN,
+            "samples": kind in (RunKind.TRAIN, RunKind.EVAL)}
+
+
+def checkpoints_with_evals(run: Run) -> list[Any]:
+    """The run's checkpoints, each with ``evals``: the eval runs that started from it (two
+    queries)."""
+    rows = list(run.checkpoints.order_by("step"))
+    by_id = {c.pk: c for c in rows}
+    for c in rows:
+        c.evals = []
+    for r in Run.objects.filter(team_id=run.team_id, kind=RunKind.EVAL,
+                                base_checkpoint_id__in=by_id).only(
+                                    "id", "name", "base_checkpoint_id").order_by("created_at"):
+        by_id[r.base_checkpoint_id].evals.append(r)
+    return rows
+
+
+def checkpoint_keys(checkpoints: list[Any], wanted: list[str]) -> tuple[list[str], list[str]]:
+    """(every metric key the checkpoints carry, the keys to show): the ones asked for that
+    exist, else the usual headline metrics present, else the first few."""
+    every = sorted({k for c in checkpoints for k in (c.metrics or {})})
+    chosen = [k for k in wanted if k in every][:MAX_CHECKPOINT_KEYS * 4]
+    if not chosen:
+        chosen = [k for k in CHECKPOINT_KEYS if k in every] or every[:4]
+    return every, chosen
+
+
+def report_rows(report: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """A report's scalar leaves (and short lists) as (dotted key, value), for the report
+    section of eval, profile, QC and synthesis run pages."""
+    if not isinstance(report, dict):
+        return []
+    out = []
+    for key, value in flatten(report).items():
+        if isinstance(value, list) and (len(value) > 20 or any(isinstance(v, dict | list)
+                                                               for v in value)):
+            value = f"[{len(value)} items]"
+        out.append((key, value))
+    return out
+
+
+def headline(summary: Any) -> dict[str, Any] | None:
+    """A report's ``summary`` block, flattened, for the run summary card."""
+    if not isinstance(summary, dict):
+        return None
+    return {k: v for k, v in flatten(summary).items()
+            if isinstance(v, int | float | str | bool) or v is None}

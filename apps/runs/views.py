@@ -23,6 +23,7 @@ from apps.runs import dashboard, selectors, services
 from apps.runs.forms import PRESETS, LaunchForm, initial_from_preset, initial_from_run
 from apps.runs.models import EventLevel, Run, RunKind, RunStatus
 from apps.runs.selectors import runs_with_relations
+from apps.runs.summary import run_summary
 from apps.teams.models import Role, role_at_least
 from apps.teams.selectors import teams_for_user
 
@@ -31,7 +32,7 @@ EVENT_TAIL = 200
 
 def _run(team_obj, run: str) -> Run:  # noqa: ANN001
     obj = runs_with_relations(Run.objects.filter(team=team_obj)).select_related(
-        "created_by").filter(pk=_uuid(run)).first()
+        "created_by", "base_checkpoint__run").filter(pk=_uuid(run)).first()
     if obj is None:
         raise Http404("No such run.")
     return obj
@@ -67,6 +68,7 @@ def team_runs(request: HttpRequest, team: str) -> HttpResponse:
         request, team_obj, membership, section="runs", **table,
         choices=dashboard.filter_choices(team_obj), kinds=RunKind.values,
         statuses=RunStatus.values, max_compare=dashboard.MAX_COMPARE,
+        table_data={"team": team_obj.slug},
     )
     return render(request, "runs/team_runs.html", context)
 
@@ -132,18 +134,61 @@ def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
     if request.method == "POST":
         return _run_action(request, team_obj, membership, obj)
     events = list(obj.events.order_by("-seq")[:EVENT_TAIL])[::-1]
-    steps = dashboard.sample_steps(obj)
+    report = _report_or_none(obj)
+    rows = dashboard.report_rows(report) if report else []
     context = page_context(
-        request, team_obj, membership, section="runs", run=obj, events=events,
-        stream_seq=obj.event_seq, config_json=json.dumps(obj.config, indent=2, sort_keys=True),
-        checkpoints=list(obj.checkpoints.order_by("step")),
+        request, team_obj, membership, section="runs", events=events,
+        config_json=json.dumps(obj.config, indent=2, sort_keys=True),
         neighbours=dashboard.lineage_neighbours(obj), levels=EventLevel.values,
-        **_samples_context(obj, steps, request),
-        can_cancel=obj.status in services.TRANSITIONS and RunStatus.CANCELED in
-        services.TRANSITIONS[obj.status],
-        can_resume=obj.status in (RunStatus.FAILED, RunStatus.CANCELED),
+        report_rows=rows[: dashboard.REPORT_ROWS],
+        report_truncated=len(rows) > dashboard.REPORT_ROWS,
+        page_data={"team": team_obj.slug, "run": str(obj.pk), "after": obj.event_seq,
+                   "points": _points_param(request),
+                   "parts": f"/t/{team_obj.slug}/runs/{obj.pk}/parts/"},
+        **_live_context(obj, request, report),
     )
     return render(request, "runs/run_detail.html", context)
+
+
+@login_required
+def run_parts(request: HttpRequest, team: str, run: str) -> HttpResponse:
+    """The run page's live parts (header, summary, checkpoints, attempts, samples), rendered
+    again for the page to swap in when the run changes."""
+    team_obj, membership = team_for_page(request, team)
+    obj = _run(team_obj, run)
+    context = page_context(request, team_obj, membership,
+                           **_live_context(obj, request, _report_or_none(obj)))
+    return render(request, "runs/parts/all.html", context)
+
+
+def _points_param(request: HttpRequest) -> int:
+    """Points per chart the page asks the metrics API for (``?points=``, capped there)."""
+    from django.conf import settings
+
+    cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
+    try:
+        value = int(request.GET.get("points", ""))
+    except ValueError:
+        value = dashboard.CHART_POINTS
+    return max(2, min(cap, value))
+
+
+def _live_context(obj: Run, request: HttpRequest, report: dict[str, Any] | None
+                  ) -> dict[str, Any]:
+    checkpoints = dashboard.checkpoints_with_evals(obj) if obj.kind == RunKind.TRAIN else []
+    all_keys, keys = dashboard.checkpoint_keys(checkpoints, request.GET.getlist("ckpt"))
+    steps = dashboard.sample_steps(obj)
+    headline = report.get("summary") if isinstance(report, dict) else None
+    return {
+        "run": obj, "stream_seq": obj.event_seq,
+        "summary": run_summary(obj, report=dashboard.headline(headline)),
+        "checkpoints": checkpoints, "ckpt_keys": keys, "ckpt_all_keys": all_keys,
+        "show": dashboard.sections_for(obj),
+        **_samples_context(obj, steps, request),
+        "can_cancel": obj.status in services.TRANSITIONS and RunStatus.CANCELED in
+        services.TRANSITIONS[obj.status],
+        "can_resume": obj.status in (RunStatus.FAILED, RunStatus.CANCELED),
+    }
 
 
 def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[str, Any]:
@@ -207,7 +252,9 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
         report_rows=dashboard.report_table(reports) if any(reports) else [],
         has_reports=[r is not None for r in reports], max_compare=dashboard.MAX_COMPARE,
         missing=dashboard.MISSING, show_all=request.GET.get("all") == "1",
-        runs_meta=[{"id": str(r.pk), "label": r.name or str(r.pk)[:8]} for r in runs],
+        compare_data={"team": team_obj.slug, "points": 1000,
+                      "runs": [{"id": str(r.pk), "label": r.name or str(r.pk)[:8]}
+                               for r in runs]},
     )
     return render(request, "runs/compare.html", context)
 

@@ -14,10 +14,11 @@ from django.test.utils import CaptureQueriesContext
 
 from apps.core.actor import Actor
 from apps.environments import services as env_services
+from apps.lineage import services as lineage
 from apps.runs import dashboard
 from apps.runs.models import Checkpoint, Run, RunStatus, Sample
 from apps.teams.models import ApiToken, Membership, Role, TokenKind
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_train_run, make_version
 
 PAGE = "/t/acme/"
 TEAM = "/t/acme/team/"
@@ -210,7 +211,9 @@ def test_viewers_cannot_launch(viewer, qa):
 
 
 def test_run_page_shows_checkpoints_samples_and_lineage(member, qa, project):
-    run = make_run(project, qa, name="trained")
+    run = make_train_run(project, name="trained", datasets=[])
+    lineage.edge_create(team_id=run.team_id, source=qa.current_version, target=run,
+                        relation="input")
     Checkpoint.objects.create(run=run, team=run.team, step=10, uri="file:///x/10",
                               metrics={"reward_mean": 0.5})
     Sample.objects.bulk_create([

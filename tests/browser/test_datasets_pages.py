@@ -102,5 +102,5 @@ def test_compare_versions_and_roll_back(asgi_server, browser):
     assert overflow <= 0, f"dataset page is {overflow}px too wide at 800px"
     page.set_viewport_size({"width": 1280, "height": 900})
     DOCS.mkdir(exist_ok=True)
-    page.add_style_tag(content=".topbar { position: static !important; }")
+    page.evaluate("document.querySelector('.topbar').style.position = 'static'")
     page.screenshot(path=str(DOCS / "dataset-page.png"), full_page=True)

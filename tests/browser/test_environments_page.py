@@ -79,7 +79,7 @@ def test_version_page_with_qc_and_eval_reports(asgi_server, browser):
     assert overflow <= 0, f"environment version page is {overflow}px too wide at 800px"
     page.set_viewport_size({"width": 1280, "height": 900})
     DOCS.mkdir(exist_ok=True)
-    page.add_style_tag(content=".topbar { position: static !important; }")
+    page.evaluate("document.querySelector('.topbar').style.position = 'static'")
     page.screenshot(path=str(DOCS / "environment-page.png"), full_page=True)
 
     # Launch a QC run from the page: back on the page with the run listed.

@@ -49,7 +49,7 @@ def open_count(page) -> int:  # noqa: ANN001
 
 def wait_open(page, n: int) -> None:  # noqa: ANN001
     page.wait_for_function(
-        f"document.querySelectorAll('#items [data-status=\"open\"]').length === {n}",
+        f"() => document.querySelectorAll('#items [data-status=\"open\"]').length === {n}",
         timeout=WAIT)
 
 
@@ -152,5 +152,5 @@ def test_accept_and_reject_batches_with_the_keyboard(asgi_server, browser):
     assert overflow <= 0, f"review page is {overflow}px too wide at 800px"
     page.set_viewport_size({"width": 1280, "height": 900})
     DOCS.mkdir(exist_ok=True)
-    page.add_style_tag(content=".topbar { position: static !important; }")
+    page.evaluate("document.querySelector('.topbar').style.position = 'static'")
     page.screenshot(path=str(DOCS / "review-queue.png"), full_page=True)
