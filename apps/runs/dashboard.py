@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,14 +196,29 @@ def config_table(configs: list[dict[str, Any]]) -> list[ConfigRow]:
     return rows
 
 
-LOWER_IS_BETTER = ("loss", "error", "fail", "latency", "time", "elapsed", "perplexity",
-                   "timeout", "duration", "_s")
+# Which way is better, read from a report key's path (``summary.latency_s.mean``): the
+# segment nearest the end that says so wins; aggregate names (mean, p95, …) say nothing.
+HIGHER_IS_BETTER = re.compile(r"(_per_s$|per_second|throughput|pass|accuracy|(^|_)acc$|reward|"
+                              r"score|success|correct|win_rate|precision|recall|f1)")
+LOWER_IS_BETTER = re.compile(r"(loss|error|fail|latency|time|elapsed|perplexity|timeout|"
+                             r"duration|_s$|_ms$|tokens|cost|quarantined|rejected|dropped|"
+                             r"stale|lag|regret|kl$)")
+AGGREGATES = frozenset({"mean", "avg", "median", "p50", "p90", "p95", "p99", "max", "min",
+                        "std", "total", "sum", "count", "value", "last", "first"})
 REGRESSION_TOLERANCE = 0.01
 
 
 def lower_is_better(key: str) -> bool:
-    last = key.rsplit(".", 1)[-1].lower()
-    return any(word in last for word in LOWER_IS_BETTER)
+    """True for keys where a smaller value is the better one (times, losses, errors, tokens
+    spent per task); throughput, pass rates, rewards and anything unrecognised go up."""
+    for segment in reversed(key.lower().split(".")):
+        if segment in AGGREGATES or segment.isdigit():
+            continue
+        if HIGHER_IS_BETTER.search(segment):
+            return False
+        if LOWER_IS_BETTER.search(segment):
+            return True
+    return False
 
 
 @dataclass
@@ -216,6 +232,7 @@ class ReportCell:
 class ReportRow:
     key: str
     cells: list[ReportCell] = field(default_factory=list)
+    lower_better: bool = False
 
 
 def _number(value: Any) -> float | None:
@@ -224,22 +241,24 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def report_table(reports: list[dict[str, Any] | None]) -> list[ReportRow]:
-    """Numeric leaves of each report side by side. The first run with a report is the
-    baseline; a value worse than it by more than 1% (relative; direction from the key's
-    name: losses, errors and times are better low, everything else high) is a regression."""
+def report_table(reports: list[dict[str, Any] | None],
+                 baseline: int | None = None) -> list[ReportRow]:
+    """Numeric leaves of each report side by side against a baseline run (the chosen one,
+    else the first with a report). A value worse than the baseline's by more than 1%
+    (relative), in the metric's own direction (``lower_is_better``), is a regression."""
     flat = [flatten(r) if r else {} for r in reports]
     keys = sorted({k for f in flat for k, v in f.items() if _number(v) is not None})
-    base_index = next((i for i, r in enumerate(reports) if r), None)
+    if baseline is None or not (0 <= baseline < len(reports)) or not reports[baseline]:
+        baseline = next((i for i, r in enumerate(reports) if r), None)
     rows = []
     for key in keys:
-        row = ReportRow(key)
-        base = _number(flat[base_index].get(key)) if base_index is not None else None
+        row = ReportRow(key, lower_better=lower_is_better(key))
+        base = _number(flat[baseline].get(key)) if baseline is not None else None
         for i, f in enumerate(flat):
             value = _number(f.get(key))
             cell = ReportCell(f.get(key, MISSING) if reports[i] else MISSING)
-            if value is not None and base is not None and i != base_index:
-                delta = (value - base) if not lower_is_better(key) else (base - value)
+            if value is not None and base is not None and i != baseline:
+                delta = (base - value) if row.lower_better else (value - base)
                 scale = max(abs(base), 1e-12)
                 cell.regression = delta / scale < -REGRESSION_TOLERANCE
                 cell.improvement = delta / scale > REGRESSION_TOLERANCE

@@ -246,10 +246,15 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
     runs = [found[i] for i in ids if i in found]
     config_rows = dashboard.config_table([r.config for r in runs])
     reports = [_report_or_none(r) for r in runs]
+    with_report = [i for i, r in enumerate(reports) if r]
+    wanted = dashboard.parse_run_ids(request.GET.getlist("baseline"))
+    baseline = next((i for i, r in enumerate(runs) if wanted and str(r.pk) == wanted[0]
+                     and reports[i]), with_report[0] if with_report else None)
     context = page_context(
         request, team_obj, membership, section="runs", runs=runs, too_many=too_many,
         config_rows=config_rows, n_differ=sum(r.differs for r in config_rows),
-        report_rows=dashboard.report_table(reports) if any(reports) else [],
+        report_rows=dashboard.report_table(reports, baseline) if any(reports) else [],
+        baseline=baseline, with_report=with_report,
         has_reports=[r is not None for r in reports], max_compare=dashboard.MAX_COMPARE,
         missing=dashboard.MISSING, show_all=request.GET.get("all") == "1",
         compare_data={"team": team_obj.slug, "points": 1000,

@@ -3,6 +3,7 @@
 //   <select data-navigate="/t/{value}/">     go to the URL with the chosen value
 //   <form data-confirm="Remove …?">          ask before submitting
 //   <button data-copy="#element-id">          copy that input's value to the clipboard
+//   <select data-autosubmit>                  submit its form when the choice changes
 // and the reconnecting websocket helper the live pages use.
 (function () {
   "use strict";
@@ -48,6 +49,11 @@
       el.addEventListener("change", () => {
         location.href = el.dataset.navigate.replace("{value}", encodeURIComponent(el.value));
       });
+    });
+    root.querySelectorAll("select[data-autosubmit]").forEach((el) => {
+      if (el.__bound) return;
+      el.__bound = true;
+      el.addEventListener("change", () => el.form.requestSubmit());
     });
     root.querySelectorAll("button[data-copy]").forEach((el) => {
       if (el.__bound) return;

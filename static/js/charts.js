@@ -166,8 +166,16 @@
     for (const v of values || []) w = Math.max(w, textWidth(String(v)));
     return Math.ceil(w) + 22;
   }
-  const cssVar = (name, fallback) =>
-    (getComputedStyle(document.documentElement).getPropertyValue(name) || "").trim() || fallback;
+  // Theme colours, read once (getComputedStyle per chart forces a style pass per chart)
+  // and again when the system switches between light and dark.
+  let theme = null;
+  const cssVar = (name, fallback) => {
+    if (!theme) theme = getComputedStyle(document.documentElement);
+    return (theme.getPropertyValue(name) || "").trim() || fallback;
+  };
+  if (window.matchMedia) {
+    window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { theme = null; });
+  }
   function withAlpha(hex, a) {
     const m = /^#([0-9a-f]{6})$/i.exec(hex);
     if (!m) return hex;
@@ -253,6 +261,7 @@
         || ("smoothing" in changes && (changes.smoothing > 0) !== (this.state.smoothing > 0));
       if ("x" in changes && changes.x !== this.state.x) this.zoom = null;
       Object.assign(this.state, changes);
+      if (structural) this.charts.forEach((c) => { c.presetWidth = c.body.clientWidth; });
       this.charts.forEach((c) => (structural ? c.rebuild() : c.refresh()));
     }
     zoomTo(source, min, max) {
@@ -466,7 +475,13 @@
       this.layout.forEach((l, i) => { if (l && rows[i] && this.isRaw(i)) rows[i].hidden = true; });
     }
 
-    width() { return Math.max(240, Math.floor(this.body.clientWidth || this.box.clientWidth || 420)); }
+    width() {
+      // A width measured for a batch of charts at once (see ``buildAll``) saves a forced
+      // layout per chart; later rebuilds measure again.
+      const w = this.presetWidth || this.body.clientWidth || this.box.clientWidth || 420;
+      this.presetWidth = 0;
+      return Math.max(240, Math.floor(w));
+    }
 
     rebuild() {
       if (this.plot) { this.plot.destroy(); this.plot = null; }
@@ -592,6 +607,12 @@
     show(group.state);
   }
 
-  C.charts = { ChartGroup, Chart, controls, observe, dataRange, logRange, niceStep, linearTicks,
+  /** Build many charts: measure every box first (one layout), then draw them all. */
+  function buildAll(charts) {
+    charts.forEach((c) => { c.presetWidth = c.body.clientWidth; });
+    charts.forEach((c) => { c.rebuild(); observe(c); });
+  }
+
+  C.charts = { ChartGroup, Chart, controls, observe, buildAll, dataRange, logRange, niceStep, linearTicks,
                logTicks, formatTicks, formatValue, formatDuration, ema, unitOf };
 })();

@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   const C = window.Crucible;
-  const { ChartGroup, Chart, controls, observe } = C.charts;
+  const { ChartGroup, Chart, controls, buildAll } = C.charts;
   const PALETTE = ["#2f55d4", "#d4462f", "#17844a", "#9b3fd0", "#c77800", "#0f8a9d",
                    "#d43f8d", "#5b6474", "#6b8e23", "#8b4513"];
   const EXPERT = /^moe\/layer(\d+)\/expert(\d+)_tokens$/;
@@ -47,7 +47,7 @@
           });
           made.push(group.add(new Chart(container, name, series)));
         });
-        made.forEach((c) => { c.rebuild(); observe(c); });
+        buildAll(made);
         document.body.dataset.chartsReady = String(made.length);
       });
   }

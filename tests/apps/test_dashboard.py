@@ -298,9 +298,35 @@ def test_compare_page_puts_reports_side_by_side(member, qa, project, object_stor
         Run.objects.filter(pk=run.pk).update(report_uri=uri)
     query = "&".join(f"run={r.pk}" for r in runs)
     html = browser_for(member).get(f"/t/acme/compare/?{query}").content.decode()
-    row = re.search(r"<code>eval\.accuracy</code></th>(.*?)</tr>", html, re.S).group(1)
+    row = re.search(r"<code>eval\.accuracy</code>.*?</th>(.*?)</tr>", html, re.S).group(1)
     cells = re.findall(r'<td class="num( regression| improvement)?">([^<]+)', row)
     assert cells == [("", "0.8"), (" regression", "0.6"), (" improvement", "0.9")]
+    # Another baseline, chosen on the page: the marks follow it.
+    html = browser_for(member).get(
+        f"/t/acme/compare/?{query}&baseline={runs[2].pk}").content.decode()
+    row = re.search(r"<code>eval\.accuracy</code>.*?</th>(.*?)</tr>", html, re.S).group(1)
+    cells = re.findall(r'<td class="num( regression| improvement)?">([^<]+)', row)
+    assert cells == [(" regression", "0.8"), (" regression", "0.6"), ("", "0.9")]
+
+
+@pytest.mark.parametrize(("key", "lower"), [
+    ("summary.latency_s.mean", True), ("summary.latency_s.p95", True), ("loss", True),
+    ("summary.tokens_per_task.mean", True), ("eval.errors", True), ("wall_time_s", True),
+    ("summary.pass_at.1", False), ("summary.mean_reward", False), ("accuracy", False),
+    ("gen_tokens_per_s", False), ("throughput.items_per_s", False), ("components.format", False),
+])
+def test_each_report_metric_knows_its_direction(key, lower):
+    assert dashboard.lower_is_better(key) is lower
+
+
+def test_latency_going_up_is_a_regression():
+    """0.035 s -> 1.079 s mean latency was shown green (``mean`` read as higher-is-better)."""
+    rows = {r.key: r for r in dashboard.report_table([
+        {"summary": {"latency_s": {"mean": 0.035}, "pass_at": {"1": 0.30}}},
+        {"summary": {"latency_s": {"mean": 1.079}, "pass_at": {"1": 0.35}}},
+    ])}
+    assert rows["summary.latency_s.mean"].cells[1].regression
+    assert rows["summary.pass_at.1"].cells[1].improvement
 
 
 def test_compare_caps_and_scopes(member, outsider, project):
