@@ -51,6 +51,9 @@ class RunFilters:
     q: str = ""
     sort: str = "-created"
     page: int = 1
+    cols: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # "name:last" | "name:best"
+    group: str = ""
 
     @classmethod
     def from_query(cls, params: Any) -> RunFilters:
@@ -64,7 +67,13 @@ class RunFilters:
         kind = params.get("kind") or ""
         status = params.get("status") or ""
         tag = params.get("tag") or ""
+        getlist = getattr(params, "getlist", lambda k: [params[k]] if k in params else [])
+        cols = tuple(dict.fromkeys(c for c in getlist("col") if c in OPTIONAL_COLUMNS))
+        metrics = tuple(dict.fromkeys(m for m in (v[:260] for v in getlist("m"))
+                                      if METRIC_COLUMN.fullmatch(m)))[:MAX_METRIC_COLUMNS]
+        group = params.get("group") or ""
         return cls(
+            cols=cols, metrics=metrics, group=group if group in GROUPS else "",
             kind=kind if kind in RunKind.values else "",
             status=status if status in RunStatus.values else "",
             project=(params.get("project") or "")[:64],
@@ -86,16 +95,61 @@ class RunFilters:
 
         values = {"kind": self.kind, "status": self.status, "project": self.project,
                   "environment": self.environment, "creator": self.creator, "tag": self.tag,
-                  "q": self.q,
-                  "sort": self.sort, "page": self.page, **changes}
+                  "q": self.q, "group": self.group,
+                  "sort": self.sort, "page": self.page, "col": list(self.cols),
+                  "m": list(self.metrics), **changes}
         clean = {k: v for k, v in values.items()
                  if v and not (k == "sort" and v == "-created") and not (k == "page" and v == 1)}
-        return urlencode(clean)
+        return urlencode(clean, doseq=True)
+
+    def columns(self) -> list[Column]:
+        """The table's columns: name and status always, the chosen optional ones (or the
+        defaults) in their fixed order, then the metric columns."""
+        chosen = self.cols or DEFAULT_COLUMNS
+        out = [Column("name", "Run", "name")]
+        out += [Column(k, OPTIONAL_COLUMNS[k][0], OPTIONAL_COLUMNS[k][1])
+                for k in OPTIONAL_COLUMNS if k in chosen or k == "status"]
+        for m in self.metrics:
+            name, agg = m.rsplit(":", 1)
+            best = "best, min" if lower_is_better(name) else "best, max"
+            label = f"{name} ({best if agg == 'best' else 'last'})"
+            out.append(Column(m, label, None, metric=name, agg=agg))
+        return out
 
     @property
     def without_tag(self) -> str:
         """This filter's query string less its tag (a tag chip's link appends its own)."""
         return self.query(tag="", page=1)
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    sort: str | None
+    metric: str | None = None
+    agg: str | None = None
+
+
+# Optional columns of the runs table: key -> (label, sort key or None), in display order.
+OPTIONAL_COLUMNS: dict[str, tuple[str, str | None]] = {
+    "kind": ("Kind", "kind"), "project": ("Project", None),
+    "environment": ("Environment", None), "status": ("Status", "status"),
+    "pool": ("Pool", None), "priority": ("Priority", "priority"),
+    "attempt": ("Attempts", None), "duration": ("Duration", None),
+    "created": ("Created", "created"), "updated": ("Updated", "updated"),
+    "creator": ("Creator", None),
+}
+DEFAULT_COLUMNS = ("kind", "project", "environment", "status", "pool", "priority", "created",
+                   "updated", "creator")
+METRIC_COLUMN = re.compile(r"[^\s:]{1,200}:(last|best)")
+MAX_METRIC_COLUMNS = 6
+GROUPS = {"kind": "Kind", "environment": "Environment", "tag": "Tag", "project": "Project"}
+# A grouped page is ordered by the group first, so a group's runs sit together.
+GROUP_ORDER = {"kind": ("kind",), "project": ("project__slug",),
+               "environment": ("environment_version__environment__slug",
+                               "environment_version__number")}
+CSV_MAX_ROWS = 10_000
 
 
 def runs_table_queryset(team: Team, filters: RunFilters) -> QuerySet[Run]:
@@ -108,6 +162,7 @@ def runs_table_queryset(team: Team, filters: RunFilters) -> QuerySet[Run]:
         "id", "name", "kind", "status", "pool", "priority", "attempt", "created_at",
         "updated_at", "project__slug", "environment_version__number",
         "environment_version__environment__slug", "created_by__username", "tags",
+        "started_at", "finished_at", "max_attempts",
     )
     if filters.kind:
         runs = runs.filter(kind=filters.kind)
@@ -129,7 +184,75 @@ def runs_table_queryset(team: Team, filters: RunFilters) -> QuerySet[Run]:
         runs = runs.filter(query)
     desc = filters.sort.startswith("-")
     order = [("-" if desc else "") + f for f in SORTS[filters.sort.lstrip("-")]]
-    return runs.order_by(*order, "-pk" if desc else "pk")
+    return runs.order_by(*GROUP_ORDER.get(filters.group, ()), *order, "-pk" if desc else "pk")
+
+
+@dataclass
+class RunGroup:
+    key: str
+    runs: list[Run]
+
+
+def group_rows(runs: list[Run], group: str) -> list[RunGroup]:
+    """A page's rows under their group headings, in page order (a run with several tags
+    appears under each; one with none under "no tag")."""
+    if not group:
+        return [RunGroup("", runs)]
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if group == "tag":
+            keys = list(run.tags or []) or ["(no tag)"]
+        elif group == "kind":
+            keys = [run.kind]
+        elif group == "project":
+            keys = [run.project.slug]
+        else:
+            ev = run.environment_version
+            keys = [f"{ev.environment.slug} v{ev.number}" if ev else "(no environment)"]
+        for key in keys:
+            groups.setdefault(key, []).append(run)
+    return [RunGroup(k, v) for k, v in groups.items()]
+
+
+def attach_metric_cells(runs: list[Run], columns: list[Column]) -> None:
+    """``run.cells[column.key]``: the last value (at the series' last step) or the best one
+    (min or max by the metric's direction) of each metric column — two queries per metric
+    column, whatever the page size."""
+    from django.db.models import Max, Min
+
+    from apps.metrics.models import MetricPoint, MetricSeries
+
+    ids = [r.pk for r in runs]
+    for run in runs:
+        run.cells = {}
+    for col in columns:
+        if col.metric is None or not ids:
+            continue
+        found: dict[Any, float] = {}
+        if col.agg == "best":
+            agg = Min("value") if lower_is_better(col.metric) else Max("value")
+            for row in MetricPoint.objects.filter(run_id__in=ids, name=col.metric).values(
+                    "run_id").annotate(v=agg).order_by():
+                found[row["run_id"]] = row["v"]
+        else:
+            last = dict(MetricSeries.objects.filter(run_id__in=ids, name=col.metric)
+                        .values_list("run_id", "last_step"))
+            for run_id, step, value in MetricPoint.objects.filter(
+                    run_id__in=list(last), name=col.metric,
+                    step__in=set(last.values())).order_by("id").values_list(
+                        "run_id", "step", "value"):
+                if last.get(run_id) == step:
+                    found[run_id] = value
+        for run in runs:
+            run.cells[col.key] = found.get(run.pk)
+
+
+def metric_names_for_team(team: Team, limit: int = 300) -> list[str]:
+    """Metric names the team's runs report, for the column chooser (one query)."""
+    from apps.metrics.models import MetricSeries
+
+    return list(MetricSeries.objects.filter(run__team=team).order_by("name")
+                .values_list("name", flat=True).distinct()[:limit])
 
 
 def runs_page(team: Team, filters: RunFilters) -> Page:

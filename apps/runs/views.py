@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
@@ -49,17 +50,22 @@ def home(request: HttpRequest) -> HttpResponse:
 def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, Any]:  # noqa: ANN001
     filters = dashboard.RunFilters.from_query(request.GET)
     page = dashboard.runs_page(team_obj, filters)
+    runs = list(page.object_list)
+    columns = filters.columns()
+    dashboard.attach_metric_cells(runs, columns)
     return {
-        "filters": filters, "page": page, "runs": list(page.object_list),
+        "filters": filters, "page": page, "runs": runs, "columns": columns,
+        "groups": dashboard.group_rows(runs, filters.group),
         "sort_key": filters.sort.lstrip("-"), "sort_desc": filters.sort.startswith("-"),
-        "columns": [("name", "Run"), ("kind", "Kind"), ("status", "Status"),
-                    ("priority", "Priority"), ("created", "Created"), ("updated", "Updated")],
+        "now": timezone.now(),
     }
 
 
 @login_required
 def team_runs(request: HttpRequest, team: str) -> HttpResponse:
     team_obj, membership = team_for_page(request, team)
+    if request.GET.get("format") == "csv":
+        return _runs_csv(team_obj, request)
     table = runs_table_context(team_obj, membership, request)
     if request.htmx and request.htmx.target == "runs":
         return render(request, "runs/_runs_table.html",
@@ -69,8 +75,58 @@ def team_runs(request: HttpRequest, team: str) -> HttpResponse:
         choices=dashboard.filter_choices(team_obj), kinds=RunKind.values,
         statuses=RunStatus.values, max_compare=dashboard.MAX_COMPARE,
         table_data={"team": team_obj.slug},
+        optional_columns=dashboard.OPTIONAL_COLUMNS, group_choices=dashboard.GROUPS,
+        default_columns=dashboard.DEFAULT_COLUMNS,
+        metric_names=dashboard.metric_names_for_team(team_obj),
     )
     return render(request, "runs/team_runs.html", context)
+
+
+def _runs_csv(team_obj, request: HttpRequest) -> HttpResponse:  # noqa: ANN001
+    """Every run the filters match (up to CSV_MAX_ROWS), in the table's columns."""
+    import csv
+    import io
+
+    from apps.runs.templatetags.dashboard import duration
+
+    filters = dashboard.RunFilters.from_query(request.GET)
+    columns = filters.columns()
+    runs = list(dashboard.runs_table_queryset(team_obj, filters)[: dashboard.CSV_MAX_ROWS])
+    dashboard.attach_metric_cells(runs, columns)
+    now = timezone.now()
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["id", *(c.label for c in columns), "tags"])
+    for run in runs:
+        row: list[Any] = [run.pk]
+        for c in columns:
+            if c.metric:
+                value: Any = run.cells.get(c.key)
+            elif c.key == "name":
+                value = run.name
+            elif c.key == "project":
+                value = run.project.slug
+            elif c.key == "environment":
+                ev = run.environment_version
+                value = f"{ev.environment.slug} v{ev.number}" if ev else ""
+            elif c.key == "creator":
+                value = run.created_by.username if run.created_by else ""
+            elif c.key in ("created", "updated"):
+                value = getattr(run, f"{c.key}_at").isoformat()
+            elif c.key == "duration":
+                value = duration(_seconds(run, now)) if run.started_at else ""
+            else:
+                value = getattr(run, c.key)
+            row.append("" if value is None else value)
+        row.append(" ".join(run.tags or []))
+        writer.writerow(row)
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{team_obj.slug}-runs.csv"'
+    return response
+
+
+def _seconds(run: Run, now: Any) -> float:
+    return ((run.finished_at or now) - run.started_at).total_seconds()
 
 
 @login_required

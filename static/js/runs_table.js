@@ -49,9 +49,22 @@
     sync();
   }
 
+  // Adding a metric column reloads the page so the chooser lists it (to untick later).
+  function metricPicker() {
+    const picker = document.querySelector("[data-metric-picker]");
+    if (!picker) return;
+    picker.addEventListener("change", (e) => {
+      e.stopPropagation();
+      if (!picker.value) return;
+      const q = new URLSearchParams(new FormData(picker.form));
+      location.href = picker.form.action + "?" + q.toString();
+    }, true);
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     const opts = C.data("runs-table-data");
     if (!opts) return;
+    metricPicker();
     liveRunsTable(opts.team);
     compareSelection();
   });

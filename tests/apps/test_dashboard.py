@@ -78,6 +78,50 @@ def test_runs_table_query_count_is_constant_per_page(member, project):
     assert len(ctx.captured_queries) <= few_page
 
 
+def _points(run: Run, name: str, values: list[float]) -> None:
+    from apps.metrics.models import MetricPoint, MetricSeries
+
+    MetricPoint.objects.bulk_create(MetricPoint(run=run, name=name, step=i, value=v,
+                                                wall_time=1.7e9 + i)
+                                    for i, v in enumerate(values))
+    MetricSeries.objects.create(run=run, name=name, count=len(values), first_step=0,
+                                last_step=len(values) - 1)
+
+
+def test_runs_table_metric_columns_group_and_csv(member, project):
+    client = browser_for(member)
+    a, b = bulk_runs(project, 2, user=member.user, kind="train")
+    c = bulk_runs(project, 1, user=member.user, kind="eval", prefix="ev")[0]
+    Run.objects.filter(pk=a.pk).update(tags=["sweep", "lr-high"])
+    _points(a, "reward_mean", [0.1, 0.9, 0.4])
+    _points(a, "loss", [3.0, 0.5, 1.0])
+    _points(b, "reward_mean", [0.2, 0.3])
+    query = ("?m=reward_mean:last&m=reward_mean:best&m=loss:best&col=kind&col=duration"
+             "&group=kind")
+    html = client.get(PAGE + query).content.decode()
+    assert "reward_mean (last)" in html and "reward_mean (best, max)" in html
+    assert "loss (best, min)" in html  # a loss is best at its minimum
+    row = re.search(rf'value="{a.pk}".*?</tr>', html, re.S).group(0)
+    cells = re.findall(r'data-col="([^"]+)">([^<]+)<', row)
+    assert cells == [("reward_mean:last", "0.4"), ("reward_mean:best", "0.9"),
+                     ("loss:best", "0.5")]
+    assert 'data-col="creator"' not in html  # only the chosen columns
+    groups = re.findall(r'<tbody data-group="([^"]+)"', html)
+    assert groups == ["eval", "train"]
+    csv = client.get(PAGE + query + "&format=csv")
+    assert csv["Content-Type"].startswith("text/csv")
+    lines = csv.content.decode().splitlines()
+    assert lines[0] == ('id,Run,Kind,Status,Duration,reward_mean (last),'
+                        '"reward_mean (best, max)","loss (best, min)",tags')
+    body = {line.split(",")[0]: line for line in lines[1:]}
+    assert set(body) == {str(a.pk), str(b.pk), str(c.pk)}
+    assert body[str(a.pk)].endswith("sweep lr-high") and ",0.4," in body[str(a.pk)]
+    # Metric columns cost the same queries whatever the page holds.
+    few = _table_queries(client, PAGE + query)
+    bulk_runs(project, 40, user=member.user, kind="train", prefix="more")
+    assert _table_queries(client, PAGE + query) == few
+
+
 def test_runs_table_filters_sort_and_pages(member, project, make_caller, team):
     other = make_caller(team, Role.MEMBER, "bob")
     env = env_services.environment_create(actor=Actor.system(), team=project.team,

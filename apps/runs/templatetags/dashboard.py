@@ -87,3 +87,11 @@ def signed(value: float | None, digits: int = 3) -> str:
 def basename(uri: str) -> str:
     """The last path segment of a URI (``…/checkpoints/step-6.tar`` → ``step-6.tar``)."""
     return str(uri).rstrip("/").rsplit("/", 1)[-1] or str(uri)
+
+
+@register.filter
+def run_seconds(run: Any, now: Any) -> float | None:
+    """Seconds a run has run: start to finish, or to now while it runs."""
+    if not getattr(run, "started_at", None):
+        return None
+    return ((run.finished_at or now) - run.started_at).total_seconds()
