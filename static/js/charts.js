@@ -55,6 +55,7 @@
     if (!(hi > lo)) return [lo];
     let step = niceStep((hi - lo) / Math.max(1, target));
     if (minStep && step < minStep) step = minStep;
+    if (minStep && !Number.isInteger(step)) step = Math.floor(step); // integer axis: 2.5 -> 2
     const first = Math.ceil(lo / step - 1e-9), last = Math.floor(hi / step + 1e-9);
     const out = [];
     for (let k = first; k <= last && out.length < 60; k++) {
