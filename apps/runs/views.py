@@ -21,7 +21,14 @@ from apps.core.exceptions import DomainError
 from apps.core.pages import page_context, team_for_page
 from apps.projects.models import Project
 from apps.runs import dashboard, selectors, services
-from apps.runs.forms import PRESETS, LaunchForm, initial_from_preset, initial_from_run
+from apps.runs.forms import (
+    DEFAULT_KIND,
+    PRESETS,
+    LaunchForm,
+    initial_from_preset,
+    initial_from_run,
+    kind_starters,
+)
 from apps.runs.models import EventLevel, Run, RunKind, RunStatus
 from apps.runs.selectors import runs_with_relations
 from apps.runs.summary import run_summary
@@ -170,11 +177,15 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
             initial = initial_from_preset(request.GET["preset"]) or {}
         if request.GET.get("preset") == "profile" or initial.get("kind") == "profile":
             initial.setdefault("pool", "")
+        if not initial:  # a fresh form: the most useful kind, with its starter config
+            initial = {"kind": DEFAULT_KIND, "config": kind_starters()[DEFAULT_KIND],
+                       "name": PRESETS["tiny-moe-sft-grpo"]["name"]}
         form = LaunchForm(initial=initial, team=team_obj)
         if "project" not in initial and form.fields["project"].choices:
             form.initial["project"] = form.fields["project"].choices[0][0]
     context = page_context(request, team_obj, membership, section="launch", form=form,
                        preview=preview, presets=PRESETS,
+                       launch_data={"starters": kind_starters()},
                        clone=request.GET.get("clone") or request.POST.get("clone") or "")
     status = 400 if request.method == "POST" and form.errors else 200
     return render(request, "runs/launch.html", context, status=status)
