@@ -300,3 +300,31 @@ def test_csp_header_and_no_inline_script(asgi_server, browser, lab):
     page.select_option("#team-switcher", "other")
     page.wait_for_url(f"{asgi_server}/t/other/")
     assert errors == []
+
+
+def test_axis_helpers_never_repeat_a_label(asgi_server, browser, lab):
+    """The cases the issue saw, through the page's own charts.js: ticks of a ~1e-8 loss read
+    '0, 0, 0, -0' and of a 0.001-wide range '0.001, 0.001, 0.001'; a flat series froze."""
+    run = train_run(lab["project"])
+    page, errors = login(browser, asgi_server, "alice")
+    page.goto(f"{asgi_server}/t/lab/runs/{run.pk}/")
+    page.wait_for_selector("body[data-charts-ready]", timeout=WAIT)
+    got = page.evaluate("""() => {
+        const c = Crucible.charts;
+        const labels = (lo, hi) => c.formatTicks(c.linearTicks(lo, hi, 5));
+        return {
+            tiny: labels(-1.2e-8, 1.3e-8), milli: labels(0.00095, 0.00115),
+            flat: c.dataRange(1 - 1e-7, 1 + 1e-7), zero: c.dataRange(0, 0),
+            big: labels(9892, 12754), neg: labels(-0.02, 0.05),
+            value: [c.formatValue(1.0000001), c.formatValue(-0.0), c.formatValue(12754.3)],
+        };
+    }""")
+    for key in ("tiny", "milli", "big", "neg"):
+        labels = got[key]
+        assert len(labels) >= 2 and len(set(labels)) == len(labels), (key, labels)
+        assert "-0" not in labels, (key, labels)
+    assert "0" in got["tiny"] and all("e-" in x for x in got["tiny"] if x != "0")
+    assert got["flat"][0] < 0.99 and got["flat"][1] > 1.01
+    assert got["zero"] == [-1, 1]
+    assert got["value"] == ["1.0000001", "0", "12754.3"]
+    assert errors == []
