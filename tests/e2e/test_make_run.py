@@ -55,6 +55,9 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
                  r"train run \S+ --produced--> checkpoint \S+",
                  r"checkpoint \S+ --base_model--> eval run \S+"):
         assert re.search(link, out), (link, out[-3000:])
+    # The training run's own held-out curve, split into the SFT and the RL gains.
+    assert re.search(r"before SFT [0-9.]+ → after SFT [0-9.]+ \(SFT [+-][0-9.]+\) → after RL "
+                     r"[0-9.]+ \(RL [+-][0-9.]+\)", out), out[-3000:]
     scores = dict(re.findall(r"^  (base|final) +pass@1=([0-9.]+) ", out, re.MULTILINE))
     assert set(scores) == {"base", "final"}, out[-3000:]
     # SFT + GRPO from the random-init base must answer some held-out sums.
