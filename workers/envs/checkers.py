@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from workers.envs import mathcheck
 from workers.envs.base import Component, ComponentFn, EnvTask
 from workers.envs.spec import CHECKERS, ComponentSpec
-from workers.sandbox.scoring import humaneval_request, score, stdio_request
-from workers.sandbox.spec import ExecutionRequest, ExecutionResult, Limits, StdioCase
+from workers.sandbox.scoring import calls_request, humaneval_request, score, stdio_request
+from workers.sandbox.spec import CallCase, ExecutionRequest, ExecutionResult, Limits, StdioCase
 
 if TYPE_CHECKING:
     from workers.sandbox.runner import Engine
@@ -85,14 +85,26 @@ def stdio_cases_request(
     return stdio_request(language, extract_code(completion), cases, limits)
 
 
+def call_cases_request(
+    task: EnvTask, completion: str, limits: Limits, language: str = "python"
+) -> ExecutionRequest:
+    calls = [CallCase(**c) for c in task.metadata.get("calls", [])]
+    if not calls:
+        raise ValueError(f"task {task.id!r} has no calls for the call_cases checker")
+    return calls_request(language, extract_code(completion), calls, limits)
+
+
 def execution_info(result: ExecutionResult) -> dict[str, Any]:
-    """What QC and feedback turns need from an execution: status and the failure text."""
+    """What QC, feedback turns and the run's verdict counts need from an execution: status,
+    how the verdict was reached (workers.sandbox.spec.VERDICTS) and the failure text (the
+    candidate's own output and the grader's reason; never the hidden tests)."""
     failed = next((c for c in result.cases if not c.passed), None)
     head = failed or result
     text = "\n".join(p for p in (head.message, head.stderr.strip(), head.stdout.strip()) if p)
     if failed is not None and failed.status == "OK":
         text = "wrong output on a test case" + (f"\n{text}" if text else "")
     return {"status": str(result.status), "wall_ms": result.wall_ms,
+            "verdict": result.verdict or ("passed" if result.passed else "failed"),
             "feedback": text[-FEEDBACK_CHARS:]}
 
 
@@ -107,6 +119,14 @@ def unit_tests(sandbox: Sandbox, limits: Limits) -> ComponentFn:
 def stdio_cases(sandbox: Sandbox, limits: Limits, language: str) -> ComponentFn:
     def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
         results = sandbox.run([stdio_cases_request(t, c, limits, language)
+                               for t, c in zip(tasks, completions, strict=True)])
+        return [(score(r), execution_info(r)) for r in results]
+    return fn
+
+
+def call_cases(sandbox: Sandbox, limits: Limits, language: str) -> ComponentFn:
+    def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
+        results = sandbox.run([call_cases_request(t, c, limits, language)
                                for t, c in zip(tasks, completions, strict=True)])
         return [(score(r), execution_info(r)) for r in results]
     return fn
@@ -161,7 +181,8 @@ def build_component(spec: ComponentSpec, sandbox: Sandbox, limits: Limits) -> Co
     """A rubric component from its spec; unknown params are an error naming them."""
     params: Mapping[str, Any] = spec.params
     allowed = {"exact_match": {"case_sensitive"}, "contains": {"case_sensitive"},
-               "regex": {"pattern"}, "stdio_cases": {"language"}, "math_equiv": set(),
+               "regex": {"pattern"}, "stdio_cases": {"language"}, "call_cases": {"language"},
+               "math_equiv": set(),
                "unit_tests": set()}[spec.checker]
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -185,6 +206,8 @@ def build_component(spec: ComponentSpec, sandbox: Sandbox, limits: Limits) -> Co
         fn = unit_tests(sandbox, limits)
     elif spec.checker == "stdio_cases":
         fn = stdio_cases(sandbox, limits, str(params.get("language", "python")))
+    elif spec.checker == "call_cases":
+        fn = call_cases(sandbox, limits, str(params.get("language", "python")))
     else:  # the spec validator keeps this unreachable; say so if it is not
         raise ValueError(f"unknown checker {spec.checker!r}; known: {sorted(CHECKERS)}")
     return Component(name=spec.name, weight=spec.weight, fn=fn, kind=spec.checker,

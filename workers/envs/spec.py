@@ -45,6 +45,10 @@ CHECKERS: dict[str, str] = {
                   "is set)",
     "stdio_cases": "share of the task's `cases` (stdin -> expected stdout) the completion's "
                    "program passes in the sandbox (params: language=python)",
+    "call_cases": "share of the task's `calls` (function, args -> expected value) the "
+                  "completion's functions answer right, called by value in the sandbox and "
+                  "compared on plain data (params: language=python; also javascript, ruby, php, "
+                  "lua)",
     "contains": "1 if `answer` occurs in the completion (params: case_sensitive=false)",
     "regex": "1 if the completion matches `params.pattern` (re.search; a format reward)",
 }
@@ -66,6 +70,13 @@ class StdioCaseSpec(_Strict):
     expected_stdout: str
 
 
+class CallCaseSpec(_Strict):
+    function: Annotated[str, Field(min_length=1, max_length=200)]
+    args: list[Any] = Field(default_factory=list, max_length=64)
+    expected: Any = None
+    comparison: Literal["exact", "tolerant"] = "exact"
+
+
 class TaskRecord(_Strict):
     """One uploaded task. `answer` feeds answer checkers, `tests`/`cases` code checkers;
     `reference` is a completion that must earn full reward (QC checks it)."""
@@ -77,6 +88,7 @@ class TaskRecord(_Strict):
     tests: str | None = None
     entry_point: str | None = None
     cases: list[StdioCaseSpec] = Field(default_factory=list, max_length=200)
+    calls: list[CallCaseSpec] = Field(default_factory=list, max_length=200)
     split: Split = "train"
     difficulty: str | None = None
     topic: str | None = None
@@ -249,10 +261,10 @@ class TasksEnvSpec(_Strict):
         if self.tasks is not None:
             check_task_records(self.tasks)
         if self.interaction.mode == "multi_turn":
-            code = {"unit_tests", "stdio_cases"}
+            code = {"unit_tests", "stdio_cases", "call_cases"}
             if not any(c.checker in code for c in self.rubric.components):
                 raise ValueError("mode 'multi_turn' replays test failures: the rubric needs a "
-                                 "'unit_tests' or 'stdio_cases' component")
+                                 "'unit_tests', 'stdio_cases' or 'call_cases' component")
         return self
 
 

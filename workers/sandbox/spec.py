@@ -7,9 +7,16 @@ run config that embeds one) without importing the engine itself.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 LANGUAGES: tuple[str, ...] = (
     "python",
@@ -21,11 +28,29 @@ LANGUAGES: tuple[str, ...] = (
     "rust",
     "java",
     "go",
+    "ruby",
+    "php",
+    "lua",
 )
 """Every language the engine knows; which are usable depends on the toolchains installed."""
 
 TEST_LANGUAGES: tuple[str, ...] = ("python", "javascript")
-"""Languages whose in-process test harness reports verdicts over the nonce channel."""
+"""Languages whose unit tests (code) run in a test driver of the same language, in a sandbox of
+its own, calling the candidate's functions across a pipe by value."""
+
+CALL_LANGUAGES: tuple[str, ...] = ("python", "javascript", "ruby", "php", "lua")
+"""Languages with a call server: their top-level functions can be graded with `calls` (function,
+arguments, expected result), which the supervisor sends across a pipe by value and compares on
+plain data itself, so no test code runs at all."""
+
+VERDICTS: tuple[str, ...] = (
+    "passed", "failed", "exited_early", "timeout", "driver_error", "compile_error",
+    "sandbox_error",
+)
+"""How a graded execution's verdict was reached: the tests ran and passed; they ran and failed
+(an assertion, a wrong output, an exception); the candidate exited or crashed before the tests
+were done with it; it ran out of time; the grader itself failed (the task's test code, not the
+candidate); the program did not compile; the engine failed."""
 
 
 class Status(StrEnum):
@@ -91,6 +116,37 @@ class StdioCase(BaseModel):
     rel_tol: float = Field(1e-6, ge=0)
 
 
+class CallCase(BaseModel):
+    """One call of a candidate's function: the supervisor sends `args` by value and compares the
+    plain-data result with `expected` (numbers by value, bools only with bools, sequences and
+    mappings element by element; `tolerant` compares floats within the tolerances)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: str = Field(max_length=200)
+    args: list[Any] = Field(default_factory=list, max_length=64)
+    expected: Any = None
+    comparison: Literal["exact", "tolerant"] = "exact"
+    abs_tol: float = Field(1e-6, ge=0)
+    rel_tol: float = Field(1e-6, ge=0)
+
+    @field_validator("function")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not value.isidentifier() or value.startswith("__"):
+            raise ValueError(f"function {value!r} must be a plain identifier")
+        return value
+
+
+class CallResult(BaseModel):
+    """A call's outcome: what came back (its repr, capped) and whether it matched."""
+
+    function: str
+    passed: bool = False
+    got: str = ""
+    error: str = ""
+
+
 class ExecutionRequest(BaseModel):
     """One program to compile (if needed) and run, optionally against tests."""
 
@@ -106,13 +162,29 @@ class ExecutionRequest(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     compile_limits: Limits = Field(default_factory=default_compile_limits)
     tests: str | None = Field(
-        None,
-        description="test code run after the program in the same process (python, javascript); "
-        "it passes only if it finishes and reports over the verdict channel",
+        None, max_length=4 << 20,
+        description="unit-test code (python, javascript) run by a test driver in a sandbox of "
+        "its own: the candidate's top-level functions are reachable from it as proxies that "
+        "call across a pipe by value; it passes only if the tests run to their end",
+    )
+    test_prelude: str | None = Field(
+        None, max_length=4 << 20,
+        description="trusted task code the driver runs before the tests (e.g. a HumanEval "
+        "prompt with its helpers); its definitions take precedence over the candidate's",
+    )
+    entry_points: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="names the tests must reach in the candidate even where the prelude "
+        "defines them (a HumanEval prompt's stub of the function under test)",
     )
     cases: list[StdioCase] = Field(
         default_factory=list, max_length=1000,
         description="stdin/stdout cases: compiled once, one sandboxed run per case",
+    )
+    calls: list[CallCase] = Field(
+        default_factory=list, max_length=1000,
+        description="function calls graded by value by the supervisor (languages with a call "
+        "server: " + ", ".join(CALL_LANGUAGES) + ")",
     )
     trace: TraceOptions | None = None
     read_back: list[str] = Field(
@@ -125,7 +197,8 @@ class ExecutionRequest(BaseModel):
     def _known_language(cls, value: str) -> str:
         value = value.lower()
         aliases = {"py": "python", "python3": "python", "js": "javascript", "node": "javascript",
-                   "ts": "typescript", "c++": "cpp", "sh": "bash", "golang": "go", "rs": "rust"}
+                   "ts": "typescript", "c++": "cpp", "sh": "bash", "golang": "go", "rs": "rust",
+                   "rb": "ruby", "lua5.4": "lua"}
         value = aliases.get(value, value)
         if value not in LANGUAGES:
             raise ValueError(f"unknown language {value!r}; known: {', '.join(LANGUAGES)}")
@@ -157,12 +230,33 @@ class ExecutionRequest(BaseModel):
             raise ValueError("execution traces are recorded for python only")
         return value
 
+    @field_validator("entry_points")
+    @classmethod
+    def _identifiers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name.isidentifier() or name.startswith("__"):
+                raise ValueError(f"entry point {name!r} must be a plain identifier")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_grade(self) -> ExecutionRequest:
+        ways = [name for name, given in (("tests", self.tests is not None),
+                                         ("cases", bool(self.cases)), ("calls", bool(self.calls)))
+                if given]
+        if len(ways) > 1:
+            raise ValueError(f"grade with one of tests, cases or calls, not {' and '.join(ways)}")
+        if self.calls and self.language not in CALL_LANGUAGES:
+            raise ValueError(f"calls are graded only for {', '.join(CALL_LANGUAGES)} (other "
+                             "languages are graded with stdin/stdout cases)")
+        return self
+
     @field_validator("tests")
     @classmethod
     def _tests_need_harness(cls, value: str | None, info: ValidationInfo) -> str | None:
         language = info.data.get("language")
         if value is not None and language is not None and language not in TEST_LANGUAGES:
-            raise ValueError(f"tests run in-process only for {', '.join(TEST_LANGUAGES)}")
+            raise ValueError(f"unit-test code runs only for {', '.join(TEST_LANGUAGES)} "
+                             "(other languages are graded with stdin/stdout cases)")
         return value
 
 
@@ -178,6 +272,8 @@ class PhaseResult(BaseModel):
     stderr_truncated: bool = False
     cpu_ms: int = 0
     wall_ms: int = 0
+    supervisor_cpu_ms: float = Field(
+        0.0, description="CPU the supervisor spent on this process (counted against cpu_ms)")
     peak_memory_bytes: int = 0
     message: str = ""
 
@@ -233,9 +329,16 @@ class ExecutionResult(PhaseResult):
     language: str = ""
     compile: PhaseResult | None = None
     tests_passed: bool | None = Field(
-        None, description="None without tests; True only when the harness reported with the nonce"
+        None, description="None without tests; True only on the test driver's keyed verdict"
     )
+    verdict: str | None = Field(
+        None, description=f"with tests or cases, how the verdict was reached: one of "
+        f"{', '.join(VERDICTS)}")
+    verdict_detail: str = Field("", description="the grader's reason, without the tests' text")
+    grader: PhaseResult | None = Field(
+        None, description="the test driver's own process (its output is not returned)")
     cases: list[CaseResult] = Field(default_factory=list)
+    calls: list[CallResult] = Field(default_factory=list)
     trace: Trace | None = None
     files: dict[str, str] = Field(
         default_factory=dict, description="read_back files (regular files only, never links)"
@@ -251,4 +354,6 @@ class ExecutionResult(PhaseResult):
             return self.tests_passed
         if self.cases:
             return all(c.passed for c in self.cases)
+        if self.calls:
+            return all(c.passed for c in self.calls)
         return True

@@ -11,7 +11,7 @@ from workers.envs.checkers import Sandbox, build_component
 from workers.envs.spec import TaskRecord, TasksEnvSpec
 from workers.envs.tools import build_tools
 
-CODE_CHECKERS = ("unit_tests", "stdio_cases")
+CODE_CHECKERS = ("unit_tests", "stdio_cases", "call_cases")
 
 
 def to_env_task(record: TaskRecord) -> EnvTask:
@@ -20,6 +20,8 @@ def to_env_task(record: TaskRecord) -> EnvTask:
         metadata["entry_point"] = record.entry_point
     if record.cases:
         metadata["cases"] = [c.model_dump() for c in record.cases]
+    if record.calls:
+        metadata["calls"] = [c.model_dump() for c in record.calls]
     return EnvTask(id=record.id, prompt=record.prompt, answer=record.answer,
                    reference=record.reference if record.reference is not None else record.answer,
                    tests=record.tests, split=record.split, difficulty=record.difficulty,
@@ -51,10 +53,12 @@ class TasksEnvironment(Environment):
         """Each task has what its rubric's checkers read; say which do not."""
         needs = {"unit_tests": lambda t: t.tests is not None,
                  "stdio_cases": lambda t: bool(t.metadata.get("cases")),
+                 "call_cases": lambda t: bool(t.metadata.get("calls")),
                  "math_equiv": lambda t: t.answer is not None,
                  "exact_match": lambda t: t.answer is not None,
                  "contains": lambda t: t.answer is not None}
-        field = {"unit_tests": "tests", "stdio_cases": "cases", "math_equiv": "answer",
+        field = {"unit_tests": "tests", "stdio_cases": "cases", "call_cases": "calls",
+                 "math_equiv": "answer",
                  "exact_match": "answer", "contains": "answer"}
         for comp in self.rubric.components:
             check = needs.get(comp.kind)
