@@ -137,14 +137,18 @@ def dataset_records(request: HttpRequest, team: str, dataset: str) -> HttpRespon
 
 
 @login_required
-@require_http_methods(["POST"])
+@require_http_methods(["GET", "POST"])
 def dataset_upload(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
-    """A new version from a JSONL file chosen in the page (members and up); the same service
-    as the API, so the same checks and the same content addressing."""
+    """GET: the upload form on a page of its own; POST: a new version from the chosen JSONL
+    file (members and up), through the same service as the API (same checks, same content
+    addressing)."""
     from apps.datasets import records as rec
 
     team_obj, membership = team_for_page(request, team)
     obj = _dataset(team_obj, dataset)
+    if request.method == "GET":
+        return render(request, "datasets/upload.html",
+                      _context(request, team_obj, membership, dataset=obj))
     if not role_at_least(membership.role, Role.MEMBER):
         messages.error(request, f"Uploading needs the member role; you are {membership.role}.")
         return redirect("dataset-page", team=team_obj.slug, dataset=obj.slug)

@@ -302,9 +302,14 @@ def _evaluated(run: Run, report: dict[str, Any]) -> str:
     if policy:  # an outside endpoint the user named
         return f"endpoint {policy.get('model') or ''} at {policy.get('base_url') or '?'}".strip()
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
-    if model.get("source") == "path":
-        return f"the model at {model.get('path')}"
-    return "the built-in tiny preset model (untrained)"
+    label = (f"the model at {model.get('path')}" if model.get("source") == "path"
+             else "the built-in tiny preset model (untrained)")
+    named = report.get("policy") if isinstance(report.get("policy"), dict) else {}
+    name = str(named.get("name") or "")
+    # The worker serves the model itself as "policy@http://127.0.0.1:<port>": not a name.
+    if name and name != "policy" and not name.startswith("policy@"):
+        label += f" ({name})"
+    return label
 
 
 def _version_runs(version: EnvironmentVersion) -> list[Run]:
