@@ -373,6 +373,15 @@
       const tables = [], layout = [null];
       this.series.forEach((s, i) => {
         const xs = this.xsOf(s);
+        let rising = true;
+        for (let k = 1; k < xs.length && rising; k++) rising = xs[k] > xs[k - 1];
+        if (rising) { // the usual case (steps in order): use the arrays as they are
+          const cols = [xs, s.values];
+          layout.push({ kind: "raw", s: i });
+          if (smooth) { cols.push(ema(s.values, this.state.smoothing)); layout.push({ kind: "smooth", s: i }); }
+          tables.push(cols);
+          return;
+        }
         let idx = xs.map((_, k) => k);
         if (this.state.x !== "step") idx.sort((a, b) => xs[a] - xs[b]);
         // Equal x values (a resumed step logged twice in wall mode is not possible, but two
