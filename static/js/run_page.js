@@ -223,6 +223,14 @@
       events.appendChild(li);
       while (events.children.length > 500) events.firstElementChild.remove();
       events.scrollTop = events.scrollHeight;
+      if (msg.kind === "status" && msg.data && msg.data.status) {
+        // The badge changes at once; the rest of the header follows with the parts.
+        const badge = document.getElementById("run-status");
+        if (badge) {
+          badge.textContent = msg.data.status;
+          badge.className = badge.className.replace(/status-\w+/, "status-" + msg.data.status);
+        }
+      }
       if (msg.kind === "status" || msg.kind === "checkpoint" || msg.kind === "artifact") parts.now();
     };
 
@@ -264,8 +272,10 @@
       .finally(() => {
         if (connected) return;
         connected = true;
+        let opened = 0;
         C.connect(() => `/ws/teams/${opts.team}/runs/${opts.run}/stream?after=${lastSeq}`,
-                  onMessage, document.getElementById("live-indicator"));
+                  onMessage, document.getElementById("live-indicator"),
+                  () => { if (opened++) parts.now(); }); // after a reconnect, catch up
       });
   }
 
