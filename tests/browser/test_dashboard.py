@@ -138,7 +138,7 @@ def test_launch_from_form_and_watch_it_go_live(asgi_server, browser, lab):
         make_run(lab["project"], lab["dataset"], name=name, config={"max_records": 4})
     page.goto(f"{asgi_server}/t/lab/")
     assert page.locator(f'[data-run-status="{run.pk}"]').inner_text() == "succeeded"
-    screenshot(page, "runs-table.png")
+    # (docs/runs-table.png and docs/compare.png come from test_runs_and_compare.py)
 
 
 def test_compare_two_runs_shows_only_differing_keys(asgi_server, browser, lab):
@@ -173,7 +173,6 @@ def test_compare_two_runs_shows_only_differing_keys(asgi_server, browser, lab):
     page.wait_for_selector('#compare-charts figure.chart[data-metric="reward_mean"] canvas',
                            timeout=WAIT)
     no_sideways_scroll(page)
-    screenshot(page, "compare.png")
 
 
 def test_team_tokens_create_show_once_and_revoke(asgi_server, browser, lab):
