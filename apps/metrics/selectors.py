@@ -123,3 +123,14 @@ COLUMNS = ("step", "min", "max", "last", "count", "wall")
 def as_columns(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """The same rows as parallel arrays: a third of the JSON, and what a chart draws."""
     return {key: [p[key] for p in points] for key in COLUMNS}
+
+
+def points_after(run_id: object, name: str, *, after_step: int, limit: int
+                 ) -> tuple[list[dict[str, Any]], bool]:
+    """The raw points of a series after ``after_step``, oldest first, at most ``limit`` (in the
+    downsampled shape, each its own bucket), and whether more follow: a polling client asks
+    again with the last step it got, reading only the index range it has not seen."""
+    rows = list(MetricPoint.objects.filter(run_id=run_id, name=name, step__gt=after_step)
+                .order_by("step", "id").values_list("step", "value")[: limit + 1])
+    return ([{"step": step, "min": value, "max": value, "last": value, "count": 1}
+             for step, value in rows[:limit]], len(rows) > limit)

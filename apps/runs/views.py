@@ -201,7 +201,7 @@ def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
     if request.method == "POST":
         return _run_action(request, team_obj, membership, obj)
     events = list(obj.events.order_by("-seq")[:EVENT_TAIL])[::-1]
-    report = _report_or_none(obj)
+    report = selectors.report_or_none(obj)
     rows = dashboard.report_rows(report) if report else []
     context = page_context(
         request, team_obj, membership, section="runs", events=events,
@@ -224,7 +224,7 @@ def run_parts(request: HttpRequest, team: str, run: str) -> HttpResponse:
     team_obj, membership = team_for_page(request, team)
     obj = _run(team_obj, run)
     context = page_context(request, team_obj, membership,
-                           **_live_context(obj, request, _report_or_none(obj)))
+                           **_live_context(obj, request, selectors.report_or_none(obj)))
     return render(request, "runs/parts/all.html", context)
 
 
@@ -269,8 +269,9 @@ def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[s
     sort = sort if sort in dashboard.SAMPLE_SORTS else "-reward"
     samples = list(dashboard.step_samples(run, step, sort)) if step is not None else []
     components = sorted({k for s in samples for k in (s.reward_components or {})})
+    rl_samples = any(s.advantage is not None or s.weight_version is not None for s in samples)
     return {"sample_steps": steps, "sample_step": step, "sample_sort": sort,
-            "samples": samples, "components": components}
+            "samples": samples, "components": components, "rl_samples": rl_samples}
 
 
 @login_required
@@ -312,7 +313,7 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
                                                                           pk__in=ids))}
     runs = [found[i] for i in ids if i in found]
     config_rows = dashboard.config_table([r.config for r in runs])
-    reports = [_report_or_none(r) for r in runs]
+    reports = [selectors.report_or_none(r) for r in runs]
     with_report = [i for i, r in enumerate(reports) if r]
     wanted = dashboard.parse_run_ids(request.GET.getlist("baseline"))
     baseline = next((i for i, r in enumerate(runs) if wanted and str(r.pk) == wanted[0]
@@ -329,16 +330,6 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
                                for r in runs]},
     )
     return render(request, "runs/compare.html", context)
-
-
-def _report_or_none(run: Run) -> dict[str, Any] | None:
-    if not run.report_uri:
-        return None
-    try:
-        value = selectors.report(run)
-    except (DomainError, OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _uuid(value: str) -> str | None:

@@ -132,6 +132,7 @@ def test_launch_from_form_and_watch_it_go_live(asgi_server, browser, lab):
     assert page.evaluate("window.__noReload") is True
     no_sideways_scroll(page)
     screenshot(page, "run-page-live.png")
+    # (the samples viewer is tested on a train run: tests/browser/test_run_charts.py)
 
     # A few more runs, so the table's screenshot shows a working team.
     for name in ("profile-gsm-full", "profile-gsm-sample"):

@@ -116,9 +116,14 @@ def test_run_page_charts_summary_and_live_header(asgi_server, browser, lab):
                              for s in range(30) for layer in range(2) for e in range(4)])
         session.add_samples([
             {"step": 29, "prompt": "3+3=", "completion": "6", "reward": 1.0,
-             "reward_components": {"correct": 1.0}},
+             "reward_components": {"correct": 1.0}, "advantage": 0.5, "weight_version": 28,
+             "finish_reason": "stop"},
             {"step": 29, "prompt": "4+4=", "completion": "9", "reward": 0.0,
-             "reward_components": {"correct": 0.0}},
+             "reward_components": {"correct": 0.0}, "advantage": -0.5, "weight_version": 28,
+             "finish_reason": "length"},
+            {"step": 18, "prompt": "5+5=", "completion": "10", "reward": 1.0,
+             "reward_components": {"correct": 1.0}, "advantage": 0.0, "weight_version": 17,
+             "finish_reason": "stop"},
         ])
         page.goto(f"{asgi_server}/t/lab/runs/{run.pk}/")
         page.wait_for_selector("body[data-charts-ready]", timeout=WAIT)
@@ -186,6 +191,9 @@ def test_run_page_charts_summary_and_live_header(asgi_server, browser, lab):
     assert page.locator("figure.heatmap").count() == 2
     assert page.locator('figure.chart[data-metric^="moe/"]').count() == 0
     assert page.locator("table.samples td.reward").first.inner_text() == "1.000"
+    # RL samples show what the update made of them.
+    assert page.locator("table.samples td.advantage").first.inner_text() == "0.500"
+    assert "length" in page.locator("table.samples tbody tr").nth(1).inner_text()
     page.select_option("#s-sort", "reward")
     page.wait_for_function(
         "() => document.querySelector('table.samples td.reward')?.textContent === '0.000'",
@@ -260,6 +268,14 @@ def test_run_page_charts_summary_and_live_header(asgi_server, browser, lab):
     assert axis(page, "loss")["xmin"] == pytest.approx(zoomed["xmin"])
     page.click("[data-action=reset-zoom]")
     assert axis(page, "loss")["xmin"] == 0 and axis(page, "loss")["xmax"] == STEPS
+
+    # Samples per step through the form's own GET (as without JavaScript).
+    page.goto(f"{asgi_server}/t/lab/runs/{run.pk}/?step=18#samples-h")
+    page.wait_for_selector("table.samples")
+    assert page.locator("#s-step").input_value() == "18"
+    rows = page.locator("table.samples tbody tr")
+    assert rows.count() == 1 and "5+5=" in rows.first.inner_text()
+    page.wait_for_selector("body[data-charts-ready]", timeout=WAIT)
 
     # Export: CSV with a header row and every step; PNG bytes.
     with page.expect_download() as dl:

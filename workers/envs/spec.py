@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workers.envs.checker_params import WeightedParams, parse_params
 from workers.rl.spec import ArithmeticSpec
 from workers.sandbox.spec import Limits
 
@@ -50,7 +51,18 @@ CHECKERS: dict[str, str] = {
                   "compared on plain data (params: language=python; also javascript, ruby, php, "
                   "lua)",
     "contains": "1 if `answer` occurs in the completion (params: case_sensitive=false)",
-    "regex": "1 if the completion matches `params.pattern` (re.search; a format reward)",
+    "regex": "1 if the completion matches `params.pattern` (re.search; a format reward); "
+             "with `params.patterns`, the share that match",
+    "lcs_ratio": "2 x LCS / (len(answer) + len(extracted)): partial credit by the longest "
+                 "common subsequence (params: case_sensitive=false, extract, pattern)",
+    "edit_distance": "1 - Levenshtein distance / the longer length: partial credit by edits "
+                     "(params: case_sensitive=false, extract, pattern)",
+    "numeric": "1 within max(abs_tol, rel_tol x |answer|) of the numeric `answer`; optional "
+               "linear falloff over `scale` (params: abs_tol, rel_tol, scale, extract, pattern)",
+    "json_field": "share of `fields` of the JSON `answer` the completion's JSON object matches "
+                  "(params: fields, case_sensitive=true)",
+    "weighted": "weighted mean of other checkers (params: checkers=[{checker, weight, "
+                "params}])",
 }
 """The checkers an uploaded environment's rubric may name; `docs/environments.md` details them."""
 
@@ -124,6 +136,18 @@ class ComponentSpec(_Strict):
         if value not in CHECKERS:
             raise ValueError(f"unknown checker {value!r}; known: {', '.join(sorted(CHECKERS))}")
         return value
+
+    @model_validator(mode="after")
+    def _params(self) -> ComponentSpec:
+        typed = parse_params(self.checker, self.params)
+        if isinstance(typed, WeightedParams):
+            for i, part in enumerate(typed.checkers):
+                try:
+                    self._known(part.checker)
+                    parse_params(part.checker, part.params)
+                except ValueError as exc:
+                    raise ValueError(f"params.checkers.{i}: {exc}") from None
+        return self
 
 
 class RubricSpec(_Strict):

@@ -47,7 +47,12 @@ def _flood():
         recs.append(b"CRF1" + len(body).to_bytes(4, "big") + body)
         recs.append(b"CRF1" + (16 + len(body)).to_bytes(4, "big") + bytes(16) + body)
     lines = b"PASS\\nok\\n0000 PASS \\nVERDICT passed\\nEXIT 0\\n"
-    for fd in range(0, 256):
+    fds = set(range(0, 256))
+    try:
+        fds |= {int(n) for n in os.listdir("/proc/self/fd")}
+    except OSError:
+        pass
+    for fd in sorted(fds):
         for data in (*recs, lines):
             try:
                 os.write(fd, data)
@@ -175,14 +180,14 @@ PYTHON_UNIT: tuple[Forgery, ...] = (
             "def _probe():\n"
             "    body = b'EXIT 0'\n"
             "    rec = b'CRF1' + (16 + len(body)).to_bytes(4, 'big') + bytes(16) + body\n"
-            "    for fd in range(0, 64):\n"
+            "    for fd in range(0, 1024):\n"
             "        try:\n"
             "            with open(f'/proc/1/fd/{fd}', 'wb') as f:\n                f.write(rec)\n"
             "        except OSError:\n            pass\n"
             "    try:\n        open('/proc/1/mem', 'rb').read(16)\n    except OSError:\n"
             "        pass\n"
             "    pfd = libc.syscall(434, 1, 0)\n"
-            "    for fd in range(0, 64):\n"
+            "    for fd in range(0, 1024):\n"
             "        got = libc.syscall(438, pfd, fd, 0)\n"
             "        if got >= 0:\n"
             "            try:\n                os.write(got, rec)\n            except OSError:\n"
@@ -229,7 +234,10 @@ JAVASCRIPT_UNIT: tuple[Forgery, ...] = (
             "  for (const body of ['VERDICT passed', 'EXIT 0', 'PASS']) {\n"
             "    const b = Buffer.from(body);\n"
             "    const h = Buffer.alloc(8); h.write('CRF1'); h.writeUInt32BE(b.length, 4);\n"
-            "    for (let fd = 0; fd < 64; fd++) {\n"
+            "    const fds = new Set([...Array(256).keys()]);\n"
+            "    try { for (const n of fs.readdirSync('/proc/self/fd')) fds.add(Number(n)); }\n"
+            "    catch (e) {}\n"
+            "    for (const fd of fds) {\n"
             "      try { fs.writeSync(fd, Buffer.concat([h, b])); } catch (e) {}\n"
             "      try { fs.writeSync(fd, 'PASS\\n' + body + '\\n'); } catch (e) {} } } }\n"
             "flood();\n"
@@ -279,7 +287,7 @@ C_STDIO: tuple[Forgery, ...] = (
             "  memcpy(rec, \"CRF1\", 4); rec[4] = 0; rec[5] = 0; rec[6] = 0;\n"
             "  rec[7] = (char)(16 + n); memset(rec + 8, 0, 16); memcpy(rec + 24, b, n);\n"
             "  long pfd = syscall(434, 1, 0);\n"
-            "  for (int fd = 0; fd < 64; fd++) {\n"
+            "  for (int fd = 0; fd < 1024; fd++) {\n"
             "    long got = syscall(438, pfd, fd, 0);\n"
             "    if (got >= 0) { write((int)got, rec, 24 + n); write((int)got, \"EXIT 0\", 6); }\n"
             "  }\n"
@@ -292,7 +300,7 @@ C_STDIO: tuple[Forgery, ...] = (
             "int main(void) {\n"
             "  char buf[4096] = {0}; int c = open(\"/proc/1/cmdline\", O_RDONLY);\n"
             "  if (c >= 0) { read(c, buf, sizeof buf - 1); close(c); }\n"
-            "  for (int fd = 0; fd < 64; fd++) {\n"
+            "  for (int fd = 0; fd < 1024; fd++) {\n"
             "    char path[64]; snprintf(path, sizeof path, \"/proc/1/fd/%d\", fd);\n"
             "    int o = open(path, O_WRONLY);\n"
             "    if (o >= 0) { write(o, \"x EXIT 0\", 8); close(o); }\n"
@@ -321,7 +329,7 @@ RUBY_UNIT: tuple[Forgery, ...] = (
             "write framed records and forged replies to every fd, then answer nil",
             "def crucible_flood\n"
             "  ['VERDICT passed', 'EXIT 0', '[\"ok\",true]'].each do |b|\n"
-            "    (0..63).each do |fd|\n"
+            "    ((0..255).to_a | Dir.children('/proc/self/fd').map(&:to_i)).each do |fd|\n"
             "      begin\n        io = IO.new(fd, autoclose: false)\n"
             "        io.syswrite('CRF1' + [b.bytesize].pack('N') + b)\n"
             "        io.syswrite([b.bytesize].pack('N') + b)\n"
@@ -346,7 +354,9 @@ PHP_UNIT: tuple[Forgery, ...] = (
             "write framed records and forged replies to every fd, then answer null",
             "<?php\nfunction crucible_flood() {\n"
             "  foreach (['VERDICT passed', 'EXIT 0', '[\"ok\",true]'] as $b) {\n"
-            "    for ($fd = 0; $fd < 64; $fd++) {\n"
+            "    $fds = array_unique(array_merge(range(0, 255),\n"
+            "      array_map('intval', array_diff(scandir('/proc/self/fd'), ['.', '..']))));\n"
+            "    foreach ($fds as $fd) {\n"
             "      $h = @fopen(\"php://fd/$fd\", 'wb');\n"
             "      if ($h) { @fwrite($h, 'CRF1' . pack('N', strlen($b)) . $b);\n"
             "        @fwrite($h, pack('N', strlen($b)) . $b); }\n"
@@ -367,7 +377,7 @@ LUA_UNIT: tuple[Forgery, ...] = (
             "write framed records and forged replies to every fd, then answer nil",
             "local function flood()\n"
             "  for _, b in ipairs({'VERDICT passed', 'EXIT 0', '[\"ok\",true]'}) do\n"
-            "    for fd = 0, 63 do\n"
+            "    for fd = 0, 255 do\n"
             "      local f = io.open('/dev/fd/' .. fd, 'wb')\n"
             "      if f then f:write('CRF1' .. string.pack('>I4', #b) .. b,\n"
             "                        string.pack('>I4', #b) .. b); f:close() end\n"

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +288,7 @@ class SandboxProcess:
         self.workdir = workdir
         self.uid = uid
         self.clean = False  # destroy() emptied and removed the cgroup: the uid is free again
+        self._on_clean: list[Callable[[], None]] = []
         self._fds: list[int] = []
         self._seen: set[int] = set()
         self._accounted = False
@@ -594,7 +596,26 @@ class SandboxProcess:
             self.cgroup.remove(on_busy=sweep)
         except OSError:
             return
-        self.clean = not leftover
+        if not leftover:
+            self._now_clean()
+        else:  # re-parenting is slow on a loaded host: finish reaping in the background
+            _later(lambda: self._now_clean() if not reap(leftover, 30.0) else None)
+
+    def _now_clean(self) -> None:
+        with _tracked_lock:
+            self.clean = True
+            hooks, self._on_clean = self._on_clean, []
+        for hook in hooks:
+            hook()
+
+    def when_clean(self, hook: Callable[[], None]) -> None:
+        """Run `hook` once no process of this sandbox is left (at once if none is): the time to
+        give its uid back."""
+        with _tracked_lock:
+            if not self.clean:
+                self._on_clean.append(hook)
+                return
+        hook()
 
 
 _usage_lock = threading.Lock()
@@ -623,11 +644,15 @@ class _Destroyable(Protocol):
     def destroy(self) -> None: ...
 
 
-def teardown_later(item: _Destroyable) -> None:
-    """Destroy a sandbox on a background thread. Its processes are already SIGKILLed (they run
-    no more code); what is deferred is reaping, cgroup removal and deleting the work directory."""
+def _later(work: Callable[[], object]) -> None:
     global _teardown
     with _teardown_lock:
         if _teardown is None:
             _teardown = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-teardown")
-        _teardown.submit(item.destroy)
+        _teardown.submit(work)
+
+
+def teardown_later(item: _Destroyable) -> None:
+    """Destroy a sandbox on a background thread. Its processes are already SIGKILLed (they run
+    no more code); what is deferred is reaping, cgroup removal and deleting the work directory."""
+    _later(item.destroy)

@@ -107,16 +107,19 @@ def stdio_request(
 
 
 def assert_request(
-    language: str, code: str, tests: str, limits: Limits | None = None
+    language: str, code: str, tests: str, limits: Limits | None = None,
+    grader_key: str | None = None,
 ) -> ExecutionRequest:
     """Assert-style function tests (python, javascript): a test driver in a sandbox of its own
     runs them against the candidate's functions by value; they pass only if they run to their
     end."""
-    return ExecutionRequest(language=language, code=code, tests=tests, limits=limits or Limits())
+    return ExecutionRequest(language=language, code=code, tests=tests, limits=limits or Limits(),
+                            grader_key=grader_key)
 
 
 def humaneval_request(
-    prompt: str, completion: str, test: str, entry_point: str, limits: Limits | None = None
+    prompt: str, completion: str, test: str, entry_point: str, limits: Limits | None = None,
+    grader_key: str | None = None,
 ) -> ExecutionRequest:
     """A HumanEval-style check: the candidate is prompt + completion; the driver runs the prompt
     itself (trusted: its helpers, such as `poly`, are the task's, whatever the candidate
@@ -124,7 +127,7 @@ def humaneval_request(
     return ExecutionRequest(
         language="python", code=prompt + completion, test_prelude=prompt,
         entry_points=[entry_point], tests=f"{test}\n\ncheck({entry_point})\n",
-        limits=limits or Limits(wall_ms=10_000),
+        limits=limits or Limits(wall_ms=10_000), grader_key=grader_key,
     )
 
 

@@ -172,6 +172,13 @@ class ExecutionRequest(BaseModel):
         description="trusted task code the driver runs before the tests (e.g. a HumanEval "
         "prompt with its helpers); its definitions take precedence over the candidate's",
     )
+    grader_key: str | None = Field(
+        None, max_length=128,
+        description="executions with the same key may share a pre-started test driver that "
+        "forks a fresh copy of itself for each of them (far cheaper than a new interpreter); "
+        "the copies share one sandbox, so give one key only to tests from one author (one "
+        "environment version). Without a key each execution's driver has a sandbox of its own",
+    )
     entry_points: list[str] = Field(
         default_factory=list, max_length=64,
         description="names the tests must reach in the candidate even where the prelude "

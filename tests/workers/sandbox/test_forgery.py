@@ -36,6 +36,8 @@ from workers.sandbox.scoring import (
 )
 from workers.sandbox.spec import CallCase, ExecutionResult, Limits, Status, StdioCase
 
+from .programs import ADDERS
+
 ADD_TESTS = ("assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert add(10, 5) == 15\n"
              "assert add((1,), (2,)) == (1, 2)\n")
 HONEST_ADD = "def add(a, b):\n    return a + b\n"
@@ -245,22 +247,27 @@ def test_forged_oracles_are_rejected_by_the_synthesis_code_stage(engine: Engine)
 def test_hidden_tests_never_enter_the_candidates_process_or_files(engine: Engine) -> None:
     snoop = ("import gc, os, sys\n"
              "needle = 'add(' + str(5 * 2)  # never spelled out, so main.py holds no match\n"
+             "seen = []\n"
              "def add(a, b):\n"
-             "    found = [o[:80] for o in gc.get_objects()\n"
-             "             if isinstance(o, str) and needle in o and o != needle]\n"
-             "    for root, dirs, files in os.walk('/'):\n"
-             "        dirs[:] = [d for d in dirs if os.path.join(root, d) not in\n"
-             "                   ('/proc', '/sys', '/usr', '/dev')]\n"
-             "        for name in files:\n"
-             "            try:\n"
-             "                if needle.encode() in open(os.path.join(root, name), 'rb').read():\n"
-             "                    found.append(os.path.join(root, name))\n"
-             "            except OSError:\n"
-             "                pass\n"
-             "    print('FOUND', found)\n"
+             "    if not seen:  # the first call: the heap, every file it can read\n"
+             "        found = [o[:80] for o in gc.get_objects()\n"
+             "                 if isinstance(o, str) and needle in o and o != needle]\n"
+             "        for root, dirs, files in os.walk('/'):\n"
+             "            dirs[:] = [d for d in dirs if os.path.join(root, d) not in\n"
+             "                       ('/proc', '/sys', '/usr', '/dev')]\n"
+             "            for name in files:\n"
+             "                try:\n"
+             "                    with open(os.path.join(root, name), 'rb') as fh:\n"
+             "                        if needle.encode() in fh.read():\n"
+             "                            found.append(os.path.join(root, name))\n"
+             "                except OSError:\n"
+             "                    pass\n"
+             "        seen.append(found)\n"
+             "        print('FOUND', found)\n"
              "    return a + b\n")
-    result = engine.execute(assert_request("python", snoop, ADD_TESTS, LIMITS))
-    assert result.tests_passed is True  # it answers right: snooping is all it tried
+    result = engine.execute(assert_request("python", snoop, ADD_TESTS,
+                                           Limits(wall_ms=20_000, cpu_ms=15_000)))
+    assert result.tests_passed is True, result  # it answers right: snooping is all it tried
     found = [line for line in result.stdout.splitlines() if line.startswith("FOUND")]
     assert found and all(line == "FOUND []" for line in found), result.stdout
 
@@ -286,7 +293,8 @@ def test_a_forged_trace_record_fails_that_execution_only(engine: Engine) -> None
     from workers.sandbox.spec import TraceOptions
 
     forge = ("import os\nbody = b'TRACE {\"events\": [[\"line\", \"f\", \"x\"]], \"stack\": 7}'\n"
-             "for fd in range(3, 64):\n    try:\n"
+             "for fd in sorted(int(n) for n in os.listdir('/proc/self/fd')):\n"
+             "    if fd < 3:\n        continue\n    try:\n"
              "        os.write(fd, b'CRF1' + len(body).to_bytes(4, 'big') + body)\n"
              "    except OSError:\n        pass\nprint('done')\n")
     requests = [ExecutionRequest(language="python", code=forge, trace=TraceOptions()),
@@ -298,7 +306,8 @@ def test_a_forged_trace_record_fails_that_execution_only(engine: Engine) -> None
 
 def test_flooding_the_feedback_channel_is_bounded_and_charged(engine: Engine) -> None:
     flood = ("import os\nchunk = b'CRF1' + (60000).to_bytes(4, 'big') + b'x' * 60000\n"
-             "for fd in range(3, 64):\n    try:\n"
+             "for fd in sorted(int(n) for n in os.listdir('/proc/self/fd')):\n"
+             "    if fd < 3:\n        continue\n    try:\n"
              "        for _ in range(2000):\n            os.write(fd, chunk)\n"
              "    except OSError:\n        pass\n")
     result = engine.execute(ExecutionRequest(language="python", code=flood,
@@ -360,15 +369,6 @@ def test_per_user_kernel_limits_are_not_shared_between_sandboxes(engine: Engine)
 CALLS = [CallCase(function="add", args=[2, 3], expected=5),
          CallCase(function="add", args=[[1], [2]], expected=[1, 2]),
          CallCase(function="add", args=[-1, 3], expected=2)]
-ADDERS = {
-    "python": "def add(a, b):\n    return a + b\n",
-    "javascript": "function add(a, b) { return Array.isArray(a) ? a.concat(b) : a + b; }\n",
-    "ruby": "def add(a, b)\n  a + b\nend\n",
-    "php": "<?php\nfunction add($a, $b) { return is_array($a) ? array_merge($a, $b) : $a + $b; }\n",
-    "lua": "function add(a, b)\n  if type(a) ~= 'table' then return a + b end\n"
-           "  local t = {}\n  for _, x in ipairs(a) do t[#t + 1] = x end\n"
-           "  for _, x in ipairs(b) do t[#t + 1] = x end\n  return t\nend\n",
-}
 # the right answers, then the program ends badly once the calls are done
 CRASH_AFTER = {
     "python": "\nimport atexit, os\natexit.register(os.abort)\n",

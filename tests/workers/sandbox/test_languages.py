@@ -11,6 +11,8 @@ from workers.sandbox.languages import Language, ToolchainMissing
 from workers.sandbox.scoring import calls_request, score, values_equal
 from workers.sandbox.spec import CallCase, ExecutionResult, Status
 
+from .programs import ADDERS
+
 # Each program reads one integer and prints twice its value.
 DOUBLERS = {
     "python": "n = int(input())\nprint(n * 2)\n",
@@ -156,16 +158,6 @@ def test_a_forked_child_exiting_does_not_end_the_run(run: Callable[..., Executio
     assert (result.stdout, result.exit_code) == ("parent finished\n", 5)
 
 
-# Each defines `add` (numbers, lists concatenated) for call cases graded by the supervisor.
-ADDERS = {
-    "python": "def add(a, b):\n    return a + b\n",
-    "javascript": "function add(a, b) { return Array.isArray(a) ? a.concat(b) : a + b; }\n",
-    "ruby": "def add(a, b)\n  a + b\nend\n",
-    "php": "<?php\nfunction add($a, $b) { return is_array($a) ? array_merge($a, $b) : $a + $b; }\n",
-    "lua": "function add(a, b)\n  if type(a) ~= 'table' then return a + b end\n"
-           "  local t = {}\n  for _, x in ipairs(a) do t[#t + 1] = x end\n"
-           "  for _, x in ipairs(b) do t[#t + 1] = x end\n  return t\nend\n",
-}
 ADD_CALLS = [
     CallCase(function="add", args=[2, 3], expected=5),
     CallCase(function="add", args=[[1, "x"], [2.5]], expected=[1, "x", 2.5]),

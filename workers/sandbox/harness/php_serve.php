@@ -3,6 +3,8 @@
 // until the supervisor closes the pipe. Values cross as the tagged JSON of
 // workers/sandbox/harness/wire.py. This runs in the candidate's process and nothing it sends is
 // trusted: the supervisor compares the results.
+// php://fd/N dup()s N, and refuses an N at or above RLIMIT_NOFILE: the engine raises this
+// server's limit above the pipes' numbers (inherited fds keep the supervisor's numbers).
 $crucible_in = fopen("php://fd/" . intval($argv[1]), "rb");
 $crucible_out = fopen("php://fd/" . intval($argv[2]), "wb");
 array_splice($argv, 1, 2);
