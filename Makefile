@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench bench-sandbox bench-rl bench-ingest bench-synth clean
+.PHONY: run test lint bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,7 @@ bench-sandbox: $(STAMP)
 bench-ingest: $(STAMP)
 	nice $(PY) tests/benchmarks/bench_ingest.py
 
-bench: bench-ingest bench-sandbox bench-rl bench-synth
+bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
@@ -48,6 +48,10 @@ bench-rl: $(STAMP)
 bench-synth: $(STAMP)
 	bash scripts/install_sandbox_deps.sh
 	$(PY) -m tests.benchmarks.bench_synth
+
+# The run page drawing 50 charts x 10,000 points in Debian's chromium (Playwright).
+bench-charts: $(STAMP)
+	nice $(PY) -m tests.benchmarks.bench_charts
 
 clean:
 	rm -rf var/

@@ -3,9 +3,10 @@ under ``/api/v1/worker/`` is a WorkerViewSet (tests/core/test_urlconf.py enforce
 
 from __future__ import annotations
 
+from csp.decorators import csp_update
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
 from apps.core import views as core_views
@@ -76,7 +77,11 @@ api_v1 = [
             name="team-detail"),
     path("worker/", include(worker_urls)),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
-    path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # The split view serves Swagger UI's start-up code as a script file, not inline (CSP);
+    # Swagger UI itself sets style attributes, so this one page allows inline styles (never
+    # inline scripts).
+    path("docs", csp_update({"style-src": ["'unsafe-inline'"]})(
+        SpectacularSwaggerSplitView.as_view(url_name="schema")), name="docs"),
     *router.urls,
 ]
 

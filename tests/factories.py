@@ -80,3 +80,14 @@ def make_run(project: Project, dataset: Dataset | None = None, **overrides: Any)
                 "datasets": [dataset.slug], **overrides}
     plan = plan_run(team=project.team, **document)
     return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
+
+
+def make_train_run(project: Project, **overrides: Any) -> Run:
+    """A queued train run of the tiny preset (no pins), ``config`` merged over a small one."""
+    config = {"model": {"preset": {"num_layers": 2}}, "sft": {"steps": 0},
+              "trainer": {"steps": 10, "zero_stage": 0}, "checkpoint": {"every": 0},
+              **overrides.pop("config", {})}
+    document = {"project": project.slug, "kind": "train", "config": config,
+                "base_model": "preset", **overrides}
+    plan = plan_run(team=project.team, **document)
+    return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)

@@ -149,6 +149,13 @@ class S3Store:
         """The object's body as a stream, read in chunks as the caller consumes it."""
         return self.client.get_object(Bucket=self.bucket, Key=self._key(uri))["Body"]
 
+    def presigned_url(self, uri: str, *, filename: str, expires_s: int = 300) -> str:
+        """A time-limited GET URL for the object, downloaded as ``filename``."""
+        return self.client.generate_presigned_url(
+            "get_object", ExpiresIn=expires_s,
+            Params={"Bucket": self.bucket, "Key": self._key(uri),
+                    "ResponseContentDisposition": f'attachment; filename="{filename}"'})
+
     def exists(self, uri: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(uri))

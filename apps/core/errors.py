@@ -69,9 +69,14 @@ def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
 def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
     if request.path.startswith("/api/"):
         return _json_error(status.HTTP_404_NOT_FOUND, "not_found", f"No such URL: {request.path}")
-    from django.views.defaults import page_not_found
+    from django.shortcuts import render
 
-    return page_not_found(request, exception)
+    teams = []
+    if getattr(request, "user", None) is not None and request.user.is_authenticated:
+        from apps.teams.selectors import teams_for_user
+
+        teams = list(teams_for_user(request.user).order_by("slug")[:20])
+    return render(request, "404.html", {"user_teams": teams}, status=404)
 
 
 def server_error(request: HttpRequest):  # noqa: ANN201

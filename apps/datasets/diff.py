@@ -37,34 +37,91 @@ def _key_value(record: Any, key: str) -> object:
 
 
 @dataclass
+class _KeyCheck:
+    """Why a candidate key field cannot pair records on one side (kept to explain it)."""
+
+    missing: int = 0  # records without the field
+    first_missing: int | None = None  # its line number
+    duplicates: int = 0  # records whose value an earlier record already had
+    example: str | None = None  # one repeated value (JSON)
+
+    @property
+    def usable(self) -> bool:
+        return not self.missing and not self.duplicates
+
+
+@dataclass
 class _Index:
-    #: per candidate key field: key value -> (content hash, line no); None once unusable
-    by_key: dict[str, dict[str, tuple[bytes, int]] | None]
+    #: per candidate key field: key value -> (content hash, line no)
+    by_key: dict[str, dict[str, tuple[bytes, int]]]
+    checks: dict[str, _KeyCheck] = field(default_factory=dict)
     by_content: Counter[bytes] = field(default_factory=Counter)
     first_line: dict[bytes, list[int]] = field(default_factory=dict)  # hash -> line numbers
     count: int = 0
 
 
 def _index(lines: Iterable[bytes], keys: Sequence[str]) -> _Index:
-    index = _Index(by_key={k: {} for k in keys})
+    index = _Index(by_key={k: {} for k in keys}, checks={k: _KeyCheck() for k in keys})
     for number, line in enumerate(lines):
         digest = _hash(line)
         index.by_content[digest] += 1
         index.first_line.setdefault(digest, []).append(number)
         index.count += 1
-        live = [k for k, table in index.by_key.items() if table is not None]
-        if not live:
+        if not keys:
             continue
         record = json.loads(line)
-        for key in live:
-            table = index.by_key[key]
-            assert table is not None
+        for key in keys:
+            table, check = index.by_key[key], index.checks[key]
             value = _key_value(record, key)
-            if value is _KEY_MISSING or value in table:
-                index.by_key[key] = None  # not a usable key on this side
+            if value is _KEY_MISSING:
+                check.missing += 1
+                if check.first_missing is None:
+                    check.first_missing = number
+            elif value in table:
+                check.duplicates += 1
+                check.example = check.example or value  # type: ignore[assignment]
             else:
                 table[value] = (digest, number)  # type: ignore[index]
     return index
+
+
+def _why_not(key: str, sides: list[tuple[str, _KeyCheck]]) -> str:
+    parts = []
+    for label, check in sides:
+        if check.duplicates:
+            many = check.duplicates != 1
+            parts.append(f"{check.duplicates} record{'s' if many else ''} of {label} "
+                         f"repeat{'' if many else 's'} an earlier {key} (e.g. {check.example})")
+        if check.missing:
+            many = check.missing != 1
+            parts.append(f"{check.missing} record{'s' if many else ''} of {label} "
+                         f"{'have' if many else 'has'} no {key} (the first is record "
+                         f"{(check.first_missing or 0) + 1})")
+    return "; ".join(parts)
+
+
+def explain_match(keys: Sequence[str], key: str | None, a: _Index, b: _Index,
+                  labels: tuple[str, str]) -> str:
+    """A sentence saying how records were paired and, when a key was asked for but could not
+    be used, why not — so "matched by content" never silently replaces a key."""
+    def why(k: str) -> str:
+        return _why_not(k, [(labels[0], a.checks[k]), (labels[1], b.checks[k])])
+
+    if key:
+        text = (f"Records were matched by {key}: every record on both sides has one and none "
+                f"repeats, so a record whose {key} is on both sides with other content "
+                "counts as changed.")
+        for k in keys[: list(keys).index(key)]:
+            text += f" ({k} was not usable: {why(k)}.)"
+        return text
+    if not keys:
+        return ("Records were matched by content (no key field asked for): a record that "
+                "changed shows as one removed and one added.")
+    reasons = "; ".join(f"{k}: {why(k)}" for k in keys)
+    return (f"Records were matched by content, not by {' or '.join(keys)}, because no key "
+            f"field pairs records one to one ({reasons}). A record that changed therefore "
+            "shows as one removed and one added; pick a key that is unique on both sides "
+            "to see changes.")
 
 
 def _read(lines: Iterable[bytes], wanted: set[int]) -> dict[int, dict[str, Any]]:
@@ -87,21 +144,21 @@ def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 def diff_records(old: Lines, new: Lines, *, keys: Sequence[str] = DEFAULT_KEYS,
-                 limit: int = 50) -> dict:
+                 limit: int = 50, labels: tuple[str, str] = ("the old version",
+                                                             "the new version")) -> dict:
     """Records added, removed and changed going from ``old`` to ``new``.
 
     ``old`` and ``new`` return a fresh iterator of lines on each call (they are read twice).
     ``keys`` are the candidate key fields, in order of preference; empty: match by content.
     """
     a, b = _index(old(), keys), _index(new(), keys)
-    key = next((k for k in keys if a.by_key[k] is not None and b.by_key[k] is not None), None)
+    key = next((k for k in keys if a.checks[k].usable and b.checks[k].usable), None)
     mode = "key" if key else "content"
     added_lines: list[int] = []
     removed_lines: list[int] = []
     changed_pairs: list[tuple[str, int, int]] = []
     if key:
         old_keys, new_keys = a.by_key[key], b.by_key[key]
-        assert old_keys is not None and new_keys is not None
         added_lines = sorted(new_keys[k][1] for k in new_keys.keys() - old_keys.keys())
         removed_lines = sorted(old_keys[k][1] for k in old_keys.keys() - new_keys.keys())
         changed_pairs = sorted(
@@ -126,6 +183,7 @@ def diff_records(old: Lines, new: Lines, *, keys: Sequence[str] = DEFAULT_KEYS,
     return {
         "mode": mode,
         "key": key,
+        "match": explain_match(keys, key, a, b, labels),
         "counts": {"old": a.count, "new": b.count, "added": len(added_lines),
                    "removed": len(removed_lines), "changed": len(changed_pairs),
                    "unchanged": unchanged},

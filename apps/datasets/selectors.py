@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -58,6 +59,51 @@ def read_records(version: DatasetVersion, *, offset: int, limit: int) -> list[di
     return [json.loads(line) for line in lines]
 
 
+@dataclass
+class RecordPage:
+    records: list[dict[str, Any]]
+    fields: list[str]
+    matched: int  # records matching the search among those scanned
+    scanned: int
+    complete: bool  # the whole version was scanned (else ``matched`` is a lower bound)
+
+
+SCAN_LIMIT = 200_000  # lines one search reads at most
+
+
+def search_records(version: DatasetVersion, *, q: str = "", field: str = "", offset: int = 0,
+                   limit: int = 25) -> RecordPage:
+    """A page of a version's records, optionally those whose ``field`` (or any field)
+    contains ``q`` (case-insensitive, in the value's JSON text). One streaming pass, at most
+    SCAN_LIMIT lines; the field list is the union of the top-level fields seen."""
+    needle = q.casefold()
+    rows: list[dict[str, Any]] = []
+    fields: dict[str, None] = {}
+    matched = scanned = 0
+    complete = True
+    for line in store().open_lines(version.uri):
+        if scanned >= SCAN_LIMIT:
+            complete = False
+            break
+        scanned += 1
+        record = json.loads(line)
+        if isinstance(record, dict) and len(fields) < 200:
+            fields.update(dict.fromkeys(record))
+        if needle:
+            if field:
+                value = record.get(field) if isinstance(record, dict) else None
+                text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            else:
+                text = line.decode("utf-8", "replace")
+            if needle not in text.casefold():
+                continue
+        if offset <= matched < offset + limit:
+            rows.append(record)
+        matched += 1
+    ordered = sorted(fields, key=lambda f: f not in ("id", "uid"))  # ids first, then as read
+    return RecordPage(rows, ordered, matched, scanned, complete)
+
+
 def _lines(version: DatasetVersion | None) -> Callable[[], Iterable[bytes]]:
     if version is None:
         return lambda: iter(())
@@ -79,7 +125,9 @@ def diff_versions(*, base: DatasetVersion | None, version: DatasetVersion,
                   keys: Sequence[str] = DEFAULT_KEYS, limit: int = 50) -> dict[str, Any]:
     """Records added, removed and changed from ``base`` (None: an empty dataset) to
     ``version``. See apps.datasets.diff for how records are matched."""
-    result = diff_records(_lines(base), _lines(version), keys=keys, limit=limit)
+    labels = (f"v{base.number}" if base else "the empty dataset", f"v{version.number}")
+    result = diff_records(_lines(base), _lines(version), keys=keys, limit=limit,
+                          labels=labels)
 
     def ref(v: DatasetVersion | None) -> dict[str, Any] | None:
         return None if v is None else {"digest": v.digest, "number": v.number}

@@ -11,6 +11,10 @@ urlpatterns = [
     path("t/<slug:team>/datasets/<slug:dataset>/", views.dataset_detail, name="dataset-page"),
     path("t/<slug:team>/datasets/<slug:dataset>/diff/", views.dataset_diff,
          name="dataset-diff-page"),
+    path("t/<slug:team>/datasets/<slug:dataset>/records/", views.dataset_records,
+         name="dataset-records-page"),
+    path("t/<slug:team>/datasets/<slug:dataset>/upload/", views.dataset_upload,
+         name="dataset-upload-page"),
     path("t/<slug:team>/datasets/<slug:dataset>/rollback/", views.dataset_rollback,
          name="dataset-rollback-page"),
 ]

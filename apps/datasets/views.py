@@ -104,6 +104,75 @@ def dataset_diff(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
     return render(request, template, context)
 
 
+RECORDS_PER_PAGE = 25
+
+
+@login_required
+def dataset_records(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
+    """``?v=<version>&q=<text>&field=<field>&page=<n>``: a page of a version's records,
+    searchable in one field or all, with a column per field (an htmx partial or a page)."""
+    team_obj, membership = team_for_page(request, team)
+    obj = _dataset(team_obj, dataset)
+    ref = request.GET.get("v") or (f"v{obj.current_version.number}" if obj.current_version
+                                   else "")
+    version = _version(obj, ref) if ref else None
+    q = (request.GET.get("q") or "").strip()[:200]
+    field = (request.GET.get("field") or "")[:200]
+    try:
+        number = max(1, min(10**6, int(request.GET.get("page") or 1)))
+    except ValueError:
+        number = 1
+    found = None
+    if version is not None:
+        found = selectors.search_records(version, q=q, field=field,
+                                         offset=(number - 1) * RECORDS_PER_PAGE,
+                                         limit=RECORDS_PER_PAGE)
+    pages = max(1, -(-found.matched // RECORDS_PER_PAGE)) if found else 1
+    context = _context(request, team_obj, membership, dataset=obj, version=version,
+                       found=found, q=q, field=field, page_number=number, pages=pages,
+                       versions=[{"version": v} for v in selectors.versions_of(obj)],
+                       first=(number - 1) * RECORDS_PER_PAGE)
+    template = "datasets/_records.html" if request.htmx else "datasets/records.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def dataset_upload(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
+    """GET: the upload form on a page of its own; POST: a new version from the chosen JSONL
+    file (members and up), through the same service as the API (same checks, same content
+    addressing)."""
+    from apps.datasets import records as rec
+
+    team_obj, membership = team_for_page(request, team)
+    obj = _dataset(team_obj, dataset)
+    if request.method == "GET":
+        return render(request, "datasets/upload.html",
+                      _context(request, team_obj, membership, dataset=obj))
+    if not role_at_least(membership.role, Role.MEMBER):
+        messages.error(request, f"Uploading needs the member role; you are {membership.role}.")
+        return redirect("dataset-page", team=team_obj.slug, dataset=obj.slug)
+    upload = request.FILES.get("file")
+    if upload is None:
+        messages.error(request, "Choose a JSONL file (one JSON object per line) to upload.")
+        return redirect(reverse("dataset-page", args=[team_obj.slug, obj.slug]) + "#upload-h")
+    try:
+        version, created = services.version_create(
+            actor=Actor.of_user(request.user), dataset=obj, records=rec.parse_jsonl(upload),
+            message=(request.POST.get("message") or "")[:500],
+            set_current=request.POST.get("set_current") == "1")
+    except DomainError as exc:
+        messages.error(request, f"{upload.name}: {exc.message}")
+        return redirect(reverse("dataset-page", args=[team_obj.slug, obj.slug]) + "#upload-h")
+    if created:
+        messages.success(request, f"Uploaded {upload.name} as v{version.number} "
+                                  f"({version.record_count} records).")
+    else:
+        messages.success(request, f"{upload.name} holds the same records as v{version.number};"
+                                  " no new version was made.")
+    return redirect(reverse("dataset-page", args=[team_obj.slug, obj.slug]) + f"#v{version.number}")
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def dataset_rollback(request: HttpRequest, team: str, dataset: str) -> HttpResponse:

@@ -281,15 +281,35 @@ def _eval_reports(version: EnvironmentVersion) -> list[dict[str, Any]]:
     runs = (Run.objects.filter(team_id=version.team_id, kind="eval",
                                environment_pins__environment_version=version,
                                status=RunStatus.SUCCEEDED)
-            .exclude(report_uri="").order_by("-created_at")[:EVAL_REPORTS_SHOWN])
+            .exclude(report_uri="").select_related("base_checkpoint__run")
+            .order_by("-created_at")[:EVAL_REPORTS_SHOWN])
     rows = []
     for run in runs:
         try:
             report = json.loads(store().get_bytes(run.report_uri))
         except (OSError, ValueError, DomainError) as exc:
             report = {"error": f"report unreadable: {exc}"}
-        rows.append({"run": run, "report": eval_view(report)})
+        rows.append({"run": run, "report": eval_view(report),
+                     "evaluated": _evaluated(run, report)})
     return rows
+
+
+def _evaluated(run: Run, report: dict[str, Any]) -> str:
+    """What an eval run scored, in people's terms: the served policy's own name (a local
+    ``policy@http://127.0.0.1:…`` endpoint says nothing), else its model source."""
+    config = run.config if isinstance(run.config, dict) else {}
+    policy = config.get("policy") if isinstance(config.get("policy"), dict) else None
+    if policy:  # an outside endpoint the user named
+        return f"endpoint {policy.get('model') or ''} at {policy.get('base_url') or '?'}".strip()
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    label = (f"the model at {model.get('path')}" if model.get("source") == "path"
+             else "the built-in tiny preset model (untrained)")
+    named = report.get("policy") if isinstance(report.get("policy"), dict) else {}
+    name = str(named.get("name") or "")
+    # The worker serves the model itself as "policy@http://127.0.0.1:<port>": not a name.
+    if name and name != "policy" and not name.startswith("policy@"):
+        label += f" ({name})"
+    return label
 
 
 def _version_runs(version: EnvironmentVersion) -> list[Run]:

@@ -99,4 +99,5 @@ def metrics_message(stream_seq: int, rows: list[Row]) -> dict[str, Any]:
         "names": [r[0] for r in rows],
         "steps": [r[1] for r in rows],
         "values": [r[2] for r in rows],
+        "walls": [r[3] for r in rows],
     }

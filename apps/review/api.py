@@ -243,6 +243,15 @@ class ReviewItemViewSet(TeamScopedViewSet):
         obj = services.release(actor=self.actor, item=self.get_object())
         return Response(ReviewItemSerializer(self._fresh(obj)).data)
 
+    @extend_schema(request=None, responses=VerdictResultSerializer)
+    @action(detail=True, methods=["post"])
+    def undo(self, request: Request, team: str, item: str) -> Response:
+        """Take back your verdict while the batch is still being decided (409 otherwise)."""
+        obj = self._fresh(services.undo_verdict(actor=self.actor, item=self.get_object()))
+        batch = selectors.with_counts(Batch.objects.filter(pk=obj.batch_id)).get()
+        return Response({"item": ReviewItemSerializer(obj).data,
+                         "batch": BatchSerializer(batch).data})
+
     @extend_schema(request=VerdictSerializer, responses=VerdictResultSerializer)
     @action(detail=True, methods=["post"])
     def verdict(self, request: Request, team: str, item: str) -> Response:

@@ -435,3 +435,36 @@ def verdict(*, actor: Actor, item: ReviewItem, verdict: str, reason: str = "") -
     _publish_item(item, actor)
     _reassess(batch, actor)
     return item
+
+
+@transaction.atomic
+def undo_verdict(*, actor: Actor, item: ReviewItem) -> ReviewItem:
+    """Take back a verdict: the item is open again (a new transition row; history is kept)
+    and the batch's decision is reassessed. Only the reviewer who gave it, and only while
+    the batch is still being decided — an accepted batch is already a dataset version."""
+    user = _reviewer(actor)
+    _take_write_lock(Batch, item.batch_id)
+    batch = Batch.objects.select_for_update().get(pk=item.batch_id)
+    item = _locked_item(item.pk)
+    if item.status == ItemStatus.OPEN:
+        raise Conflict(f"Item #{item.index} has no verdict to undo.", code="no_verdict")
+    if not batch.is_open:
+        raise Conflict(f"Batch {batch} is already {batch.status}; its verdicts are final "
+                       "(roll the dataset back instead).", code="batch_closed")
+    if item.reviewed_by_id != user.pk:
+        who = item.reviewed_by.username if item.reviewed_by else "someone else"
+        raise Conflict(f"Item #{item.index} was judged by {who}; only they can undo it.",
+                       code="not_yours")
+    previous = item.status
+    ReviewTransition.objects.create(item=item, from_status=previous, to_status=ItemStatus.OPEN,
+                                    reason="verdict undone", actor=user,
+                                    actor_label=actor.label)
+    item.status, item.reason = ItemStatus.OPEN, ""
+    item.reviewed_by, item.reviewed_at = None, None
+    item.save(update_fields=["status", "reason", "reviewed_by", "reviewed_at"])
+    audit.record(actor=actor, action="review.item.undo", team_id=item.team_id,
+                 target_type="review_item", target_id=item.pk,
+                 data={"batch": str(batch.pk), "index": item.index, "was": previous})
+    _publish_item(item, actor)
+    _reassess(batch, actor)
+    return item

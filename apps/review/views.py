@@ -55,6 +55,7 @@ def review_queue(request: HttpRequest, team: str) -> HttpResponse:
             "holder": holder,
             "mine": holder is not None and holder.pk == request.user.pk,
             "record_json": json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False),
+            "fields": _readable(record),
             "trail": [step if isinstance(step, dict) else {"detail": step} for step in trail],
         })
     context = {
@@ -68,3 +69,24 @@ def review_queue(request: HttpRequest, team: str) -> HttpResponse:
     }
     template = "review/_queue.html" if request.htmx else "review/queue.html"
     return render(request, template, context)
+
+
+# Fields a reader looks for first, in this order; the rest follow alphabetically.
+LEADING_FIELDS = ("question", "problem", "prompt", "answer", "solution", "reference",
+                  "completion", "chosen", "rejected")
+
+
+def _readable(record: dict) -> list[tuple[str, str, bool]]:
+    """(field, text, is_code) for each top-level field: text as it is, structures as
+    indented JSON (``problem: {"expression": …}`` reads better than one JSON blob)."""
+    keys = [k for k in LEADING_FIELDS if k in record]
+    keys += sorted(k for k in record if k not in keys)
+    out = []
+    for key in keys:
+        value = record[key]
+        if isinstance(value, str):
+            out.append((key, value, False))
+        else:
+            out.append((key, json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
+                        True))
+    return out

@@ -4,6 +4,8 @@ events, metrics, checkpoints, samples and reports."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.http import FileResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -11,8 +13,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.exceptions import InvalidInput
+from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
+from apps.core.storage import store
 from apps.core.viewsets import TeamScopedViewSet
 from apps.metrics import selectors as metric_selectors
 from apps.runs import comparison, selectors, services
@@ -26,6 +29,7 @@ from apps.runs.serializers import (
     SampleSerializer,
 )
 from apps.runs.validation import TAG_PATTERN, plan_run
+from workers.storage import S3Store
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -128,6 +132,10 @@ class RunViewSet(TeamScopedViewSet):
     @extend_schema(
         parameters=[OpenApiParameter("name", OpenApiTypes.STR, many=True),
                     OpenApiParameter("max_points", OpenApiTypes.INT),
+                    OpenApiParameter("layout", OpenApiTypes.STR, enum=["points", "columns"],
+                                     description="points: a list of objects per series; "
+                                     "columns: parallel arrays (step, min, max, last, count, "
+                                     "wall)"),
                     OpenApiParameter("after_step", OpenApiTypes.INT,
                                      description="polling cursor: only the raw points after "
                                                  "this step (at most max_points per series, "
@@ -142,6 +150,10 @@ class RunViewSet(TeamScopedViewSet):
         obj = self.get_object()
         cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
         max_points = _int_param(request, "max_points", 1000, 1, cap)
+        layout = request.query_params.get("layout", "points")
+        if layout not in ("points", "columns"):
+            raise InvalidInput("layout must be 'points' or 'columns'.",
+                               details={"layout": [layout[:40]]})
         available = metric_selectors.metric_names(obj.pk)
         names = request.query_params.getlist("name") or available
         unknown = [n for n in names if n not in available]
@@ -159,14 +171,13 @@ class RunViewSet(TeamScopedViewSet):
                                "last_step": points[-1]["step"] if points else after})
             return Response({"names": available, "max_points": max_points,
                              "after_step": after, "more": more, "series": series})
-        return Response({
-            "names": available,
-            "max_points": max_points,
-            "series": [
-                {"name": n, "points": metric_selectors.series(obj.pk, n, max_points=max_points)}
-                for n in names
-            ],
-        })
+        series = []
+        for n in names:
+            points = metric_selectors.series(obj.pk, n, max_points=max_points)
+            series.append({"name": n, "columns": metric_selectors.as_columns(points)}
+                          if layout == "columns" else {"name": n, "points": points})
+        return Response({"names": available, "max_points": max_points, "layout": layout,
+                         "series": series})
 
     @extend_schema(
         parameters=[OpenApiParameter("run", OpenApiTypes.UUID, many=True,
@@ -195,6 +206,33 @@ class RunViewSet(TeamScopedViewSet):
     def checkpoints(self, request: Request, team: str, run: str) -> Response:
         rows = self.get_object().checkpoints.order_by("step")
         return Response({"results": CheckpointSerializer(rows, many=True).data})
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                              302: None, 404: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["get"], url_path=r"checkpoints/(?P<step>[0-9]{1,19})/download")
+    def checkpoint_download(self, request: Request, team: str, run: str, step: str
+                            ) -> HttpResponseBase:
+        """The checkpoint's file: streamed from a local object store, or a redirect to a
+        signed, 5-minute URL on S3. Resolved through the database (run, step), never from a
+        path the caller names."""
+        obj = self.get_object()
+        ckpt = obj.checkpoints.filter(step=int(step)).first()
+        if ckpt is None:
+            raise NotFound(f"Run {obj.pk} has no checkpoint at step {step}.")
+        if ckpt.pruned_at is not None:
+            raise NotFound(f"The checkpoint at step {step} was pruned by checkpoint.keep; its "
+                           "object is deleted.")
+        filename = f"{obj.pk}-step-{ckpt.step}-{ckpt.uri.rstrip('/').rsplit('/', 1)[-1]}"
+        objects = store()
+        try:
+            if isinstance(objects, S3Store):
+                return HttpResponseRedirect(objects.presigned_url(ckpt.uri, filename=filename))
+            handle = objects.open_binary(ckpt.uri)
+        except (ValueError, OSError) as exc:
+            raise NotFound(f"Checkpoint at step {step} is not in the object store "
+                           "(deleted, or written elsewhere).") from exc
+        return FileResponse(handle, as_attachment=True, filename=filename,
+                            content_type="application/octet-stream")
 
     @extend_schema(
         parameters=[OpenApiParameter("step", OpenApiTypes.INT, description="only this step"),

@@ -51,6 +51,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The config a fresh form starts with for each kind (the launch page swaps it in when the
+# kind changes, so a train config is never left under a profile run).
+KIND_STARTERS: dict[str, dict[str, Any]] = {
+    "train": PRESETS["tiny-moe-sft-grpo"]["config"],
+    "profile": PRESETS["profile"]["config"],
+    "eval": {"samples_per_task": 1, "k": [1], "sampling": {"max_tokens": 16,
+                                                          "temperature": 0.0}},
+    "qc": {},
+    "synthesize": {},
+}
+DEFAULT_KIND = "train"
+
+
+def kind_starters() -> dict[str, str]:
+    return {k: json.dumps(v, indent=2, sort_keys=True) for k, v in KIND_STARTERS.items()}
+
+
 def _dataset_choices(team: Team) -> list[tuple[str, str]]:
     from apps.datasets.models import Dataset
 

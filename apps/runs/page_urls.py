@@ -12,5 +12,6 @@ urlpatterns = [
     path("launch/", views.run_launch, name="run-launch"),
     path("compare/", views.run_compare, name="runs-compare"),
     path("runs/<str:run>/samples/", views.run_samples, name="run-page-samples"),
+    path("runs/<str:run>/parts/", views.run_parts, name="run-page-parts"),
     path("team/", team_views.team_page, name="team-page"),
 ]

@@ -70,10 +70,15 @@ def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
             run_id = uuid.UUID(run_part)
         except ValueError:
             run_id = None
-        if run_id is not None and (not step or step.isdigit()):
-            rows = Checkpoint.objects.filter(team=team, run_id=run_id)
-            found = (rows.filter(step=int(step)) if step else
-                     rows.filter(pruned_at__isnull=True).order_by("-step")).first()
+        if run_id is None or not Run.objects.filter(team=team, pk=run_id).exists():
+            raise InvalidInput(f"base_model '{ref[:120]}': run '{run_part[:60]}' not found in "
+                               f"team '{team.slug}'.", details={"base_model": [ref[:120]]})
+        if step and not step.isdigit():
+            raise InvalidInput(f"base_model '{ref[:120]}': the step after '@' must be a whole "
+                               "number.", details={"base_model": [ref[:120]]})
+        rows = Checkpoint.objects.filter(team=team, run_id=run_id)
+        found = (rows.filter(step=int(step)) if step else
+                 rows.filter(pruned_at__isnull=True).order_by("-step")).first()
     if found is None:
         raise InvalidInput(f"base_model '{ref[:120]}' matches no checkpoint in team "
                            f"'{team.slug}'.", details={"base_model": [ref[:120]]})

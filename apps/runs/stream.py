@@ -30,14 +30,15 @@ def event_message(event: RunEvent) -> dict[str, Any]:
 def batch_message(run_id: object, batch: MetricBatch) -> dict[str, Any]:
     points = MetricPoint.objects.filter(
         run_id=run_id, id__gte=batch.first_id, id__lte=batch.last_id
-    ).order_by("id").values_list("name", "step", "value")
-    names, steps, values = [], [], []
-    for name, step, value in points:
+    ).order_by("id").values_list("name", "step", "value", "wall_time")
+    names, steps, values, walls = [], [], [], []
+    for name, step, value, wall in points:
         names.append(name)
         steps.append(step)
         values.append(value)
+        walls.append(wall)
     return {"type": "metrics", "seq": batch.stream_seq, "names": names, "steps": steps,
-            "values": values}
+            "values": values, "walls": walls}
 
 
 def messages_after(run_id: object, after: int, limit: int = MAX_MESSAGES) -> list[dict[str, Any]]:

@@ -14,15 +14,24 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
 from apps.core.pages import page_context, team_for_page
 from apps.projects.models import Project
 from apps.runs import dashboard, selectors, services
-from apps.runs.forms import PRESETS, LaunchForm, initial_from_preset, initial_from_run
+from apps.runs.forms import (
+    DEFAULT_KIND,
+    PRESETS,
+    LaunchForm,
+    initial_from_preset,
+    initial_from_run,
+    kind_starters,
+)
 from apps.runs.models import EventLevel, Run, RunKind, RunStatus
 from apps.runs.selectors import runs_with_relations
+from apps.runs.summary import run_summary
 from apps.teams.models import Role, role_at_least
 from apps.teams.selectors import teams_for_user
 
@@ -31,7 +40,7 @@ EVENT_TAIL = 200
 
 def _run(team_obj, run: str) -> Run:  # noqa: ANN001
     obj = runs_with_relations(Run.objects.filter(team=team_obj)).select_related(
-        "created_by").filter(pk=_uuid(run)).first()
+        "created_by", "base_checkpoint__run").filter(pk=_uuid(run)).first()
     if obj is None:
         raise Http404("No such run.")
     return obj
@@ -48,17 +57,22 @@ def home(request: HttpRequest) -> HttpResponse:
 def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, Any]:  # noqa: ANN001
     filters = dashboard.RunFilters.from_query(request.GET)
     page = dashboard.runs_page(team_obj, filters)
+    runs = list(page.object_list)
+    columns = filters.columns()
+    dashboard.attach_metric_cells(runs, columns)
     return {
-        "filters": filters, "page": page, "runs": list(page.object_list),
+        "filters": filters, "page": page, "runs": runs, "columns": columns,
+        "groups": dashboard.group_rows(runs, filters.group),
         "sort_key": filters.sort.lstrip("-"), "sort_desc": filters.sort.startswith("-"),
-        "columns": [("name", "Run"), ("kind", "Kind"), ("status", "Status"),
-                    ("priority", "Priority"), ("created", "Created"), ("updated", "Updated")],
+        "now": timezone.now(),
     }
 
 
 @login_required
 def team_runs(request: HttpRequest, team: str) -> HttpResponse:
     team_obj, membership = team_for_page(request, team)
+    if request.GET.get("format") == "csv":
+        return _runs_csv(team_obj, request)
     table = runs_table_context(team_obj, membership, request)
     if request.htmx and request.htmx.target == "runs":
         return render(request, "runs/_runs_table.html",
@@ -67,8 +81,59 @@ def team_runs(request: HttpRequest, team: str) -> HttpResponse:
         request, team_obj, membership, section="runs", **table,
         choices=dashboard.filter_choices(team_obj), kinds=RunKind.values,
         statuses=RunStatus.values, max_compare=dashboard.MAX_COMPARE,
+        table_data={"team": team_obj.slug},
+        optional_columns=dashboard.OPTIONAL_COLUMNS, group_choices=dashboard.GROUPS,
+        default_columns=dashboard.DEFAULT_COLUMNS,
+        metric_names=dashboard.metric_names_for_team(team_obj),
     )
     return render(request, "runs/team_runs.html", context)
+
+
+def _runs_csv(team_obj, request: HttpRequest) -> HttpResponse:  # noqa: ANN001
+    """Every run the filters match (up to CSV_MAX_ROWS), in the table's columns."""
+    import csv
+    import io
+
+    from apps.runs.templatetags.dashboard import duration
+
+    filters = dashboard.RunFilters.from_query(request.GET)
+    columns = filters.columns()
+    runs = list(dashboard.runs_table_queryset(team_obj, filters)[: dashboard.CSV_MAX_ROWS])
+    dashboard.attach_metric_cells(runs, columns)
+    now = timezone.now()
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["id", *(c.label for c in columns), "tags"])
+    for run in runs:
+        row: list[Any] = [run.pk]
+        for c in columns:
+            if c.metric:
+                value: Any = run.cells.get(c.key)
+            elif c.key == "name":
+                value = run.name
+            elif c.key == "project":
+                value = run.project.slug
+            elif c.key == "environment":
+                ev = run.environment_version
+                value = f"{ev.environment.slug} v{ev.number}" if ev else ""
+            elif c.key == "creator":
+                value = run.created_by.username if run.created_by else ""
+            elif c.key in ("created", "updated"):
+                value = getattr(run, f"{c.key}_at").isoformat()
+            elif c.key == "duration":
+                value = duration(_seconds(run, now)) if run.started_at else ""
+            else:
+                value = getattr(run, c.key)
+            row.append("" if value is None else value)
+        row.append(" ".join(run.tags or []))
+        writer.writerow(row)
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{team_obj.slug}-runs.csv"'
+    return response
+
+
+def _seconds(run: Run, now: Any) -> float:
+    return ((run.finished_at or now) - run.started_at).total_seconds()
 
 
 @login_required
@@ -112,11 +177,15 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
             initial = initial_from_preset(request.GET["preset"]) or {}
         if request.GET.get("preset") == "profile" or initial.get("kind") == "profile":
             initial.setdefault("pool", "")
+        if not initial:  # a fresh form: the most useful kind, with its starter config
+            initial = {"kind": DEFAULT_KIND, "config": kind_starters()[DEFAULT_KIND],
+                       "name": PRESETS["tiny-moe-sft-grpo"]["name"]}
         form = LaunchForm(initial=initial, team=team_obj)
         if "project" not in initial and form.fields["project"].choices:
             form.initial["project"] = form.fields["project"].choices[0][0]
     context = page_context(request, team_obj, membership, section="launch", form=form,
                        preview=preview, presets=PRESETS,
+                       launch_data={"starters": kind_starters()},
                        clone=request.GET.get("clone") or request.POST.get("clone") or "")
     status = 400 if request.method == "POST" and form.errors else 200
     return render(request, "runs/launch.html", context, status=status)
@@ -132,18 +201,61 @@ def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
     if request.method == "POST":
         return _run_action(request, team_obj, membership, obj)
     events = list(obj.events.order_by("-seq")[:EVENT_TAIL])[::-1]
-    steps = dashboard.sample_steps(obj)
+    report = selectors.report_or_none(obj)
+    rows = dashboard.report_rows(report) if report else []
     context = page_context(
-        request, team_obj, membership, section="runs", run=obj, events=events,
-        stream_seq=obj.event_seq, config_json=json.dumps(obj.config, indent=2, sort_keys=True),
-        checkpoints=list(obj.checkpoints.order_by("step")),
+        request, team_obj, membership, section="runs", events=events,
+        config_json=json.dumps(obj.config, indent=2, sort_keys=True),
         neighbours=dashboard.lineage_neighbours(obj), levels=EventLevel.values,
-        **_samples_context(obj, steps, request),
-        can_cancel=obj.status in services.TRANSITIONS and RunStatus.CANCELED in
-        services.TRANSITIONS[obj.status],
-        can_resume=obj.status in (RunStatus.FAILED, RunStatus.CANCELED),
+        report_rows=rows[: dashboard.REPORT_ROWS],
+        report_truncated=len(rows) > dashboard.REPORT_ROWS,
+        page_data={"team": team_obj.slug, "run": str(obj.pk), "after": obj.event_seq,
+                   "points": _points_param(request),
+                   "parts": f"/t/{team_obj.slug}/runs/{obj.pk}/parts/"},
+        **_live_context(obj, request, report),
     )
     return render(request, "runs/run_detail.html", context)
+
+
+@login_required
+def run_parts(request: HttpRequest, team: str, run: str) -> HttpResponse:
+    """The run page's live parts (header, summary, checkpoints, attempts, samples), rendered
+    again for the page to swap in when the run changes."""
+    team_obj, membership = team_for_page(request, team)
+    obj = _run(team_obj, run)
+    context = page_context(request, team_obj, membership,
+                           **_live_context(obj, request, selectors.report_or_none(obj)))
+    return render(request, "runs/parts/all.html", context)
+
+
+def _points_param(request: HttpRequest) -> int:
+    """Points per chart the page asks the metrics API for (``?points=``, capped there)."""
+    from django.conf import settings
+
+    cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
+    try:
+        value = int(request.GET.get("points", ""))
+    except ValueError:
+        value = dashboard.CHART_POINTS
+    return max(2, min(cap, value))
+
+
+def _live_context(obj: Run, request: HttpRequest, report: dict[str, Any] | None
+                  ) -> dict[str, Any]:
+    checkpoints = dashboard.checkpoints_with_evals(obj) if obj.kind == RunKind.TRAIN else []
+    all_keys, keys = dashboard.checkpoint_keys(checkpoints, request.GET.getlist("ckpt"))
+    steps = dashboard.sample_steps(obj)
+    headline = report.get("summary") if isinstance(report, dict) else None
+    return {
+        "run": obj, "stream_seq": obj.event_seq,
+        "summary": run_summary(obj, report=dashboard.headline(headline)),
+        "checkpoints": checkpoints, "ckpt_keys": keys, "ckpt_all_keys": all_keys,
+        "show": dashboard.sections_for(obj),
+        **_samples_context(obj, steps, request),
+        "can_cancel": obj.status in services.TRANSITIONS and RunStatus.CANCELED in
+        services.TRANSITIONS[obj.status],
+        "can_resume": obj.status in (RunStatus.FAILED, RunStatus.CANCELED),
+    }
 
 
 def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[str, Any]:
@@ -202,13 +314,20 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
     runs = [found[i] for i in ids if i in found]
     config_rows = dashboard.config_table([r.config for r in runs])
     reports = [selectors.report_or_none(r) for r in runs]
+    with_report = [i for i, r in enumerate(reports) if r]
+    wanted = dashboard.parse_run_ids(request.GET.getlist("baseline"))
+    baseline = next((i for i, r in enumerate(runs) if wanted and str(r.pk) == wanted[0]
+                     and reports[i]), with_report[0] if with_report else None)
     context = page_context(
         request, team_obj, membership, section="runs", runs=runs, too_many=too_many,
         config_rows=config_rows, n_differ=sum(r.differs for r in config_rows),
-        report_rows=dashboard.report_table(reports) if any(reports) else [],
+        report_rows=dashboard.report_table(reports, baseline) if any(reports) else [],
+        baseline=baseline, with_report=with_report,
         has_reports=[r is not None for r in reports], max_compare=dashboard.MAX_COMPARE,
         missing=dashboard.MISSING, show_all=request.GET.get("all") == "1",
-        runs_meta=[{"id": str(r.pk), "label": r.name or str(r.pk)[:8]} for r in runs],
+        compare_data={"team": team_obj.slug, "points": 1000,
+                      "runs": [{"id": str(r.pk), "label": r.name or str(r.pk)[:8]}
+                               for r in runs]},
     )
     return render(request, "runs/compare.html", context)
 

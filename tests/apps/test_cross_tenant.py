@@ -19,7 +19,7 @@ from apps.core.actor import Actor
 from apps.core.storage import store
 from apps.datasets.models import Dataset
 from apps.environments import services as environment_services
-from apps.runs.models import Run
+from apps.runs.models import Checkpoint, Run
 from apps.teams.models import ApiToken, Membership, Role
 from apps.teams.services import worker_token_create
 from tests.apps.test_urlconf import Route, team_pages, team_routes, worker_routes
@@ -76,6 +76,7 @@ class World:
             "execution": self.execution_id,
             "batch": self.batch_id,
             "item": self.item_id,
+            "step": "1",
         }
         if "version" in route.groups:
             values["version"] = (self.environment_digest if "environment" in route.groups
@@ -121,6 +122,8 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
     run = make_run(project, dataset)
     report_uri = store().put_bytes(f"reports/{run.pk}.json", b'{"text": "acme-secret-report"}')
     Run.objects.filter(pk=run.pk).update(report_uri=report_uri)
+    Checkpoint.objects.create(run=run, team=team, step=1, uri=store().put_bytes(
+        f"runs/{run.pk}/checkpoints/step-1.tar", b"acme-secret-weights"))
     token, _ = worker_token_create(actor=Actor.system(), team=team, name="acme-pool")
     execution_id = None
     if apps.is_installed("apps.sandbox"):  # a sandbox execution, where that app exists
@@ -224,6 +227,7 @@ def test_owner_control_request_succeeds(route, method, world, owner, outsider):
     response = call(owner.client, method, world.url(route), world.body(route))
     assert 200 <= response.status_code < 300 or (route.name, response.status_code) in {
         ("run-resume", 409),  # a queued run cannot be resumed; the lookup still succeeded
+        ("review-item-undo", 409),  # the item has no verdict to undo; the lookup succeeded
     }, (route, method, response.status_code, response.content[:300])
 
 

@@ -14,10 +14,11 @@ from django.test.utils import CaptureQueriesContext
 
 from apps.core.actor import Actor
 from apps.environments import services as env_services
+from apps.lineage import services as lineage
 from apps.runs import dashboard
 from apps.runs.models import Checkpoint, Run, RunStatus, Sample
 from apps.teams.models import ApiToken, Membership, Role, TokenKind
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_train_run, make_version
 
 PAGE = "/t/acme/"
 TEAM = "/t/acme/team/"
@@ -75,6 +76,50 @@ def test_runs_table_query_count_is_constant_per_page(member, project):
     with CaptureQueriesContext(connection) as ctx:
         client.get(PAGE + "?kind=profile", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="runs")
     assert len(ctx.captured_queries) <= few_page
+
+
+def _points(run: Run, name: str, values: list[float]) -> None:
+    from apps.metrics.models import MetricPoint, MetricSeries
+
+    MetricPoint.objects.bulk_create(MetricPoint(run=run, name=name, step=i, value=v,
+                                                wall_time=1.7e9 + i)
+                                    for i, v in enumerate(values))
+    MetricSeries.objects.create(run=run, name=name, count=len(values), first_step=0,
+                                last_step=len(values) - 1)
+
+
+def test_runs_table_metric_columns_group_and_csv(member, project):
+    client = browser_for(member)
+    a, b = bulk_runs(project, 2, user=member.user, kind="train")
+    c = bulk_runs(project, 1, user=member.user, kind="eval", prefix="ev")[0]
+    Run.objects.filter(pk=a.pk).update(tags=["sweep", "lr-high"])
+    _points(a, "reward_mean", [0.1, 0.9, 0.4])
+    _points(a, "loss", [3.0, 0.5, 1.0])
+    _points(b, "reward_mean", [0.2, 0.3])
+    query = ("?m=reward_mean:last&m=reward_mean:best&m=loss:best&col=kind&col=duration"
+             "&group=kind")
+    html = client.get(PAGE + query).content.decode()
+    assert "reward_mean (last)" in html and "reward_mean (best, max)" in html
+    assert "loss (best, min)" in html  # a loss is best at its minimum
+    row = re.search(rf'value="{a.pk}".*?</tr>', html, re.S).group(0)
+    cells = re.findall(r'data-col="([^"]+)">([^<]+)<', row)
+    assert cells == [("reward_mean:last", "0.4"), ("reward_mean:best", "0.9"),
+                     ("loss:best", "0.5")]
+    assert 'data-col="creator"' not in html  # only the chosen columns
+    groups = re.findall(r'<tbody data-group="([^"]+)"', html)
+    assert groups == ["eval", "train"]
+    csv = client.get(PAGE + query + "&format=csv")
+    assert csv["Content-Type"].startswith("text/csv")
+    lines = csv.content.decode().splitlines()
+    assert lines[0] == ('id,Run,Kind,Status,Duration,reward_mean (last),'
+                        '"reward_mean (best, max)","loss (best, min)",tags')
+    body = {line.split(",")[0]: line for line in lines[1:]}
+    assert set(body) == {str(a.pk), str(b.pk), str(c.pk)}
+    assert body[str(a.pk)].endswith("sweep lr-high") and ",0.4," in body[str(a.pk)]
+    # Metric columns cost the same queries whatever the page holds.
+    few = _table_queries(client, PAGE + query)
+    bulk_runs(project, 40, user=member.user, kind="train", prefix="more")
+    assert _table_queries(client, PAGE + query) == few
 
 
 def test_runs_table_filters_sort_and_pages(member, project, make_caller, team):
@@ -210,7 +255,9 @@ def test_viewers_cannot_launch(viewer, qa):
 
 
 def test_run_page_shows_checkpoints_samples_and_lineage(member, qa, project):
-    run = make_run(project, qa, name="trained")
+    run = make_train_run(project, name="trained", datasets=[])
+    lineage.edge_create(team_id=run.team_id, source=qa.current_version, target=run,
+                        relation="input")
     Checkpoint.objects.create(run=run, team=run.team, step=10, uri="file:///x/10",
                               metrics={"reward_mean": 0.5})
     Sample.objects.bulk_create([
@@ -295,9 +342,35 @@ def test_compare_page_puts_reports_side_by_side(member, qa, project, object_stor
         Run.objects.filter(pk=run.pk).update(report_uri=uri)
     query = "&".join(f"run={r.pk}" for r in runs)
     html = browser_for(member).get(f"/t/acme/compare/?{query}").content.decode()
-    row = re.search(r"<code>eval\.accuracy</code></th>(.*?)</tr>", html, re.S).group(1)
+    row = re.search(r"<code>eval\.accuracy</code>.*?</th>(.*?)</tr>", html, re.S).group(1)
     cells = re.findall(r'<td class="num( regression| improvement)?">([^<]+)', row)
     assert cells == [("", "0.8"), (" regression", "0.6"), (" improvement", "0.9")]
+    # Another baseline, chosen on the page: the marks follow it.
+    html = browser_for(member).get(
+        f"/t/acme/compare/?{query}&baseline={runs[2].pk}").content.decode()
+    row = re.search(r"<code>eval\.accuracy</code>.*?</th>(.*?)</tr>", html, re.S).group(1)
+    cells = re.findall(r'<td class="num( regression| improvement)?">([^<]+)', row)
+    assert cells == [(" regression", "0.8"), (" regression", "0.6"), ("", "0.9")]
+
+
+@pytest.mark.parametrize(("key", "lower"), [
+    ("summary.latency_s.mean", True), ("summary.latency_s.p95", True), ("loss", True),
+    ("summary.tokens_per_task.mean", True), ("eval.errors", True), ("wall_time_s", True),
+    ("summary.pass_at.1", False), ("summary.mean_reward", False), ("accuracy", False),
+    ("gen_tokens_per_s", False), ("throughput.items_per_s", False), ("components.format", False),
+])
+def test_each_report_metric_knows_its_direction(key, lower):
+    assert dashboard.lower_is_better(key) is lower
+
+
+def test_latency_going_up_is_a_regression():
+    """0.035 s -> 1.079 s mean latency was shown green (``mean`` read as higher-is-better)."""
+    rows = {r.key: r for r in dashboard.report_table([
+        {"summary": {"latency_s": {"mean": 0.035}, "pass_at": {"1": 0.30}}},
+        {"summary": {"latency_s": {"mean": 1.079}, "pass_at": {"1": 0.35}}},
+    ])}
+    assert rows["summary.latency_s.mean"].cells[1].regression
+    assert rows["summary.pass_at.1"].cells[1].improvement
 
 
 def test_compare_caps_and_scopes(member, outsider, project):

@@ -138,3 +138,20 @@ def test_rollback_errors(member, viewer, qa):
     assert member.client.post(f"{QA}/rollback", {}).status_code == 400
     assert viewer.client.post(f"{QA}/rollback", {"version": "v1"}).status_code == 403
     assert not AuditLog.objects.filter(action="dataset.rollback").exists()
+
+
+def test_diff_says_why_it_matched_by_content_when_the_key_repeats():
+    """The demo data has duplicate ids: "matched by content" must say so, not replace the key
+    silently."""
+    old = [{"id": i % 5, "q": f"q{i}"} for i in range(8)]  # ids 0-2 appear twice
+    new = [{"id": i % 5, "q": f"q{i}!"} for i in range(8)]
+    d = diff_records(lines(old), lines(new), keys=("id",), labels=("v1", "v2"))
+    assert d["mode"] == "content"
+    assert "not by id" in d["match"]
+    assert "3 records of v1 repeat an earlier id (e.g. 0)" in d["match"]
+    assert "3 records of v2 repeat an earlier id" in d["match"]
+    missing = diff_records(lines([{"q": 1}, {"id": 1}]), lines([{"id": 1}]), keys=("id",),
+                           labels=("v1", "v2"))
+    assert "1 record of v1 has no id (the first is record 1)" in missing["match"]
+    keyed = diff_records(lines(V1), lines(V2))
+    assert keyed["match"].startswith("Records were matched by id")

@@ -307,3 +307,34 @@ def test_staff_judges_in_django_admin_through_the_service(member, target, django
     stored = ReviewItem.objects.get(pk=item["id"])
     assert stored.status == "rejected" and stored.reason == "admin: ambiguous"
     assert stored.transitions.get().actor == staff
+
+
+def test_undo_verdict_rules(member, make_caller, team, project):
+    """Only the reviewer who judged an item may undo it, and only while its batch is open."""
+    from apps.core.actor import Actor
+    from apps.review import services as review_services
+    from apps.teams.models import Role
+
+    dataset = DatasetFactory(project=project, team=team, slug="undo-ds")
+    batch = review_services.batch_create(
+        actor=Actor.system(), dataset=dataset, name="b", sample_seed=1,
+        records=[{"id": i, "question": str(i), "answer": str(i)} for i in range(10)],
+        target_error_rate=0.5, confidence=0.9)
+    other = make_caller(team, Role.MEMBER, "olga")
+    items = list(batch.items.order_by("id"))
+    url = f"/api/v1/teams/{team.slug}/review-items"
+    open_one = member.client.post(f"{url}/{items[0].pk}/undo")
+    assert open_one.status_code == 409 and open_one.json()["code"] == "no_verdict"
+    assert member.client.post(f"{url}/{items[0].pk}/verdict", {"verdict": "accept"},
+                              format="json").status_code == 200
+    theirs = other.client.post(f"{url}/{items[0].pk}/undo")
+    assert theirs.status_code == 409 and theirs.json()["code"] == "not_yours"
+    undone = member.client.post(f"{url}/{items[0].pk}/undo")
+    assert undone.status_code == 200 and undone.json()["item"]["status"] == "open"
+    for it in items:  # accept them all: the batch is decided, its verdicts final
+        member.client.post(f"{url}/{it.pk}/verdict", {"verdict": "accept"}, format="json")
+    batch.refresh_from_db()
+    assert batch.status == "accepted"
+    final = member.client.post(f"{url}/{items[0].pk}/undo")
+    assert final.status_code == 409 and final.json()["code"] == "batch_closed"
+    assert ReviewItem.objects.get(pk=items[0].pk).status == "accepted"

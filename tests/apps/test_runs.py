@@ -423,7 +423,7 @@ def test_report_of_a_run_without_one_is_404(member, qa):
 def test_metrics_of_a_new_run_are_empty(member, qa):
     run_id = launch(member.client).json()["id"]
     r = member.client.get(f"{RUNS}/{run_id}/metrics").json()
-    assert r == {"names": [], "max_points": 1000, "series": []}
+    assert r == {"names": [], "max_points": 1000, "layout": "points", "series": []}
     assert member.client.get(f"{RUNS}/{run_id}/metrics",
                              {"max_points": 0}).status_code == 400
 

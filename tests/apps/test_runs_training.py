@@ -204,8 +204,10 @@ def test_checkpoint_of_an_earlier_run_is_resolved_and_pinned(member, worker, obj
 
 
 @pytest.mark.parametrize("ref, needle", [
-    ("run:00000000-0000-0000-0000-000000000000", "matches no checkpoint"),
-    ("run:not-a-uuid", "matches no checkpoint"),
+    ("run:00000000-0000-0000-0000-000000000000", "run '00000000-0000-0000-0000-000000000000' "
+                                                 "not found"),
+    ("run:not-a-uuid", "run 'not-a-uuid' not found"),
+    ("run:nope@3", "run 'nope' not found"),
     ("checkpoint:999999", "matches no checkpoint"),
     ("PARENT@3", "matches no checkpoint"),
     ("gpt-4", "Unknown base_model"),
@@ -225,8 +227,9 @@ def test_checkpoints_of_other_teams_are_unknown(member, worker, object_store, pr
     parent, _ = _run_with_checkpoints(member, worker, object_store)
     r = outsider.client.post("/api/v1/teams/rival/runs", {
         "project": "main", "kind": "train", "base_model": f"run:{parent}"}, format="json")
-    # Their project does not exist either; the checkpoint lookup fails first.
-    assert r.status_code == 400 and "matches no checkpoint" in r.json()["message"]
+    # Their project does not exist either; the checkpoint lookup fails first, and says the
+    # same as for a run that does not exist at all.
+    assert r.status_code == 400 and "not found in team 'rival'" in r.json()["message"]
 
 
 def test_checkpoint_outside_the_object_store_is_refused(member, worker, object_store, project):

@@ -15,7 +15,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, path, re_path
 from django.urls import include as url_include
 from django.utils.regex_helper import normalize
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import viewsets
 from rest_framework.views import APIView
 
@@ -38,7 +38,7 @@ ALLOWED_UNSCOPED = {
     ("personal-token-list", PersonalTokenViewSet),
     ("personal-token-detail", PersonalTokenViewSet),
     ("schema", SpectacularAPIView),
-    ("docs", SpectacularSwaggerView),
+    ("docs", SpectacularSwaggerSplitView),
 }
 
 #: Dashboard pages (HTML, session login) with a <team> outside /api/v1/: (url name, view).
@@ -55,6 +55,9 @@ TEAM_PAGES = {
     ("run-launch", run_views.run_launch),
     ("runs-compare", run_views.run_compare),
     ("run-page-samples", run_views.run_samples),
+    ("run-page-parts", run_views.run_parts),
+    ("dataset-records-page", dataset_views.dataset_records),
+    ("dataset-upload-page", dataset_views.dataset_upload),
     ("team-page", team_views.team_page),
     ("team-environments", environment_views.environment_list),
     ("environment-page", environment_views.environment_detail),

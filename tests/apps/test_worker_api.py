@@ -412,7 +412,8 @@ def test_largest_step_is_accepted(worker, running, member):
                      [{"name": "a", "step": 2**63 - 1, "value": 1.0}])
     assert r.json() == {"stored": 1, "duplicate": False}
     got = member.client.get(f"{RUNS}/{run.pk}/metrics").json()["series"][0]["points"]
-    assert got == [{"step": 2**63 - 1, "min": 1.0, "max": 1.0, "last": 1.0, "count": 1}]
+    assert [{k: v for k, v in p.items() if k != "wall"} for p in got] == [
+        {"step": 2**63 - 1, "min": 1.0, "max": 1.0, "last": 1.0, "count": 1}]
 
 
 def test_downsampled_read_has_min_max_last_per_bucket(worker, running, member):
@@ -466,7 +467,8 @@ def test_downsampling_never_exceeds_max_points(worker, running, member):
         assert sum(p["count"] for p in pts) == 997
         assert pts[-1]["last"] == 996.0 and pts[-1]["step"] == 2988
     one = member.client.get(f"{RUNS}/{run.pk}/metrics", {"max_points": 1}).json()
-    assert one["series"][0]["points"] == [
+    assert [{k: v for k, v in p.items() if k != "wall"}
+            for p in one["series"][0]["points"]] == [
         {"step": 2988, "min": 0.0, "max": 996.0, "last": 996.0, "count": 997}]
 
 
@@ -672,3 +674,71 @@ def test_metric_names_with_copy_special_characters_round_trip(worker, running, m
     body = member.client.get(f"{RUNS}/{run.pk}/metrics", {"name": name}).json()
     assert body["names"] == [name]
     assert [p["last"] for p in body["series"][0]["points"]] == [0.0, 1e-5, 2e-5]
+
+
+def test_metrics_columns_carry_wall_times_on_both_read_paths(worker, running, member,
+                                                              settings):
+    """``layout=columns`` returns parallel arrays with each bucket's wall time, from raw
+    points (small series) and from rollups (series larger than max_points)."""
+    run, lease = running
+    points = [{"name": "loss", "step": s, "value": float(s), "wall_time": 1.7e9 + s}
+              for s in range(400)]
+    assert post_metrics(worker, run, lease, 1, points).status_code == 200
+    url = f"{RUNS}/{run.pk}/metrics?name=loss&layout=columns"
+    raw = member.client.get(url + "&max_points=1000").json()["series"][0]["columns"]
+    assert raw["step"] == list(range(400)) and raw["wall"][-1] == 1.7e9 + 399
+    assert raw["last"][:3] == [0.0, 1.0, 2.0]
+    down = member.client.get(url + "&max_points=10").json()["series"][0]["columns"]
+    assert len(down["step"]) <= 10
+    assert down["wall"] == [1.7e9 + s for s in down["step"]]
+    bad = member.client.get(f"{RUNS}/{run.pk}/metrics?layout=rows")
+    assert bad.status_code == 400 and "layout" in bad.json()["message"]
+
+
+def test_checkpoint_download_goes_through_the_api(worker, running, member, make_caller):
+    from apps.core.storage import store
+
+    run, lease = running
+    uri = store().put_bytes(f"runs/{run.pk}/checkpoints/step-5.tar", b"weights")
+    r = worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 5, "uri": uri, "metrics": {}},
+                    format="json", **lease)
+    assert r.status_code in (200, 201), r.content
+    got = member.client.get(f"{RUNS}/{run.pk}/checkpoints/5/download")
+    assert got.status_code == 200
+    assert b"".join(got.streaming_content) == b"weights"
+    assert "attachment" in got["Content-Disposition"]
+    missing = member.client.get(f"{RUNS}/{run.pk}/checkpoints/6/download")
+    assert missing.status_code == 404 and "no checkpoint at step 6" in missing.json()["message"]
+
+
+def test_checkpoint_download_on_s3_is_a_signed_redirect(worker, running, member, settings,
+                                                        monkeypatch):
+    """On S3 the API answers with a short-lived presigned URL (a real S3 server: moto)."""
+    import boto3
+    import httpx
+
+    from apps.core.storage import store
+
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key, value in (("S3_ENDPOINT_URL", f"http://{host}:{port}"),
+                           ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                           ("AWS_DEFAULT_REGION", "us-east-1")):
+            monkeypatch.setenv(key, value)
+        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="ckpts")
+        settings.OBJECT_STORE_URL = "s3://ckpts/crucible"
+        store.cache_clear()
+        run, lease = running
+        uri = store().put_bytes(f"runs/{run.pk}/checkpoints/final.tar", b"s3 weights")
+        worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 9, "uri": uri, "metrics": {}},
+                    format="json", **lease)
+        got = member.client.get(f"{RUNS}/{run.pk}/checkpoints/9/download")
+        assert got.status_code == 302
+        assert "Signature=" in got["Location"] and "Expires=" in got["Location"]
+        assert httpx.get(got["Location"]).content == b"s3 weights"
+    finally:
+        store.cache_clear()
+        server.stop()

@@ -102,5 +102,79 @@ def test_compare_versions_and_roll_back(asgi_server, browser):
     assert overflow <= 0, f"dataset page is {overflow}px too wide at 800px"
     page.set_viewport_size({"width": 1280, "height": 900})
     DOCS.mkdir(exist_ok=True)
-    page.add_style_tag(content=".topbar { position: static !important; }")
+    page.evaluate("document.querySelector('.topbar').style.position = 'static'")
     page.screenshot(path=str(DOCS / "dataset-page.png"), full_page=True)
+
+
+def test_record_browser_upload_diff_explanation_and_lineage_fit(asgi_server, browser,
+                                                                tmp_path):
+    from tests.browser.test_run_charts import watch_console
+
+    user = UserFactory(username="erin")
+    team = TeamFactory(slug="lab", name="RL Lab")
+    MembershipFactory(team=team, user=user, role=Role.MEMBER)
+    project = ProjectFactory(team=team, slug="math", name="Math")
+    dataset = DatasetFactory(project=project, team=team, slug="arith")
+    # Like the demo data: ids repeat, so "id" cannot pair records.
+    rows = [{"id": i % 40, "question": f"{i} + {i}", "answer": str(2 * i),
+             "meta": {"difficulty": i % 3}} for i in range(50)]
+    make_version(dataset, rows)
+    dataset.refresh_from_db()
+    run = make_run(project, dataset, name="profile-arith")  # a lineage edge to draw
+    page = login(browser, asgi_server, "erin")
+    errors = watch_console(page)
+    page.goto(f"{asgi_server}/t/lab/datasets/arith/")
+
+    # Records: paged, a column per field, searchable in one field.
+    page.wait_for_selector("#records-table", timeout=WAIT)
+    heads = page.locator("#records-table thead th").all_inner_texts()
+    assert heads[1:] == ["id", "answer", "meta", "question"]  # ids first
+    assert page.locator("#records-table tbody tr").count() == 25
+    assert "Page 1 of 2" in page.inner_text("#records")
+    page.click("#records a[rel=next]")
+    page.wait_for_selector("#records:has-text('Page 2 of 2')", timeout=WAIT)
+    assert page.locator("#records-table tbody tr").count() == 25
+    page.fill("#rec-q", "98")
+    page.wait_for_selector("#records-count:has-text('match')", timeout=WAIT)
+    page.select_option("#rec-field", "answer")
+    page.wait_for_selector("#records-count:has-text('in answer')", timeout=WAIT)
+    assert page.inner_text("#records-count").startswith("1 of 50 records match “98” in answer")
+    assert page.locator("#records-table tbody tr td").nth(4).inner_text() == "49 + 49"
+
+    # Upload a new version from the page: one answer changed, one record added.
+    changed = [dict(r) for r in rows] + [{"id": 99, "question": "x", "answer": "y",
+                                         "meta": {}}]
+    changed[3]["answer"] = "wrong"
+    path = tmp_path / "v2.jsonl"
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in changed))
+    page.set_input_files("#upload-file", str(path))
+    page.fill("#upload-message", "fix from the UI")
+    page.click(".upload-form button[type=submit]")
+    page.wait_for_selector(".messages:has-text('as v2 (51 records)')", timeout=WAIT)
+    assert page.inner_text("#current-version") == "current: v2"
+    # The diff says how records were matched, and why not by id.
+    page.wait_for_selector("#diff-match", timeout=WAIT)
+    match = page.inner_text("#diff-match")
+    assert "matched by content, not by id" in match and "repeat an earlier id" in match
+    assert page.inner_text('[data-count="added"]') == "+2 added"
+    # A bad file is refused with the reason, and nothing is stored.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\nnot json\n')
+    page.set_input_files("#upload-file", str(bad))
+    page.click(".upload-form button[type=submit]")
+    page.wait_for_selector(".messages .msg-error", timeout=WAIT)
+    assert "bad.jsonl" in page.inner_text(".messages")
+    dataset.refresh_from_db()
+    assert dataset.versions.count() == 2
+
+    # The lineage graph fits its box at 800 px.
+    page.set_viewport_size({"width": 800, "height": 900})
+    assert page.locator(f'svg.lineage-graph [data-id="{run.pk}"]').count() == 1
+    fits = page.evaluate("""() => { const svg = document.querySelector('svg.lineage-graph');
+        const box = svg.parentElement; return svg.getBoundingClientRect().width
+        <= box.clientWidth + 1 && box.scrollWidth <= box.clientWidth + 1; }""")
+    assert fits
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    assert errors == []

@@ -45,6 +45,20 @@ def test_version_page_with_qc_and_eval_reports(asgi_server, browser):
     run = run_services.create_run(actor=actor, team_id=team.pk, plan=plan)
     uri = store().put_bytes(f"runs/{run.pk}/eval-report.json", json.dumps(EVAL_REPORT).encode())
     Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, report_uri=uri)
+    # A second evaluation, of a training run's checkpoint: its report names the checkpoint.
+    from apps.runs.models import Checkpoint
+    from tests.factories import make_train_run
+
+    trained = make_train_run(project, name="sft-grpo-sums")
+    ckpt_uri = store().put_bytes(f"runs/{trained.pk}/checkpoints/final.tar", b"weights")
+    Checkpoint.objects.create(run=trained, team=team, step=5, uri=ckpt_uri)
+    plan = plan_run(team=team, project="math", kind="eval", config={"samples_per_task": 4,
+                                                                    "k": [1, 4]},
+                    name="trained", base_model=f"run:{trained.pk}", environment="sums@v1")
+    of_ckpt = run_services.create_run(actor=actor, team_id=team.pk, plan=plan)
+    uri2 = store().put_bytes(f"runs/{of_ckpt.pk}/eval-report.json",
+                             json.dumps(EVAL_REPORT).encode())
+    Run.objects.filter(pk=of_ckpt.pk).update(status=RunStatus.SUCCEEDED, report_uri=uri2)
     # QC reported after that evaluation and blocked the version.
     services.record_qc_report(actor=Actor.system(), version=version, report=QC_REPORT,
                               run_id="", report_uri="file:///store/qc-report.json")
@@ -73,13 +87,18 @@ def test_version_page_with_qc_and_eval_reports(asgi_server, browser):
     report = page.locator(f'.eval-report[data-run="{run.pk}"]')
     assert "0.813" in report.locator(".eval-summary").inner_text()
     assert report.locator("table.by-difficulty tbody tr").count() == 2
+    # Reports name what they evaluated, not the local server they talked to.
+    assert "evaluated the built-in tiny preset model" in report.locator("h3").inner_text()
+    named = page.locator(f'.eval-report[data-run="{of_ckpt.pk}"] h3').inner_text()
+    assert "evaluated checkpoint @ step 5 of train run sft-grpo-sums" in named
+    assert "policy@" not in page.inner_text("#eval-reports")
 
     page.set_viewport_size({"width": 800, "height": 900})
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"environment version page is {overflow}px too wide at 800px"
     page.set_viewport_size({"width": 1280, "height": 900})
     DOCS.mkdir(exist_ok=True)
-    page.add_style_tag(content=".topbar { position: static !important; }")
+    page.evaluate("document.querySelector('.topbar').style.position = 'static'")
     page.screenshot(path=str(DOCS / "environment-page.png"), full_page=True)
 
     # Launch a QC run from the page: back on the page with the run listed.

@@ -49,7 +49,7 @@ def open_count(page) -> int:  # noqa: ANN001
 
 def wait_open(page, n: int) -> None:  # noqa: ANN001
     page.wait_for_function(
-        f"document.querySelectorAll('#items [data-status=\"open\"]').length === {n}",
+        f"() => document.querySelectorAll('#items [data-status=\"open\"]').length === {n}",
         timeout=WAIT)
 
 
@@ -152,5 +152,44 @@ def test_accept_and_reject_batches_with_the_keyboard(asgi_server, browser):
     assert overflow <= 0, f"review page is {overflow}px too wide at 800px"
     page.set_viewport_size({"width": 1280, "height": 900})
     DOCS.mkdir(exist_ok=True)
-    page.add_style_tag(content=".topbar { position: static !important; }")
+    page.evaluate("document.querySelector('.topbar').style.position = 'static'")
     page.screenshot(path=str(DOCS / "review-queue.png"), full_page=True)
+
+
+def test_review_item_reads_as_fields_and_the_last_verdict_can_be_undone(asgi_server, browser):
+    from tests.browser.test_run_charts import watch_console
+
+    carol = UserFactory(username="carol")
+    team = TeamFactory(slug="lab", name="RL Lab")
+    MembershipFactory(team=team, user=carol, role=Role.MEMBER)
+    project = ProjectFactory(team=team, slug="math", name="Math")
+    dataset = DatasetFactory(project=project, team=team, slug="synth-math")
+    batch = review_services.batch_create(
+        actor=Actor.system(), dataset=dataset, records=records("undo"), name="undo-batch",
+        sample_seed=1, target_error_rate=0.5, confidence=0.9)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = watch_console(page)
+    page.goto(f"{asgi_server}/accounts/login/")
+    page.fill("#id_username", "carol")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{asgi_server}/t/**")
+    page.goto(f"{asgi_server}/t/lab/review/?batch={batch.pk}")
+    first = selected(page)
+    detail = page.locator(f"#detail-{first}")
+    # The record reads as labelled fields, question first, not one JSON blob.
+    fields = detail.locator(".record-field dt").all_inner_texts()
+    assert [f.lower() for f in fields[:2]] == ["question", "answer"]
+    assert "what is" in detail.locator('[data-field="question"] dd').inner_text()
+    assert page.is_disabled("#undo-btn")
+    page.keyboard.press("a")
+    wait_open(page, 3)
+    assert ReviewItem.objects.get(pk=first).status == "accepted"
+    page.keyboard.press("u")
+    wait_open(page, 4)
+    item = ReviewItem.objects.get(pk=first)
+    assert item.status == "open" and item.reviewed_by is None
+    assert [t.to_status for t in item.transitions.order_by("id")] == ["accepted", "open"]
+    assert "open again" in page.inner_text("#review-status")
+    assert selected(page) == first
+    assert errors == []

@@ -3,8 +3,6 @@ watch the page update without reloading."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from apps.core.actor import Actor
@@ -21,7 +19,6 @@ from tests.factories import (
 from workers.client import CrucibleClient
 
 pytestmark = pytest.mark.slow
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 PASSWORD = "pw-for-tests-1"
 
 
@@ -46,7 +43,7 @@ def test_run_page_updates_live(asgi_server, browser):
         session = client.claim("cpu", "gpu-node-7", run_id=str(run.pk))
         # The runs table hears the claim without a reload.
         page.wait_for_function(
-            f"document.querySelector('[data-run-status=\"{run.pk}\"]').textContent"
+            f"() => document.querySelector('[data-run-status=\"{run.pk}\"]').textContent"
             " === 'claimed'", timeout=10_000)
 
         page.click("text=grpo-qwen3-moe-tiny")
@@ -69,13 +66,11 @@ def test_run_page_updates_live(asgi_server, browser):
         page.wait_for_selector("#events li:has-text('step 100: mean reward 0.79')",
                                timeout=10_000)
         page.wait_for_function(
-            "document.getElementById('run-status').textContent === 'running'", timeout=10_000)
+            "() => document.getElementById('run-status').textContent === 'running'", timeout=10_000)
         assert page.evaluate("window.__noReload") is True  # the page was never reloaded
         assert page.locator("figure.chart").count() == 3
         assert '"progress_every": 1000' in page.locator("pre.config").inner_text()
-        DOCS.mkdir(exist_ok=True)
-        page.screenshot(path=str(DOCS / "run-page.png"), full_page=True)
         session.set_status("succeeded")
         page.wait_for_function(
-            "document.getElementById('run-status').textContent === 'succeeded'",
+            "() => document.getElementById('run-status').textContent === 'succeeded'",
             timeout=10_000)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.core.management.commands.up import DEMO_TRAIN
+
 # Synthesis, QC, training and two evaluations after the profile job: minutes on a loaded
 # machine, hence a longer limit than the default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]
@@ -57,6 +59,9 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
                  r"train run \S+ --produced--> checkpoint \S+",
                  r"checkpoint \S+ --base_model--> eval run \S+"):
         assert re.search(link, out), (link, out[-3000:])
+    # The training run's own held-out curve, split into the SFT and the RL gains.
+    assert re.search(r"before SFT [0-9.]+ → after SFT [0-9.]+ \(SFT [+-][0-9.]+\) → after RL "
+                     r"[0-9.]+ \(RL [+-][0-9.]+\)", out), out[-3000:]
     # A script's first API token, printed once (only its hash is stored).
     token = re.search(r"export CRUCIBLE_TOKEN=(crc_\S+) CRUCIBLE_API_URL=http://127\.0\.0\.1:"
                       rf"{port}\b", out)
@@ -72,7 +77,8 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
     rows = database.execute(
         "SELECT step, prompt, completion, reward, advantage, weight_version, finish_reason "
         "FROM runs_sample WHERE run_id = ?", (train.group(1).replace("-", ""),)).fetchall()
-    assert sorted({r[0] for r in rows}) == [1, 2, 3, 4, 5, 6], rows[:5]
+    steps = DEMO_TRAIN["trainer"]["steps"]
+    assert sorted({r[0] for r in rows}) == list(range(1, steps + 1)), rows[:5]
     assert all(r[1] and r[3] is not None and r[4] is not None
                and r[5] == r[0] - 1 and r[6] in ("stop", "length") for r in rows), rows[:5]
     database.close()

@@ -368,6 +368,13 @@ class Run:
         if (out / "config.json").is_file() or spec.sft.steps == 0:
             return out
         model = build_policy(spec.model, len(tok), tok.pad_token_id, tok.eos_token_id)
+        # The initial policy's held-out reward, measured as RL measures it later, so the run
+        # summary can tell what SFT gained from what RL gained.
+        model.to(self.device).eval()
+        with torch.no_grad():
+            before = self.evaluate(make_backend("hf", model, tok, False), tok)
+        model.train()
+        self.sink.log(0, {"eval/reward_before_sft": before})
         per_rank = max(1, spec.sft.batch_size // self.world)
         # Constant LR for the warm start; the RL schedule belongs to the RL phase.
         ts = spec.trainer.model_copy(update={"schedule": "constant", "warmup_steps": 0})

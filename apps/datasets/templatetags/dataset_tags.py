@@ -27,3 +27,15 @@ def percent(value: Any, digits: int = 1) -> str:
     if value is None or value == "":
         return "—"
     return f"{float(value) * 100:.{int(digits)}f}%"
+
+
+@register.filter
+def field_value(record: Any, name: str) -> Any:
+    """A record's field for a table cell: strings as they are, anything else as compact
+    JSON; None when the record lacks it."""
+    if not isinstance(record, dict) or name not in record:
+        return None
+    value = record[name]
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))

@@ -93,7 +93,9 @@ def test_nan_steps_are_skipped_then_the_run_fails_with_checkpoint_intact(tmp_pat
     spec = tiny_spec(tmp_path, trainer={"steps": 8, "max_consecutive_nan": 2},
                      checkpoint={"every": 2})
     sink = JsonlSink(tmp_path / "m.jsonl")
-    task = NaNAfter(good=3)  # call 1 is the step-0 evaluation, then steps 1 and 2
+    # call 1 is the held-out evaluation before SFT, call 2 the one at RL step 0, then steps
+    # 1 and 2
+    task = NaNAfter(good=4)
     with pytest.raises(TrainingFailed, match="2 consecutive non-finite losses at step 4"):
         train(spec, sink, task=task)
     root = tmp_path / "ckpt"
@@ -135,7 +137,8 @@ def test_nan_in_a_later_micro_batch_drops_only_that_micro_batch(tmp_path):
     spec = tiny_spec(tmp_path, trainer={"steps": 3, "micro_batch_size": 4},
                      checkpoint={"every": 0})
     sink = JsonlSink(tmp_path / "m.jsonl")
-    result = train(spec, sink, task=NaNInSecondGroup(call=3))  # step 2
+    # calls 1 and 2: held-out evaluations before SFT and at RL step 0; call 4 is step 2
+    result = train(spec, sink, task=NaNInSecondGroup(call=4))
     assert result.skipped_steps == [] and sorted(result.losses) == [1, 2, 3]
     assert all(v == v for v in result.losses.values())  # no NaN reported as a loss
     by_step = {r["step"]: r["metrics"] for r in read_jsonl(tmp_path / "m.jsonl")

@@ -2,6 +2,7 @@
 //   j / ArrowDown  next item        k / ArrowUp  previous item
 //   a              accept           r            reject (asks for a reason; Enter submits)
 //   Escape         cancel a rejection
+//   u              undo your last verdict (while its batch is still being decided)
 // The focused open item is claimed (locked to you) through the API; moving on releases it.
 // Verdicts go through the JSON API; the queue is then re-rendered by the server (htmx
 // partial) so counts, the batch decision and other reviewers' locks are current.
@@ -18,6 +19,9 @@
   let selected = null;   // item id (string) shown and focused
   let claimed = null;    // item id we hold the lock on
   let busy = false;
+  let lastJudged = null;  // item id of our last verdict, for undo
+  const undoButton = () => document.getElementById("undo-btn");
+  const syncUndo = () => { const b = undoButton(); if (b) b.disabled = !lastJudged || busy; };
 
   const items = () => Array.from(document.querySelectorAll("#items [data-item]"));
   const itemEl = (id) => document.getElementById("item-" + id);
@@ -124,6 +128,7 @@
     if (window.htmx) window.htmx.process(queue);
     const target = itemEl(preferred) ? preferred : (items()[0] && items()[0].dataset.item);
     if (target) await select(target); else selected = null;
+    syncUndo();
   }
 
   async function judge(verdict, reason) {
@@ -136,15 +141,35 @@
     try {
       const result = await api(id, "verdict", { verdict, reason: reason || "" });
       if (claimed === id) claimed = null;
+      lastJudged = id;
       const batch = result.batch;
       say(`#${result.item.index} ${result.item.status}. Batch ${batch.status.replace("_", " ")}: ${batch.decision.reason}`);
       busy = false;
       await refresh(next);
+      syncUndo();
     } catch (error) {
       busy = false;
       say(error.message, true);
       syncButtons();
     }
+  }
+
+  async function undo() {
+    if (!canReview || busy || !lastJudged) return;
+    busy = true;
+    syncUndo();
+    const id = lastJudged;
+    try {
+      const result = await api(id, "undo", {});
+      lastJudged = null;
+      say(`#${result.item.index} is open again (verdict undone). Batch ${result.batch.status.replace("_", " ")}.`);
+      busy = false;
+      await refresh(id);
+    } catch (error) {
+      busy = false;
+      say(error.message, true);
+    }
+    syncUndo();
   }
 
   function openReject() {
@@ -178,6 +203,7 @@
     if (li) { select(li.dataset.item); return; }
     if (event.target.closest("#accept-btn")) judge("accept");
     else if (event.target.closest("#reject-btn")) openReject();
+    else if (event.target.closest("#undo-btn")) undo();
   });
 
   document.addEventListener("keydown", (event) => {
@@ -186,7 +212,8 @@
     if (tag === "input" || tag === "textarea" || tag === "select" || event.target.isContentEditable) return;
     const handlers = {
       j: () => move(1), ArrowDown: () => move(1), k: () => move(-1), ArrowUp: () => move(-1),
-      a: () => judge("accept"), r: () => openReject(), Escape: () => closeReject(),
+      a: () => judge("accept"), r: () => openReject(), u: () => undo(),
+      Escape: () => closeReject(),
     };
     const handler = handlers[event.key];
     if (!handler) return;
