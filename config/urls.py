@@ -95,5 +95,6 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
 ]
 
+handler400 = "apps.core.errors.bad_request"
 handler404 = "apps.core.errors.not_found"
 handler500 = "apps.core.errors.server_error"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.client import WorkerSession
-from workers.storage import ObjectStore, default_store
+from workers.storage import ObjectStore, default_store, run_key
 
 SAMPLE_BATCH = 500
 
@@ -91,7 +91,7 @@ def run_qc(session: WorkerSession) -> None:
     qc = QcSpec.model_validate(session.run["config"].get("qc") or {})
     session.log_event(f"QC of {_label(env)} started", data={"config": qc.model_dump()})
     report = run_qc_spec(env["spec"], qc, resolve_dataset=dataset_resolver(env, store))
-    uri = store.put_bytes(f"runs/{session.run_id}/qc-report.json", _dump(report))
+    uri = store.put_bytes(run_key(session.run, "qc-report.json"), _dump(report))
     summary = report.get("summary") or {}
     _metrics(session, 0, {
         "qc/tasks": summary.get("tasks"), "qc/quarantined": summary.get("quarantined"),
@@ -211,9 +211,8 @@ def run_eval(session: WorkerSession) -> None:
     report["policy"]["source"] = named
     prompts = {t.id: t.prompt for t in loaded.tasks}
     samples = report.pop("samples", None) or []
-    key = f"runs/{session.run_id}"
-    uri = store.put_bytes(f"{key}/eval-report.json", _dump(report))
-    store.put_bytes(f"{key}/eval-report.html", render_html(report).encode())
+    uri = store.put_bytes(run_key(session.run, "eval-report.json"), _dump(report))
+    store.put_bytes(run_key(session.run, "eval-report.html"), render_html(report).encode())
     summary = report["summary"]
     values: dict[str, Any] = {"eval/mean_reward": summary.get("mean_reward"),
                               "eval/tasks": summary.get("tasks"),
@@ -281,7 +280,7 @@ def run_synthesize(session: WorkerSession) -> None:
     progress = _Progress(session, total)
     batch = synthesize(config, progress)
     progress.flush()
-    key = f"runs/{session.run_id}/synthesis"
+    key = run_key(session.run, "synthesis")
     records_uri = store.put_bytes(f"{key}/records.jsonl", batch.jsonl())
     rejected_uri = store.put_bytes(
         f"{key}/rejected.jsonl",

@@ -12,6 +12,7 @@ from apps.core.exceptions import InvalidInput
 from apps.core.viewsets import WorkerViewSet
 from apps.environments import services
 from apps.runs.models import Run
+from apps.runs.objects import check_reported
 from apps.runs.selectors import run_for_worker
 from apps.runs.services import check_lease
 
@@ -41,6 +42,7 @@ class WorkerQcViewSet(WorkerViewSet):
                                details={"run": [obj.kind]})
         data = QcReportSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        check_reported(obj, data.validated_data["uri"])
         version = services.record_qc_report(
             actor=self.actor, version=obj.environment_version,
             report=data.validated_data["report"], run_id=str(obj.pk),

@@ -17,10 +17,9 @@ from django.utils import timezone
 from apps.core import audit, events
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
-from apps.core.storage import store
 from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType
-from apps.runs import dispatch
+from apps.runs import dispatch, objects
 from apps.runs.models import (
     ACTIVE_STATUSES,
     AttemptOutcome,
@@ -357,8 +356,10 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
 
 
 def add_checkpoint(
-    *, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any]
+    *, actor: Actor, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any]
 ) -> tuple[Checkpoint, bool]:
+    """Record a checkpoint the worker uploaded under the run's prefix (once per step; the
+    same step again with the same URI is a retry and changes nothing)."""
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
@@ -367,15 +368,19 @@ def add_checkpoint(
             if existing.uri != uri:
                 raise Conflict(f"Checkpoint at step {step} already exists with another URI.")
             return existing, False
+        objects.check_reported(run, uri)
         ckpt = Checkpoint.objects.create(run=run, team_id=run.team_id, step=step, uri=uri,
                                          metrics=metrics)
         lineage.edge_create(team_id=run.team_id, source=run, target=ckpt, relation="produced")
         _append_events(run, [{"kind": "checkpoint", "message": f"checkpoint at step {step}",
                               "data": {"step": step, "uri": uri}}])
+        audit.record(actor=actor, action="run.checkpoint", team_id=run.team_id,
+                     target_type="checkpoint", target_id=ckpt.pk,
+                     data={"run": str(run.pk), "step": step, "uri": uri})
     return ckpt, True
 
 
-def add_samples(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
+def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
@@ -385,20 +390,26 @@ def add_samples(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
                    reward_components=r.get("reward_components") or {})
             for r in rows
         )
+        steps = [r["step"] for r in rows]
+        audit.record(actor=actor, action="run.samples", team_id=run.team_id, target_type="run",
+                     target_id=run.pk, data={"count": len(rows), "first_step": min(steps),
+                                             "last_step": max(steps)})
     return len(rows)
 
 
-def set_report(*, run: Run, lease_id: str, uri: str) -> Run:
-    if not uri.startswith(store().url + "/"):
-        raise InvalidInput(f"Report URI must be in the object store ({store().url}/…).",
-                           details={"uri": [uri[:200]]})
+def set_report(*, actor: Actor, run: Run, lease_id: str, uri: str) -> Run:
+    """Point the run at the report its worker uploaded under the run's prefix."""
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
+        objects.check_reported(run, uri)
+        previous = run.report_uri
         run.report_uri = uri
         run.save(update_fields=["report_uri"])
         lineage.edge_create(team_id=run.team_id, source=run,
                             target=(ArtifactType.REPORT, str(run.pk)), relation="reported")
         _append_events(run, [{"kind": "artifact", "message": "report stored",
                               "data": {"uri": uri}}])
+        audit.record(actor=actor, action="run.report", team_id=run.team_id, target_type="run",
+                     target_id=run.pk, data={"uri": uri, "previous": previous})
     return run

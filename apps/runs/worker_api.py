@@ -129,7 +129,8 @@ class WorkerRunViewSet(WorkerViewSet):
     def checkpoints(self, request: Request, run: str) -> Response:
         data = CheckpointCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        ckpt, created = services.add_checkpoint(run=self._run(run), lease_id=self.lease_id,
+        ckpt, created = services.add_checkpoint(actor=self.actor, run=self._run(run),
+                                                lease_id=self.lease_id,
                                                 **data.validated_data)
         return Response(CheckpointSerializer(ckpt).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -148,7 +149,7 @@ class WorkerRunViewSet(WorkerViewSet):
         obj = self._run(run)
 
         def handler() -> Response:
-            count = services.add_samples(run=obj, lease_id=self.lease_id,
+            count = services.add_samples(actor=self.actor, run=obj, lease_id=self.lease_id,
                                          rows=list(data.validated_data))
             return Response({"stored": count}, status=status.HTTP_201_CREATED)
 
@@ -158,7 +159,7 @@ class WorkerRunViewSet(WorkerViewSet):
     def artifacts(self, request: Request, run: str) -> Response:
         data = ArtifactSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        obj = services.set_report(run=self._run(run), lease_id=self.lease_id,
+        obj = services.set_report(actor=self.actor, run=self._run(run), lease_id=self.lease_id,
                                   uri=data.validated_data["uri"])
         return Response({"report_uri": obj.report_uri})
 

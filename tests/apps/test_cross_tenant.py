@@ -16,7 +16,6 @@ from django.urls import resolve
 from rest_framework.test import APIClient
 
 from apps.core.actor import Actor
-from apps.core.storage import store
 from apps.datasets.models import Dataset
 from apps.environments import services as environment_services
 from apps.runs.models import Run
@@ -24,7 +23,7 @@ from apps.teams.models import ApiToken, Membership, Role
 from apps.teams.services import worker_token_create
 from tests.apps.test_urlconf import Route, team_pages, team_routes, worker_routes
 from tests.conftest import client_for_token
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 TEAM_ROUTES = team_routes()
 TEAM_PAGES = team_pages()
@@ -116,7 +115,7 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
         actor=Actor.system(), environment=env, spec={"image": "acme/secret:1"}
     )
     run = make_run(project, dataset)
-    report_uri = store().put_bytes(f"reports/{run.pk}.json", b'{"text": "acme-secret-report"}')
+    report_uri = put_run_object(run, "report.json", b'{"text": "acme-secret-report"}')
     Run.objects.filter(pk=run.pk).update(report_uri=report_uri)
     token, _ = worker_token_create(actor=Actor.system(), team=team, name="acme-pool")
     execution_id = None

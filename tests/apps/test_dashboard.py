@@ -17,7 +17,7 @@ from apps.environments import services as env_services
 from apps.runs import dashboard
 from apps.runs.models import Checkpoint, Run, RunStatus, Sample
 from apps.teams.models import ApiToken, Membership, Role, TokenKind
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 PAGE = "/t/acme/"
 TEAM = "/t/acme/team/"
@@ -290,8 +290,8 @@ def test_compare_page_diffs_configs(member, qa, project):
 def test_compare_page_puts_reports_side_by_side(member, qa, project, object_store):
     runs = [make_run(project, qa, name=n) for n in ("base", "worse", "better")]
     for run, accuracy in zip(runs, (0.8, 0.6, 0.9), strict=True):
-        uri = object_store.put_bytes(f"reports/{run.pk}.json",
-                                     json.dumps({"eval": {"accuracy": accuracy}}).encode())
+        uri = put_run_object(run, "report.json",
+                             json.dumps({"eval": {"accuracy": accuracy}}).encode())
         Run.objects.filter(pk=run.pk).update(report_uri=uri)
     query = "&".join(f"run={r.pk}" for r in runs)
     html = browser_for(member).get(f"/t/acme/compare/?{query}").content.decode()
