@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from apps.core.exceptions import NotFound
 from apps.core.idempotency import idempotent
+from apps.core.serializers import StrictSerializer
 from apps.core.viewsets import TeamScopedViewSet
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
@@ -38,12 +39,12 @@ class EnvironmentVersionSerializer(serializers.ModelSerializer):
         return services.blocked_reason(obj)
 
 
-class VersionRunSerializer(serializers.Serializer):
+class VersionRunSerializer(StrictSerializer):
     """A QC or eval run of this version (the runs API's launch, with the pin filled in)."""
 
     config = serializers.DictField(required=False, default=dict)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    pool = serializers.CharField(required=False, allow_null=True, default=None)
+    pool = serializers.CharField(required=False, allow_null=True, default=None, max_length=16)
     priority = serializers.IntegerField(required=False, default=0, min_value=-100,
                                         max_value=100)
     base_model = serializers.CharField(required=False, allow_null=True, default=None,

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core.actor import Actor
 from apps.core.exceptions import Forbidden, NotFound
+from apps.core.permissions import AuthenticatedOrThrottled
 from apps.core.viewsets import TeamScopedViewSet
 from apps.teams import selectors, services
 from apps.teams.authentication import WorkerPrincipal
@@ -29,6 +30,13 @@ from apps.teams.serializers import (
 )
 
 
+def secret_response(data: dict) -> Response:
+    """A 201 carrying a secret shown once: no cache (browser, proxy) may keep a copy."""
+    response = Response(data, status=status.HTTP_201_CREATED)
+    add_never_cache_headers(response)
+    return response
+
+
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     """Documents BearerTokenAuthentication in the OpenAPI schema."""
 
@@ -40,7 +48,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
                 "description": "A personal (crc_…) or worker (crw_…) API token."}
 
 
-class UserOnly(IsAuthenticated):
+class UserOnly(AuthenticatedOrThrottled):
     """Authenticated as a person (session or personal token), not as a worker."""
 
     def has_permission(self, request: Request, view: object) -> bool:
@@ -155,7 +163,7 @@ class WorkerTokenViewSet(TeamScopedViewSet):
             actor=self.actor, team=self.team, **data.validated_data
         )
         token.token = raw
-        return Response(TokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+        return secret_response(TokenCreatedSerializer(token).data)
 
     def destroy(self, request: Request, team: str, prefix: str) -> Response:
         services.token_revoke(actor=self.actor, token=self.get_object())
@@ -192,7 +200,7 @@ class PersonalTokenViewSet(viewsets.GenericViewSet):
             actor=Actor.of_user(request.user), user=request.user, **data.validated_data
         )
         token.token = raw
-        return Response(TokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+        return secret_response(TokenCreatedSerializer(token).data)
 
     def destroy(self, request: Request, prefix: str) -> Response:
         token = self.get_queryset().filter(prefix=prefix).first()

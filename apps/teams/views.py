@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.cache import add_never_cache_headers
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
@@ -73,8 +74,10 @@ def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  
         token, raw = services.personal_token_create(actor=actor, user=request.user, name=name)
     else:
         token, raw = services.worker_token_create(actor=actor, team=team_obj, name=name)
-    return _page(request, team_obj, membership, new_token={"token": token, "secret": raw},
-                 status=201)
+    response = _page(request, team_obj, membership, new_token={"token": token, "secret": raw},
+                     status=201)
+    add_never_cache_headers(response)  # the page holds a secret shown once
+    return response
 
 
 def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
