@@ -189,6 +189,8 @@ CRUCIBLE = {
     "SANDBOX_MAX_BATCH": env.int("CRUCIBLE_SANDBOX_MAX_BATCH", default=256),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
+    # Teams one person may create (operators' commands and superusers are not limited).
+    "TEAMS_PER_USER": env.int("CRUCIBLE_TEAMS_PER_USER", default=20),
     # Deepest JSON nesting a request body, upload line or websocket frame may have.
     "MAX_JSON_DEPTH": env.int("CRUCIBLE_MAX_JSON_DEPTH", default=64),
     # API rate limits (DRF throttles, apps/core/throttles.py): "<count>/<sec|min|hour|day>".

@@ -11,6 +11,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
 from apps.core.parsers import FastJSONParser
@@ -48,13 +49,15 @@ class DatasetSerializer(serializers.ModelSerializer):
 class DatasetCreateSerializer(serializers.Serializer):
     slug = serializers.SlugField(max_length=64)
     project = serializers.SlugField(max_length=64)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(max_length=limits.DESCRIPTION, required=False,
+                                        allow_blank=True, default="")
 
 
 class VersionUploadSerializer(serializers.Serializer):
     records = serializers.ListField(child=serializers.JSONField(), required=False)
     file = serializers.FileField(required=False)
-    parents = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    parents = serializers.ListField(child=serializers.CharField(max_length=limits.REF),
+                                    required=False, default=list, max_length=64)
     message = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     set_current = serializers.BooleanField(required=False, default=True)
 
@@ -67,11 +70,12 @@ class VersionUploadSerializer(serializers.Serializer):
 
 
 class SetCurrentSerializer(serializers.Serializer):
-    version = serializers.CharField(help_text="digest or v<number>")
+    version = serializers.CharField(max_length=limits.REF, help_text="digest or v<number>")
 
 
 class RollbackSerializer(serializers.Serializer):
-    version = serializers.CharField(help_text="digest or v<number> of an earlier version")
+    version = serializers.CharField(max_length=limits.REF,
+                                    help_text="digest or v<number> of an earlier version")
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 

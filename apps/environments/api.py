@@ -6,6 +6,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import NotFound
 from apps.core.idempotency import idempotent
 from apps.core.serializers import StrictSerializer
@@ -75,7 +76,8 @@ class EnvironmentSerializer(serializers.ModelSerializer):
 class EnvironmentCreateSerializer(serializers.Serializer):
     slug = serializers.SlugField(max_length=64)
     project = serializers.SlugField(max_length=64)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(max_length=limits.DESCRIPTION, required=False,
+                                        allow_blank=True, default="")
 
 
 class EnvironmentVersionCreateSerializer(serializers.Serializer):

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.core.viewsets import WorkerViewSet
 from apps.environments import services
@@ -19,6 +20,9 @@ from apps.runs.services import check_lease
 
 class QcReportSerializer(serializers.Serializer):
     report = serializers.DictField(help_text="the QC engine's crucible.qc/1 report")
+
+    def validate_report(self, value: dict) -> dict:
+        return limits.check_json(value, field="report", limit=limits.REPORT_BYTES)
     uri = serializers.CharField(max_length=1000, help_text="the full report in the object store")
 
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.core import audit, events
+from apps.core import audit, events, limits
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
 from apps.lineage import services as lineage
@@ -347,6 +347,8 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
             raise InvalidInput(f"events[{i}].level must be one of {sorted(EVENT_LEVELS)}.")
         if not isinstance(row.get("data", {}), dict):
             raise InvalidInput(f"events[{i}].data must be an object.")
+        limits.check_json(row.get("data") or {}, field=f"events[{i}].data",
+                          limit=limits.SMALL_JSON_BYTES)
         row["message"] = row["message"][:MAX_MESSAGE]
         row["kind"] = str(row.get("kind", "log"))[:32]
     with transaction.atomic():

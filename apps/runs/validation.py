@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from pydantic import ValidationError
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.datasets.models import DatasetVersion
 from apps.datasets.selectors import read_records
@@ -190,6 +191,7 @@ def plan_run(
     spec = KINDS[kind]
     if not isinstance(config, dict):
         raise InvalidInput("config must be a JSON object.", details={"config": ["object"]})
+    limits.check_json(config, field="config", limit=limits.CONFIG_BYTES)
     base_checkpoint, base_described = None, None
     if base_model:
         if not spec.base_model:

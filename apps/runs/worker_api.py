@@ -13,6 +13,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import WorkerViewSet
@@ -30,8 +31,9 @@ class ClaimSerializer(serializers.Serializer):
 
 
 class StatusSerializer(serializers.Serializer):
-    status = serializers.CharField()
-    error = serializers.CharField(required=False, allow_blank=True, default="")
+    status = serializers.CharField(max_length=32)
+    error = serializers.CharField(max_length=limits.MESSAGE, required=False, allow_blank=True,
+                                  default="")
     # With status failed: the error may pass on another attempt; queue the run again if it
     # has attempts left.
     retry = serializers.BooleanField(required=False, default=False)
@@ -45,14 +47,23 @@ class CheckpointCreateSerializer(serializers.Serializer):
     uri = serializers.CharField(max_length=1000)
     metrics = serializers.DictField(required=False, default=dict)
 
+    def validate_metrics(self, value: dict) -> dict:
+        return limits.check_json(value, field="metrics", limit=limits.SMALL_JSON_BYTES)
+
 
 class SampleRowSerializer(serializers.Serializer):
     step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
-    prompt = serializers.CharField(allow_blank=True, trim_whitespace=False)
-    completion = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    prompt = serializers.CharField(allow_blank=True, trim_whitespace=False,
+                                   max_length=limits.SAMPLE_TEXT)
+    completion = serializers.CharField(allow_blank=True, trim_whitespace=False,
+                                       max_length=limits.SAMPLE_TEXT)
     reward = serializers.FloatField(required=False, allow_null=True, default=None)
     reward_components = serializers.DictField(child=serializers.FloatField(), required=False,
                                               default=dict)
+
+    def validate_reward_components(self, value: dict) -> dict:
+        return limits.check_json(value, field="reward_components",
+                                 limit=limits.SMALL_JSON_BYTES)
 
 
 class ArtifactSerializer(serializers.Serializer):

@@ -25,6 +25,11 @@ class Team(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)
+    # Who created it: the per-user team quota (CRUCIBLE_TEAMS_PER_USER) counts these.
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"
     )

@@ -4,24 +4,52 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import audit
+from apps.core import audit, limits
 from apps.core.actor import Actor
-from apps.core.exceptions import Conflict, Forbidden, InvalidInput, NotFound
+from apps.core.exceptions import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from apps.teams import tokens
 from apps.teams.models import ApiToken, Membership, Role, Team, TokenKind
 
 User = get_user_model()
 
 
+# Slugs that would read as part of the product in a URL or message; refused exactly like a
+# slug another team holds, so the answer never says which it was.
+RESERVED_SLUGS = frozenset({"admin", "api", "accounts", "static", "media", "new", "settings",
+                            "system", "team", "teams", "www", "crucible", "healthz", "ws",
+                            "me", "invitations", "worker"})
+
+
+class TeamQuotaExceeded(DomainError):
+    status_code = 403
+    code = "quota_exceeded"
+
+
 @transaction.atomic
 def team_create(*, actor: Actor, slug: str, name: str) -> Team:
-    if Team.objects.filter(slug=slug).exists():
-        raise Conflict(f"A team with slug '{slug}' already exists; pick another slug.")
-    team = Team.objects.create(slug=slug, name=name or slug)
+    """A new team owned by ``actor``. A person may create at most CRUCIBLE_TEAMS_PER_USER
+    teams (operators' commands and superusers are not limited). A slug that is taken, by a
+    team the caller may not even see, or reserved gets one answer: not available."""
+    user = actor.user
+    if user is not None and not getattr(user, "is_superuser", False):
+        # Serialise one user's concurrent creations so the count cannot be raced past.
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        quota = settings.CRUCIBLE["TEAMS_PER_USER"]
+        made = Team.objects.filter(created_by=user).count()
+        if made >= quota:
+            raise TeamQuotaExceeded(
+                f"You have created {made} teams, the most one person may create "
+                f"(CRUCIBLE_TEAMS_PER_USER={quota}); ask to join an existing team instead, or "
+                "ask the operator to raise the quota.")
+    if slug.lower() in RESERVED_SLUGS or Team.objects.filter(slug__iexact=slug).exists():
+        raise Conflict(f"The team slug '{slug}' is not available; pick another slug.",
+                       code="slug_unavailable")
+    team = Team.objects.create(slug=slug, name=name or slug, created_by=user)
     if actor.user is not None:
         Membership.objects.create(team=team, user=actor.user, role=Role.OWNER)
     audit.record(actor=actor, action="team.create", team_id=team.pk, target_type="team",
@@ -31,6 +59,7 @@ def team_create(*, actor: Actor, slug: str, name: str) -> Team:
 
 @transaction.atomic
 def team_update(*, actor: Actor, team: Team, name: str) -> Team:
+    limits.check_text(name, field="name", limit=limits.NAME)
     team.name = name
     team.save(update_fields=["name"])
     audit.record(actor=actor, action="team.update", team_id=team.pk, target_type="team",
