@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from apps.core import views as core_views
+from apps.core.audit_api import AuditLogViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentVersionViewSet, EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
@@ -50,6 +51,7 @@ router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions"
 router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
+router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 
 worker = WorkerRunViewSet.as_view
 worker_urls = [

@@ -13,4 +13,5 @@ urlpatterns = [
     path("compare/", views.run_compare, name="runs-compare"),
     path("runs/<str:run>/samples/", views.run_samples, name="run-page-samples"),
     path("team/", team_views.team_page, name="team-page"),
+    path("audit/", team_views.audit_page, name="team-audit"),
 ]

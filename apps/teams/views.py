@@ -11,9 +11,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.cache import add_never_cache_headers
 
+from apps.core import selectors as audit_selectors
 from apps.core.actor import Actor
+from apps.core.audit_api import filters_from
 from apps.core.exceptions import DomainError
-from apps.core.pages import team_for_page
+from apps.core.pages import page_context, team_for_page
 from apps.teams import selectors, services
 from apps.teams.models import ApiToken, Membership, Role, TokenKind, role_at_least
 
@@ -136,3 +138,36 @@ def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse: 
     if username == request.user.get_username() and request.POST.get("remove"):
         return redirect("home")
     return redirect("team-page", team=team_obj.slug)
+
+
+AUDIT_PAGE_SIZE = 50
+
+
+@login_required
+def audit_page(request: HttpRequest, team: str) -> HttpResponse:
+    """The team's audit log for its admins (the same rows and filters as
+    ``GET /api/v1/teams/<team>/audit-log``), newest first, 50 a page (``?before=<id>``)."""
+    team_obj, membership = team_for_page(request, team)
+    if not role_at_least(membership.role, Role.ADMIN):
+        raise Http404("Only team admins read the audit log.")
+    error = ""
+    try:
+        filters = filters_from(request.GET)
+    except DomainError as exc:
+        filters, error = {}, exc.message
+    rows = audit_selectors.audit_log(team_id=team_obj.pk, **filters)
+    before = request.GET.get("before", "")
+    if before.isdigit() and len(before) < 19:
+        rows = rows.filter(id__lt=int(before))
+    page = list(rows[:AUDIT_PAGE_SIZE + 1])
+    older = None
+    if len(page) > AUDIT_PAGE_SIZE:
+        page = page[:AUDIT_PAGE_SIZE]
+        query = request.GET.copy()
+        query["before"] = str(page[-1].pk)
+        older = query.urlencode()
+    context = page_context(request, team_obj, membership, section="team", rows=page,
+                           older=older, error=error,
+                           values={k: request.GET.get(k, "") for k in
+                                   ("actor", "action", "object", "since", "until")})
+    return render(request, "teams/audit.html", context, status=400 if error else 200)

@@ -56,6 +56,7 @@ TEAM_PAGES = {
     ("runs-compare", run_views.run_compare),
     ("run-page-samples", run_views.run_samples),
     ("team-page", team_views.team_page),
+    ("team-audit", team_views.audit_page),
     ("team-environments", environment_views.environment_list),
     ("environment-page", environment_views.environment_detail),
     ("environment-version-page", environment_views.version_detail),
