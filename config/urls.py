@@ -18,7 +18,10 @@ from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
 from apps.sandbox.api import ExecutionViewSet, WorkerExecutionViewSet
+from apps.teams import views as team_views
 from apps.teams.api import (
+    InvitationAcceptView,
+    InvitationViewSet,
     MembershipViewSet,
     MyTeamsViewSet,
     PersonalTokenViewSet,
@@ -41,6 +44,7 @@ router.register(r"teams", MyTeamsViewSet, basename="my-teams")
 router.register(r"tokens", PersonalTokenViewSet, basename="personal-token")
 router.register(rf"{TEAM}/members", MembershipViewSet, basename="member")
 router.register(rf"{TEAM}/worker-tokens", WorkerTokenViewSet, basename="worker-token")
+router.register(rf"{TEAM}/invitations", InvitationViewSet, basename="invitation")
 router.register(rf"{TEAM}/projects", ProjectViewSet, basename="project")
 router.register(rf"{TEAM}/datasets", DatasetViewSet, basename="dataset")
 router.register(rf"{TEAM}/datasets/(?P<dataset>[-a-zA-Z0-9_]+)/versions", DatasetVersionViewSet,
@@ -74,6 +78,7 @@ worker_urls = [
 
 api_v1 = [
     path("me", core_views.MeView.as_view(), name="me"),
+    path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
     path("worker/", include(worker_urls)),
@@ -92,6 +97,7 @@ urlpatterns = [
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
     path("healthz", core_views.healthz, name="healthz"),
+    path("invite/", team_views.accept_invitation, name="invite-accept"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),

@@ -19,6 +19,7 @@ from apps.core.actor import Actor
 from apps.datasets.models import Dataset
 from apps.environments import services as environment_services
 from apps.runs.models import Run
+from apps.teams import services as team_services
 from apps.teams.models import ApiToken, Membership, Role
 from apps.teams.services import worker_token_create
 from tests.apps.test_urlconf import Route, team_pages, team_routes, worker_routes
@@ -63,6 +64,7 @@ class World:
     environment_slug: str
     environment_digest: str
     worker_prefix: str
+    invitation_prefix: str
     execution_id: str | None
     batch_id: str | None
     item_id: str | None
@@ -76,7 +78,8 @@ class World:
             "environment": self.environment_slug,
             "run": str(self.run.pk),
             "username": "mia",
-            "prefix": self.worker_prefix,
+            "prefix": (self.invitation_prefix if (route.name or "").startswith("invitation")
+                       else self.worker_prefix),
             "execution": self.execution_id,
             "batch": self.batch_id,
             "item": self.item_id,
@@ -126,6 +129,7 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
     report_uri = put_run_object(run, "report.json", b'{"text": "acme-secret-report"}')
     Run.objects.filter(pk=run.pk).update(report_uri=report_uri)
     token, _ = worker_token_create(actor=Actor.system(), team=team, name="acme-pool")
+    invitation, _ = team_services.invitation_create(actor=Actor.system(), team=team)
     execution_id = None
     if apps.is_installed("apps.sandbox"):  # a sandbox execution, where that app exists
         execution = apps.get_model("sandbox", "Execution").objects.create(
@@ -145,11 +149,13 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
     return World(
         run=run, dataset=dataset, dataset_digest=version.digest,
         environment_slug=env.slug, environment_digest=env_version.digest,
-        worker_prefix=token.prefix, execution_id=execution_id, batch_id=batch_id,
+        worker_prefix=token.prefix, invitation_prefix=invitation.prefix,
+        execution_id=execution_id, batch_id=batch_id,
         item_id=item_id,
         secrets=(*((batch_id, "acme-secret-batch-record") if batch_id else ()),
                  str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
-                 token.prefix, "acme-secret-prompt", "acme-secret-report", "mia", "olivia"),
+                 token.prefix, invitation.prefix, "acme-secret-prompt", "acme-secret-report",
+                 "mia", "olivia"),
     )
 
 
