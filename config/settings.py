@@ -189,6 +189,11 @@ CRUCIBLE = {
     "SANDBOX_MAX_BATCH": env.int("CRUCIBLE_SANDBOX_MAX_BATCH", default=256),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
+    # What runs may make workers reach (workers/egress.py; workers read the same variables):
+    # hosts and CIDRs for endpoint base_urls, absolute roots for "path:" model directories.
+    "ENDPOINT_ALLOW": env.str("CRUCIBLE_ENDPOINT_ALLOW",
+                              default="127.0.0.0/8,::1/128,localhost"),
+    "MODEL_PATH_ROOTS": env.str("CRUCIBLE_MODEL_PATH_ROOTS", default=""),
     # Teams one person may create (operators' commands and superusers are not limited).
     "TEAMS_PER_USER": env.int("CRUCIBLE_TEAMS_PER_USER", default=20),
     # Deepest JSON nesting a request body, upload line or websocket frame may have.

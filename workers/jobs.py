@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workers import egress
 from workers.client import WorkerSession
 from workers.storage import ObjectStore, default_store, run_key
 
@@ -164,7 +165,19 @@ def _model_dir(session: WorkerSession, env: dict[str, Any], store: ObjectStore,
         local = hold.enter_context(ModelCache(_var_dir() / "models").use(store, path)) / "hf"
         session.log_event(f"model {path} unpacked to {local}", kind="artifact")
         return str(local), {"kind": "checkpoint", "uri": path}
+    try:
+        egress.check_model_path(path, egress.model_roots_from_env())
+    except egress.EgressRefused as exc:
+        raise JobError(str(exc)) from exc
     return path, {"kind": "path", "path": path}
+
+
+def check_endpoint(url: str) -> None:
+    """This worker's CRUCIBLE_ENDPOINT_ALLOW, with the host resolved, right before use."""
+    try:
+        egress.endpoint_allow_from_env().check(url, resolve=True)
+    except egress.EgressRefused as exc:
+        raise JobError(str(exc)) from exc
 
 
 EVAL_FIELDS = ("split", "samples_per_task", "k", "limit", "concurrency", "sampling")
@@ -192,6 +205,7 @@ def run_eval(session: WorkerSession) -> None:
         "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
         "include_samples": True, "exclude": env.get("quarantined_ids") or ()}
     if cfg.get("policy"):
+        check_endpoint(spec.policy.base_url)
         named = {"kind": "endpoint", "base_url": spec.policy.base_url}
         session.log_event(f"evaluating endpoint policy on {_label(env)}", data=named)
         report = evaluate(loaded, EndpointPolicy(spec.policy), **kwargs)
@@ -274,6 +288,10 @@ def run_synthesize(session: WorkerSession) -> None:
     store = default_store()
     cfg = session.run["config"]
     config = parse_config(cfg["synthesis"])
+    for generator in config.generators:
+        endpoint = getattr(generator, "endpoint", None)
+        if endpoint is not None:
+            check_endpoint(endpoint.base_url)
     total = sum(g.count for g in config.generators)
     session.log_event(f"synthesis '{config.name}' started: {total} candidates planned",
                       data={"config": config.public_dict()})

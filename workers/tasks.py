@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from config.celery import app
-from workers import jobs
+from workers import egress, jobs
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
 from workers.model_cache import ModelCache, fetch_tar
 from workers.profile.engine import Stopped, run_profile
@@ -186,6 +186,13 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
         local = hold.enter_context(cached) / "hf"
         session.log_event(f"base model {model.path} unpacked to {local}", kind="artifact")
         model = model.model_copy(update={"path": str(local)})
+    elif model.source == "path":
+        # The launch checked the path against the web's allow-list; this worker's own
+        # CRUCIBLE_MODEL_PATH_ROOTS decides what it reads (symlinks resolved here).
+        try:
+            egress.check_model_path(str(model.path), egress.model_roots_from_env())
+        except egress.EgressRefused as exc:
+            raise jobs.JobError(str(exc)) from exc
     spec = spec.model_copy(update={
         "model": model,
         "checkpoint": spec.checkpoint.model_copy(update={"dir": str(root)}),

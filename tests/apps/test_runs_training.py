@@ -213,7 +213,8 @@ def test_checkpoint_outside_the_object_store_is_refused(member, worker, object_s
     assert "does not lie under its run's own objects" in r.json()["message"]
 
 
-def test_base_model_preset_path_and_conflicts(member, project):
+def test_base_model_preset_path_and_conflicts(member, project, settings):
+    settings.CRUCIBLE = {**settings.CRUCIBLE, "MODEL_PATH_ROOTS": "/models"}
     preset = train(member.client, base_model="preset").json()
     assert preset["config"]["model"]["source"] == "preset" and preset["base_model"] is None
     path = train(member.client, base_model="/models/qwen3-moe",
