@@ -263,6 +263,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.core.schema.add_error_responses",
+    ],
     # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
     "ENUM_NAME_OVERRIDES": {
         "RunKindEnum": "apps.runs.models.RunKind",

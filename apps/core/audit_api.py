@@ -16,13 +16,13 @@ from django.utils.timezone import is_naive, make_aware
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core import selectors
 from apps.core.exceptions import InvalidInput
 from apps.core.models import AuditLog
+from apps.core.pagination import CursorPagination
 from apps.core.viewsets import TeamScopedViewSet
 from apps.teams.models import Role
 
@@ -44,8 +44,6 @@ class AuditLogSerializer(serializers.ModelSerializer):
 
 class AuditCursor(CursorPagination):
     ordering = "-id"
-    page_size = 50
-    page_size_query_param = "page_size"
     max_page_size = 500
 
 

@@ -38,7 +38,8 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
 
 class DatasetSerializer(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug", read_only=True)
-    current_version = DatasetVersionSerializer(read_only=True)
+    current_version = DatasetVersionSerializer(read_only=True, allow_null=True,
+                                               help_text="null until a version is uploaded")
 
     class Meta:
         model = Dataset

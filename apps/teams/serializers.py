@@ -78,7 +78,9 @@ class MembershipUpdateSerializer(serializers.Serializer):
 
 
 class TokenSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                        help_text="null: a personal token, or an operator's "
+                                                  "worker token for every team")
     active = serializers.BooleanField(source="is_active", read_only=True)
 
     class Meta:

@@ -185,6 +185,17 @@ def test_unreadable_report_is_a_json_error_not_a_500(member, running, case):
     _error(r, expected)
 
 
+def test_options_on_worker_endpoints_is_a_405_not_a_500(worker, running):
+    """Found by the API fuzz run: DRF's OPTIONS metadata looked for a serializer the worker
+    views do not have."""
+    run, lease = running
+    for path in ("claim", "sweep", f"runs/{run.pk}/metrics", f"runs/{run.pk}/status",
+                 "executions/0/start"):
+        r = worker.options(f"{W}/{path}", **lease)
+        assert r.status_code == 405, (path, r.content[:200])
+        assert r.json()["code"] == "method_not_allowed"
+
+
 # --- oversize bodies -------------------------------------------------------------------------
 
 
