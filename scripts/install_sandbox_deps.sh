@@ -2,10 +2,10 @@
 # Installs what the sandbox engine and its tests need, only when it is missing (idempotent).
 #   - bubblewrap: the isolation tool (namespaces, mounts, seccomp hand-off); setpriv (util-linux)
 #     drops to the sandbox uid; libseccomp2 is the library PyPI pyseccomp loads
-#   - the start-up gate (workers/sandbox/harness/gate.c), compiled with gcc into a root-owned
-#     directory; dash and setpriv run the fallback gate where it cannot be built. perl runs the
-#     status waiter that tells exit(130) from death by SIGINT (dash and perl are Essential on
-#     Debian, checked anyway)
+#   - the start-up gate and the status waiter (workers/sandbox/harness/gate.c, waiter.c),
+#     compiled with gcc into a root-owned directory; where they cannot be built, dash and setpriv
+#     run the fallback gate and perl the fallback waiter (dash and perl are Essential on Debian,
+#     checked anyway)
 #   - toolchains for the language tests: gcc/g++, Node.js, Go, Java, Rust, Python 3
 #   - TypeScript compiler from npm, under /opt/crucible/sandbox-toolchains (world-readable and
 #     outside the checkout, so the sandbox user can read it wherever the repo is cloned)
@@ -44,21 +44,10 @@ if [ ! -x "$tsdir/node_modules/.bin/tsc" ] && command -v npm >/dev/null; then
     npm install --silent --no-audit --no-fund --prefix "$tsdir" typescript@5 >/dev/null
 fi
 chmod -R a+rX "$toolchains" 2>/dev/null || true
-# The gate, named after its source's hash (what workers/sandbox/gate.py looks for).
-gatedir=${CRUCIBLE_SANDBOX_GATE_DIR:-/usr/local/lib/crucible-sandbox}
-gate=$gatedir/gate-$(sha256sum workers/sandbox/harness/gate.c | cut -c1-16)
-if [ ! -x "$gate" ] && [ "$(id -u)" = 0 ]; then
-    echo "install_sandbox_deps: building the sandbox gate $gate"
-    mkdir -p "$gatedir" && chmod 755 "$gatedir"
-    # the flags of workers/sandbox/gate.py (CFLAGS): static, no libc
-    if gcc -O2 -s -Wall -static -nostdlib -ffreestanding -fno-builtin -fno-stack-protector \
-        -fno-tree-loop-distribute-patterns -fno-pie -no-pie \
-        -o "$gate.tmp" workers/sandbox/harness/gate.c; then
-        chmod 755 "$gate.tmp" && mv -f "$gate.tmp" "$gate"
-    else
-        rm -f "$gate.tmp"
-        echo "install_sandbox_deps: could not build the gate; the engine uses dash + setpriv"
-    fi
+# The start-up gate and the status waiter (static, no libc), named after their sources' hash
+# (workers/sandbox/gate.py builds them with the system Python: it needs only the standard library).
+if [ "$(id -u)" = 0 ]; then
+    PYTHONPATH=. /usr/bin/python3 -I -c 'import runpy, sys; sys.path.insert(0, "."); runpy.run_module("workers.sandbox.gate", run_name="__main__")'
 fi
 chmod a+x /opt/crucible 2>/dev/null || true
 echo "install_sandbox_deps: ok"

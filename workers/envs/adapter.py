@@ -15,8 +15,9 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Collection, Sequence
 
-from workers.envs.base import Environment, EnvTask, Message, Mode
+from workers.envs.base import Environment, EnvTask, Message, Mode, Score
 from workers.rl.tasks.base import Example
+from workers.sandbox.spec import VERDICTS
 
 SEPARATOR = "\n\n"
 EPISODE_MAX_TOKENS = 4096
@@ -83,14 +84,26 @@ class EnvironmentTask:
         tasks = [self.env.task(ex.meta["task_id"]) for ex in examples]
         scores = self.env.score(tasks, completions)
         names = [c.name for c in self.env.rubric.components]
-        return ([s.total for s in scores],
-                {n: [s.components.get(n, 0.0) for s in scores] for n in names})
+        columns = {n: [s.components.get(n, 0.0) for s in scores] for n in names}
+        columns.update(verdict_columns(scores))
+        return [s.total for s in scores], columns
 
     def corpus(self) -> list[str]:
         """Text a trained tokenizer learns from. Episodes also hold text only the environment
         writes (test output, tool results): every printable character gets a token."""
         text = [ex.prompt + ex.reference for ex in self.train + self.eval] + ["\n"]
         return text if self.interaction == "single_turn" else [*text, string.printable]
+
+
+def verdict_columns(scores: Sequence[Score]) -> dict[str, list[float]]:
+    """How each code verdict was reached, as 0/1 columns `verdict_<kind>` (the run reports
+    their means as `reward/verdict_<kind>`: the share of a step's rollouts whose tests ran and
+    passed, failed, whose candidate exited early, timed out, or whose grader failed), so a
+    reward that climbs for any reason but passing tests shows. Empty for non-code rubrics."""
+    kinds = [s.info.get("verdict") for s in scores]
+    if not any(kinds):
+        return {}
+    return {f"verdict_{v}": [float(k == v) for k in kinds] for v in VERDICTS}
 
 
 def as_rl_task(env: Environment, *, quarantined: Collection[str] = ()) -> EnvironmentTask:

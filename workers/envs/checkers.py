@@ -86,13 +86,16 @@ def stdio_cases_request(
 
 
 def execution_info(result: ExecutionResult) -> dict[str, Any]:
-    """What QC and feedback turns need from an execution: status and the failure text."""
+    """What QC, feedback turns and the run's verdict counts need from an execution: status,
+    how the verdict was reached (workers.sandbox.spec.VERDICTS) and the failure text (the
+    candidate's own output and the grader's reason; never the hidden tests)."""
     failed = next((c for c in result.cases if not c.passed), None)
     head = failed or result
     text = "\n".join(p for p in (head.message, head.stderr.strip(), head.stdout.strip()) if p)
     if failed is not None and failed.status == "OK":
         text = "wrong output on a test case" + (f"\n{text}" if text else "")
     return {"status": str(result.status), "wall_ms": result.wall_ms,
+            "verdict": result.verdict or ("passed" if result.passed else "failed"),
             "feedback": text[-FEEDBACK_CHARS:]}
 
 

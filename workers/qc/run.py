@@ -13,6 +13,11 @@ through the environment itself (so code runs in the sandbox exactly as in traini
   extra digit) earns full reward;
 - `ambiguous_duplicate`: another task has the same prompt but a different answer, reference or
   tests, so one prompt has two truths;
+- `forgeable`: on code environments (unit tests, stdin/stdout cases), one of the known reward
+  forgeries (`workers/qc/forgeries.py`: test machinery replaced, the reporter reached through
+  frames, an always-equal object, forged records on every fd, the right output followed by a
+  crash...) earns anything on a sample of tasks (`forgery_tasks`). This also blocks the
+  version, whatever the quarantined share: the grader itself can be fooled;
 - `scoring_error`: the scorer raised.
 
 Such tasks are quarantined (excluded from training, listed with reasons). Flags do not
@@ -32,6 +37,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from workers.envs.base import Environment, EnvTask, Score
+from workers.envs.checkers import extract_code
+from workers.qc import forgeries
 from workers.qc.dedup import exact_groups, near_pairs
 from workers.qc.spec import QcSpec
 
@@ -43,10 +50,38 @@ DETAIL_CHARS = 500
 @dataclass
 class _Probe:
     task: EnvTask
-    kind: str  # reference | empty | trivial | wrong
+    kind: str  # reference | empty | trivial | wrong | forgery
     completion: str
     score: Score | None = None
     error: str | None = None
+    label: str = ""  # the forgery's id
+
+
+def _forgery_probes(env: Environment, tasks: Sequence[EnvTask]) -> list[_Probe]:
+    """The known forgeries as answers to these tasks, for each code checker of the rubric."""
+    probes: list[_Probe] = []
+    kinds = {c.kind: c for c in env.rubric.components}
+    for task in tasks:
+        if "unit_tests" in kinds and task.tests:
+            name = forgeries.function_under_test(task.tests, task.metadata.get("entry_point"))
+            for forgery in forgeries.for_language("python", "unit"):
+                probes.append(_Probe(task, "forgery", _fenced(forgery.render(name=name)),
+                                     label=forgery.id))
+        stdio = kinds.get("stdio_cases")
+        if stdio is not None and task.metadata.get("cases"):
+            language = str(stdio.params.get("language", "python"))
+            reference = extract_code(task.reference) if task.reference else ""
+            for forgery in forgeries.for_language(language, "stdio"):
+                if forgery.needs_reference and not reference:
+                    continue
+                probes.append(_Probe(task, "forgery",
+                                     _fenced(forgery.render(reference=reference)),
+                                     label=forgery.id))
+    return probes
+
+
+def _fenced(code: str) -> str:
+    return f"```\n{code}\n```"
 
 
 @dataclass
@@ -136,6 +171,14 @@ def _judge(state: _TaskState, spec: QcSpec, full: float) -> dict[str, Any]:
         if probe.score and probe.score.total >= full - 1e-9:
             state.fail("lax_checker", f"wrong answer {probe.completion[:80]!r} earns full "
                                       f"reward {probe.score.total:g}")
+    forged = [p for p in by_kind["forgery"] if p.score]
+    if forged:
+        row["forgeries"] = len(forged)
+    for probe in forged:
+        assert probe.score is not None
+        if probe.score.total > 1e-9:
+            state.fail("forgeable", f"forgery {probe.label!r} earns {probe.score.total:g} "
+                                    f"({_describe(probe.score)})")
     row["probes"] = len(state.probes)
     row["status"] = "quarantined" if state.reasons else "ok"
     row["reasons"] = sorted({r["check"] for r in state.reasons})
@@ -206,6 +249,10 @@ def run_qc(
     rows: list[dict[str, Any]] = []
     flags: list[dict[str, Any]] = []
     score_s = 0.0
+    forgery_ids = set()
+    if spec.forgeries:
+        picked = env.tasks if spec.forgery_tasks == 0 else env.tasks[:spec.forgery_tasks]
+        forgery_ids = {t.id for t in picked}
     if all(c["ok"] for c in checks):
         done = 0
         for start in range(0, len(env.tasks), spec.chunk_size):
@@ -220,6 +267,8 @@ def run_qc(
                     probes += [_Probe(task, "trivial", a) for a in env.trivial_answers(task)]
                 if spec.perturbations:
                     probes += [_Probe(task, "wrong", a) for a in env.wrong_answers(task)]
+                if task.id in forgery_ids:
+                    probes += _forgery_probes(env, [task])
             t1 = time.perf_counter()
             _score_probes(env, probes)
             score_s += time.perf_counter() - t1
@@ -246,6 +295,12 @@ def run_qc(
     if rate > spec.quarantine_threshold:
         block.append(f"{len(quarantined)} of {n} tasks quarantined ({rate:.1%}), above the "
                      f"threshold of {spec.quarantine_threshold:.1%}")
+    forgeable = sorted({r["detail"].split("'")[1] for q in quarantined for r in q["reasons"]
+                        if r["check"] == "forgeable"})
+    if forgeable:
+        block.append(f"forgeable: {len(forgeable)} known forgeries earn reward "
+                     f"({', '.join(forgeable[:8])}); the grader can be fooled without solving "
+                     "the task")
     by_reason: dict[str, int] = defaultdict(int)
     for q in quarantined:
         for check in {r["check"] for r in q["reasons"]}:
@@ -271,6 +326,8 @@ def run_qc(
             "reference_full_reward": sum(1 for r in rows if r.get("reference_reward") is not None
                                          and r["reference_reward"] >= full - 1e-9),
             "empty_zero": sum(1 for r in rows if r.get("empty_reward") == 0.0),
+            "forgery_probes": sum(r.get("forgeries", 0) for r in rows),
+            "forgeable": forgeable,
             "by_reason": dict(sorted(by_reason.items())),
             "flags": dict(sorted(_count(f["kind"] for f in flags).items())),
         },

@@ -25,3 +25,8 @@ class QcSpec(BaseModel):
     max_task_seconds: Annotated[float, Field(gt=0.0, description="a reference run slower than "
                                                                  "this is quarantined")] = 60.0
     chunk_size: Annotated[int, Field(ge=1, le=100_000)] = 512
+    forgeries: bool = Field(True, description="score the library of known reward forgeries "
+                                              "(workers/qc/forgeries.py) on code environments")
+    forgery_tasks: Annotated[int, Field(
+        ge=0, le=100_000, description="tasks the forgeries are tried on (0: every task); the "
+                                      "grader is usually shared, so a sample finds it")] = 12

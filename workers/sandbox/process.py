@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import math
 import os
+import secrets
 import select
 import selectors
 import signal
@@ -31,17 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from . import cgroups, gate
+from . import cgroups, gate, records
+from .harness import source as harness_source
 from .policy import bwrap, seccomp
 from .spec import Limits
 
-SANDBOX_UID = int(os.environ.get("CRUCIBLE_SANDBOX_UID", "65534"))
-SANDBOX_GID = int(os.environ.get("CRUCIBLE_SANDBOX_GID", "65534"))
 BASH = "/bin/bash"
 DASH = "/usr/bin/dash"  # Debian's /bin/sh: starts in about half the CPU time of bash
 SETPRIV = "/usr/bin/setpriv"
+PERL = "/usr/bin/perl"
 _PR_SET_CHILD_SUBREAPER = 36
-_FEEDBACK_CAP = 32 << 20
 
 _tracked: set[int] = set()
 _tracked_lock = threading.Lock()
@@ -148,16 +148,32 @@ def reap(pids: set[int], timeout: float = 2.0) -> set[int]:
     return pending
 
 
-def gate_argv(limits: Limits, cpu_ms: int | None) -> list[str]:
-    """The command that waits for the cgroup, lowers the rlimits, drops privileges and execs
-    the argv appended to it: the compiled gate, or the shell + setpriv fallback."""
+def gate_argv(limits: Limits, cpu_ms: int | None, uid: int) -> list[str]:
+    """The command that waits for the cgroup, lowers the rlimits, drops privileges to `uid`
+    (and the gid of the same number) and execs the argv appended to it: the compiled gate, or
+    the shell + setpriv fallback."""
     cpu_s = math.ceil((cpu_ms if cpu_ms is not None else limits.cpu_ms) / 1000) + 1
     binary = gate.gate_binary()
     if binary is not None:
         return [binary, str(cpu_s), str(limits.file_size_mb << 20), str(limits.open_files),
-                str(SANDBOX_UID), str(SANDBOX_GID)]
+                str(uid), str(uid)]
     shell, fsize_unit = gate_shell()
-    return [shell, "-c", gate_script(limits, cpu_ms, fsize_unit), "gate"]
+    return [shell, "-c", gate_script(limits, cpu_ms, fsize_unit, uid), "gate"]
+
+
+def waiter_argv(argv: list[str]) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+    """argv under the status waiter (PID 1: reports the program's real wait status in a keyed
+    record), with the bind that makes the waiter visible inside if it needs one. The static
+    waiter where it could be built, else the Perl one (perl-base is Essential on Debian)."""
+    inside = gate.waiter_inside()
+    if inside is not None:
+        mount = gate.waiter_mount()
+        return [inside, "{STATUS_FD}", "{KEY_FD}", *argv], ((mount,) if mount else ())
+    if not os.access(PERL, os.X_OK):
+        raise SandboxError("neither the static status waiter nor perl is available: run "
+                           "scripts/install_sandbox_deps.sh")
+    return [PERL, "-e", harness_source("status_waiter.pl"), "{STATUS_FD}", "{KEY_FD}",
+            *argv], ()
 
 
 def gate_shell() -> tuple[str, int]:
@@ -165,7 +181,7 @@ def gate_shell() -> tuple[str, int]:
     return (DASH, 512) if os.access(DASH, os.X_OK) else (BASH, 1024)
 
 
-def gate_script(limits: Limits, cpu_ms: int | None, fsize_unit: int) -> str:
+def gate_script(limits: Limits, cpu_ms: int | None, fsize_unit: int, uid: int) -> str:
     """The gate: wait for the line that says the process is in its cgroup, lower the rlimits
     (hard and soft: the program cannot raise them again), drop to the sandbox uid and exec bwrap.
     The process lowers its own limits because root here lacks CAP_SYS_RESOURCE, so prlimit on a
@@ -176,7 +192,7 @@ def gate_script(limits: Limits, cpu_ms: int | None, fsize_unit: int) -> str:
         "read -r _ || exit 125; "
         f"ulimit -t {cpu_s} && ulimit -f {fsize} && ulimit -n {limits.open_files} && "
         "ulimit -c 0 || exit 125; "
-        f"exec {SETPRIV} --reuid={SANDBOX_UID} --regid={SANDBOX_GID} --clear-groups "
+        f"exec {SETPRIV} --reuid={uid} --regid={uid} --clear-groups "
         '--inh-caps=-all -- "$@"'
     )
 
@@ -190,15 +206,17 @@ class Outcome:
     stderr: bytes = b""
     stdout_truncated: bool = False
     stderr_truncated: bool = False
-    feedback: bytes = b""
+    feedback: list[tuple[str, str]] = field(default_factory=list)  # the bootstrap's records
+    feedback_error: str = ""  # the feedback channel was flooded or malformed
     timed_out: bool = False
     cpu_exceeded: bool = False
     output_exceeded: bool = False
     oom_killed: bool = False
-    signal: int | None = None  # set only when reported in the sandbox (exit_reported)
-    exit_reported: bool = False  # the status came from inside the sandbox, not from bwrap
+    signal: int | None = None  # set only when reported by the status waiter (exit_reported)
+    exit_reported: bool = False  # the waiter's keyed record gave the exact status
     cpu_ms: int = 0
     wall_ms: int = 0
+    supervisor_cpu_ms: float = 0.0
     peak_memory_bytes: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -206,39 +224,32 @@ class Outcome:
 Status = tuple[int | None, int | None]
 
 
-def parse_status(
-    feedback: bytes | bytearray, prefix: bytes, *, last: bool = False
-) -> Status | None:
-    """(exit code, signal) from the first (or, with `last`, the last) complete
-    `<prefix>EXIT <n>` or `<prefix>SIGNAL <n>` line on the feedback channel; None while there is
-    none. The process that reports is the program's parent inside the sandbox (the status waiter
-    of compiled languages) or the bootstrap around it, which saw the real status: exit(130) and
-    death by SIGINT differ there, while bwrap folds both into 130."""
-    found: Status | None = None
-    at = 0
-    while True:
-        at = feedback.find(prefix, at)
-        if at < 0:
-            return found
-        end = feedback.find(b"\n", at)
-        if end < 0:
-            return found
-        kind, _, value = bytes(feedback[at + len(prefix):end]).partition(b" ")
-        at = end
-        number = value.strip()
-        status: Status | None = None
-        if number.isdigit() and kind == b"EXIT":
-            status = int(number) & 0xFF, None
-        elif number.isdigit() and kind == b"SIGNAL" and 0 < int(number) < 128:
-            status = None, int(number)
-        if status is not None:
-            if not last:
-                return status
-            found = status
+def parse_status(kind: str, value: str) -> Status | None:
+    """(exit code, signal) from the waiter's `EXIT <n>` / `SIGNAL <n>` record."""
+    if not value.isdigit() or len(value) > 3:
+        return None
+    if kind == "EXIT":
+        return int(value) & 0xFF, None
+    if kind == "SIGNAL" and 0 < int(value) < 128:
+        return None, int(value)
+    return None
+
+
+def feedback_cap(extra_bytes: int = 0) -> int:
+    """Bytes a bootstrap's feedback channel may carry: its small records plus a trace."""
+    return records.MAX_BYTES + 2 * extra_bytes
 
 
 class SandboxProcess:
-    """A bwrap sandbox running `argv` on `workdir`; single use: spawn, run(), destroy()."""
+    """A bwrap sandbox running `argv` on `workdir` as host `uid`; single use: spawn, run(),
+    destroy().
+
+    With `waiter` (the default for everything but compilers), argv runs under the status
+    waiter, PID 1 of the sandbox, which reports the program's wait status in a record carrying
+    a fresh key on a channel only it holds; the run ends on that record. `with_control` adds the
+    bootstraps' control pipe (request in) and feedback pipe (READY, TRACE out); `links` are two
+    more fds (read end, write end) handed in as {LINK_IN} / {LINK_OUT}: the pipes between a
+    candidate and its test driver."""
 
     def __init__(
         self,
@@ -246,12 +257,15 @@ class SandboxProcess:
         argv: list[str],
         workdir: Path,
         limits: Limits,
+        uid: int,
         env: dict[str, str] | None = None,
         ro_binds: tuple[tuple[str, str], ...] = (),
         with_control: bool = False,
         cpu_backstop_ms: int | None = None,
-        as_pid_1: bool = False,
+        waiter: bool = True,
         data: bytes | None = None,
+        links: tuple[int, int] | None = None,
+        feedback_bytes: int | None = None,
     ) -> None:
         tools = [bwrap.BWRAP] if gate.gate_binary() else [bwrap.BWRAP, SETPRIV, gate_shell()[0]]
         for tool in tools:
@@ -261,14 +275,20 @@ class SandboxProcess:
         become_subreaper()
         self.limits = limits
         self.workdir = workdir
+        self.uid = uid
+        self.clean = False  # destroy() emptied and removed the cgroup: the uid is free again
         self._fds: list[int] = []
         self._seen: set[int] = set()
         self._accounted = False
         self.proc: subprocess.Popen[bytes] | None = None
+        self.key = secrets.token_bytes(records.KEY_BYTES)
+        self.feedback_bytes = feedback_bytes or feedback_cap()
+        self.feedback_r: int | None = None
+        self.status_r: int | None = None
         self.cgroup = cgroups.create(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
         try:
-            self._spawn(argv, env or {}, ro_binds, with_control, cpu_backstop_ms, as_pid_1,
-                        data)
+            self._spawn(argv, env or {}, ro_binds, with_control, cpu_backstop_ms, waiter, data,
+                        links)
         except BaseException:
             self.destroy()
             raise
@@ -280,34 +300,50 @@ class SandboxProcess:
 
     def _spawn(
         self, argv: list[str], env: dict[str, str], ro_binds: tuple[tuple[str, str], ...],
-        with_control: bool, cpu_backstop_ms: int | None, as_pid_1: bool,
-        data: bytes | None,
+        with_control: bool, cpu_backstop_ms: int | None, waiter: bool,
+        data: bytes | None, links: tuple[int, int] | None,
     ) -> None:
-        fb_r, fb_w = self._pipe()
-        self.feedback_r = fb_r
-        child_fds = [fb_w]
+        child_fds: list[int] = []
+
+        def hand_in(placeholder: str, fd: int) -> None:
+            nonlocal argv
+            child_fds.append(fd)
+            argv = [a.replace(placeholder, str(fd)) for a in argv]
+
+        if waiter:
+            argv, extra_binds = waiter_argv(argv)
+            ro_binds = (*ro_binds, *extra_binds)
+            self.status_r, st_w = self._pipe()
+            hand_in("{STATUS_FD}", st_w)
+            key_fd = memfd(self.key, "crucible-key")
+            self._fds.append(key_fd)
+            hand_in("{KEY_FD}", key_fd)
         self.control_w: int | None = None
         if with_control:
+            self.feedback_r, fb_w = self._pipe()
+            hand_in("{FEEDBACK_FD}", fb_w)
             ctl_r, self.control_w = self._pipe()
-            child_fds.append(ctl_r)
-            argv = [a.replace("{CONTROL_FD}", str(ctl_r)) for a in argv]
-        argv = [a.replace("{FEEDBACK_FD}", str(fb_w)) for a in argv]
+            hand_in("{CONTROL_FD}", ctl_r)
+        if links is not None:
+            hand_in("{LINK_IN}", links[0])
+            hand_in("{LINK_OUT}", links[1])
+        else:
+            argv = [a.replace("{LINK_IN}", "-1").replace("{LINK_OUT}", "-1") for a in argv]
         if data is not None:  # read-only data for the sandbox (the precompiled bootstrap)
             data_fd = memfd(data, "crucible-data")
             self._fds.append(data_fd)
-            child_fds.append(data_fd)
-            argv = [a.replace("{DATA_FD}", str(data_fd)) for a in argv]
+            hand_in("{DATA_FD}", data_fd)
         sec_fd = seccomp.filter_fd()
         self._fds.append(sec_fd)
         child_fds.append(sec_fd)
         inner = bwrap.command(
             workdir=self.workdir, argv=argv, env=env, seccomp_fd=sec_fd,
-            tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds, as_pid_1=as_pid_1,
+            tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=ro_binds, as_pid_1=waiter,
         )
         # RLIMIT_CPU is only a backstop: the supervisor watches the cgroup's CPU time itself.
         try:
             self.proc = subprocess.Popen(
-                [*gate_argv(self.limits, cpu_backstop_ms), *inner],
+                [*gate_argv(self.limits, cpu_backstop_ms, self.uid), *inner],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=child_fds, env={"PATH": bwrap.PATH}, cwd="/",
             )
@@ -315,8 +351,9 @@ class SandboxProcess:
             raise SandboxError(f"cannot start the sandbox: {exc}") from exc
         with _tracked_lock:
             _tracked.add(self.proc.pid)
-        for fd in child_fds:  # the child holds its ends now
-            self._close(fd)
+        for fd in child_fds:  # the child holds its ends now (the link fds are the caller's)
+            if links is None or fd not in links:
+                self._close(fd)
         self.cgroup.add(self.proc.pid)
         # Opens the gate: it reads exactly this line (byte by byte, from a pipe), so the
         # program's own stdin, written later on the same pipe, reaches the program intact.
@@ -343,7 +380,9 @@ class SandboxProcess:
 
     def wait_feedback(self, timeout: float) -> bool:
         """Whether the feedback pipe has something to read (or was closed) within timeout,
-        without reading it: a warm bootstrap's READY line stays there for run() to skip."""
+        without reading it: a warm bootstrap's READY record stays there for run() to skip."""
+        if self.feedback_r is None:
+            return True
         poller = select.poll()
         poller.register(self.feedback_r, select.POLLIN)
         return bool(poller.poll(max(timeout, 0.0) * 1000))
@@ -372,48 +411,54 @@ class SandboxProcess:
             self._close(self.control_w)
             self.control_w = None
 
-    def run(
-        self, stdin: bytes = b"", *, control: bytes | None = None,
-        status_prefix: bytes | None = None, end_on_status: bool = True,
-    ) -> Outcome:
+    def run(self, stdin: bytes = b"", *, control: bytes | None = None) -> Outcome:
         """Feed stdin, collect output within the limits, and return when the program is done.
 
-        Done means the sandbox exited, or (with `end_on_status`) the program's parent inside the
-        sandbox reported its exit status on the feedback pipe as `<status_prefix>EXIT <n>` or
-        `SIGNAL <n>`: the program is gone and its output is in the pipes, so the sandbox is
-        killed here rather than waited for (interpreter and namespace teardown stay off the
-        critical path). Without `end_on_status` the run ends when the sandbox exits, and the last
-        reported status is used as the exact one: a line the program forged earlier (it can
-        reach the waiter's fd through /proc/1/fd) is overridden by the waiter's own, which is
-        written last, just before PID 1 exits and takes the namespace with it.
-        """
+        Done means the status waiter's keyed record arrived (the program is gone and its output
+        is in the pipes, so the sandbox is killed here rather than waited for: namespace
+        teardown stays off the critical path), or the sandbox exited. Nothing the program
+        writes can end the run early: it holds neither the status channel nor its key. The
+        supervisor's own CPU time on this run (this thread's) is reported and counted against
+        the CPU limit, so flooding the pipes costs the program, not the host."""
         assert self.proc is not None and self.proc.stdin and self.proc.stdout and self.proc.stderr
         limits = self.limits
         out = Outcome()
+        thread_cpu0 = time.thread_time_ns()
         cpu0 = self.cgroup.cpu_ns()
         start = time.monotonic()
         if control is not None:
             self.send_control(control)
         deadline = start + limits.wall_ms / 1000
-        bufs = {"stdout": bytearray(), "stderr": bytearray(), "feedback": bytearray()}
+        bufs = {"stdout": bytearray(), "stderr": bytearray()}
+        feedback = records.RecordReader(max_bytes=self.feedback_bytes)
+        status = records.RecordReader(key=self.key, max_records=4, max_bytes=256)
 
         def take(name: str, chunk: bytes) -> None:
-            buf = bufs[name]
             if name == "feedback":
-                if len(buf) < _FEEDBACK_CAP:
-                    buf += chunk
+                feedback.feed(chunk)
                 return
+            if name == "status":
+                status.feed(chunk)
+                return
+            buf = bufs[name]
             room = limits.output_bytes - len(bufs["stdout"]) - len(bufs["stderr"])
             buf += chunk[: max(room, 0)]
             if len(chunk) > room:
                 setattr(out, f"{name}_truncated", True)
                 out.output_exceeded = True
 
+        def spent_ms() -> float:
+            return ((self.cgroup.cpu_ns() - cpu0) + (time.thread_time_ns() - thread_cpu0)) / 1e6
+
         sel = selectors.DefaultSelector()
         pidfd = os.pidfd_open(self.proc.pid)
         sel.register(pidfd, selectors.EVENT_READ, "exit")
-        for name, fd in (("stdout", self.proc.stdout.fileno()),
-                         ("stderr", self.proc.stderr.fileno()), ("feedback", self.feedback_r)):
+        channels = [("stdout", self.proc.stdout.fileno()), ("stderr", self.proc.stderr.fileno())]
+        if self.feedback_r is not None:
+            channels.append(("feedback", self.feedback_r))
+        if self.status_r is not None:
+            channels.append(("status", self.status_r))
+        for name, fd in channels:
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ, name)
         stdin_fd = self.proc.stdin.fileno()
@@ -425,9 +470,8 @@ class SandboxProcess:
             self.proc.stdin.close()
         exited_at: float | None = None
         reported: Status | None = None
-        ended = False
         try:
-            while not ended and not out.output_exceeded:
+            while reported is None and not out.output_exceeded and not feedback.stopped:
                 readers = [k for k in sel.get_map().values() if k.data not in ("exit", "stdin")]
                 if exited_at is not None and not readers:
                     break
@@ -437,7 +481,7 @@ class SandboxProcess:
                 if now >= deadline:
                     out.timed_out = True
                     break
-                if (self.cgroup.cpu_ns() - cpu0) / 1e6 > limits.cpu_ms:
+                if spent_ms() > limits.cpu_ms:
                     out.cpu_exceeded = True
                     break
                 for key, _ in sel.select(min(deadline - now, 0.1)):
@@ -465,40 +509,41 @@ class SandboxProcess:
                             sel.unregister(key.fd)
                             continue
                         take(name, chunk)
-                        if name == "feedback" and status_prefix and end_on_status:
-                            reported = parse_status(bufs["feedback"], status_prefix)
-                            ended = reported is not None
-            if ended:
-                # The bootstrap flushed before reporting: drain what is already in the pipes.
+                        if name == "status" and status.records:
+                            reported = parse_status(*status.records[0])
+            if reported is not None:
+                # The program is gone: drain what it left in the pipes (bounded by the caps).
                 for key in list(sel.get_map().values()):
-                    if key.data in ("stdout", "stderr"):
-                        with contextlib.suppress(BlockingIOError):
-                            while chunk := os.read(key.fd, 65536):
+                    if key.data in ("stdout", "stderr", "feedback"):
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            while not out.output_exceeded and (chunk := os.read(key.fd, 65536)):
                                 take(key.data, chunk)
         finally:
             sel.close()
             os.close(pidfd)
         out.wall_ms = int((time.monotonic() - start) * 1000)
-        out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
         self._seen |= self._children() | self.cgroup.signal_all()
-        if not ended:
+        if reported is None:
             out.returncode = self._wait()
-            out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
-            if status_prefix:  # reported as it exited: read what is left, keep the last
+            if self.status_r is not None:  # the waiter may have reported as it was killed
                 with contextlib.suppress(OSError):
-                    while chunk := os.read(self.feedback_r, 65536):
-                        take("feedback", chunk)
-                reported = parse_status(bufs["feedback"], status_prefix, last=True)
+                    while (chunk := os.read(self.status_r, 4096)) and not status.stopped:
+                        status.feed(chunk)
+                reported = parse_status(*status.records[0]) if status.records else None
         if reported is not None:
             code, signal_no = reported
             out.returncode = code if code is not None else 128 + (signal_no or 0)
             out.signal = signal_no
             out.exit_reported = True
-        out.cpu_exceeded = out.cpu_exceeded or out.cpu_ms > limits.cpu_ms
+        if feedback.stopped:
+            out.feedback_error = feedback.malformed or "the feedback channel was flooded"
+        out.feedback = feedback.records
+        out.cpu_ms = int((self.cgroup.cpu_ns() - cpu0) / 1e6)
+        out.supervisor_cpu_ms = (time.thread_time_ns() - thread_cpu0) / 1e6
+        out.cpu_exceeded = out.cpu_exceeded or out.cpu_ms + out.supervisor_cpu_ms > limits.cpu_ms
         out.peak_memory_bytes = self.cgroup.peak_memory()
         out.oom_killed = self.cgroup.oom_kills() > 0
-        out.stdout, out.stderr, out.feedback = (
-            bytes(bufs["stdout"]), bytes(bufs["stderr"]), bytes(bufs["feedback"]))
+        out.stdout, out.stderr = bytes(bufs["stdout"]), bytes(bufs["stderr"])
         return out
 
     def _wait(self) -> int | None:
@@ -510,7 +555,8 @@ class SandboxProcess:
             return self.proc.wait()
 
     def destroy(self) -> None:
-        """Kill everything in the cgroup, reap, remove the cgroup; safe to call twice."""
+        """Kill everything in the cgroup, reap, remove the cgroup; safe to call twice. Sets
+        `clean` once the cgroup is gone: no process of this sandbox's uid is left."""
         self._seen |= self._children()
         with contextlib.suppress(OSError, cgroups.CgroupError):
             self._seen |= self.cgroup.kill()
@@ -527,15 +573,18 @@ class SandboxProcess:
                 _tracked.discard(self.proc.pid)
         for fd in list(self._fds):
             self._close(fd)
-        reap(self._seen)
+        leftover = reap(self._seen)
         _sweep_now_and_then()
         if not self._accounted:
             self._accounted = True
             with contextlib.suppress(OSError, ValueError):
                 _account(self.cgroup.cpu_ns())
-        with contextlib.suppress(OSError):
+        try:
             # A zombie the reaps above missed keeps a v1 cgroup busy: sweep then, at once.
             self.cgroup.remove(on_busy=sweep)
+        except OSError:
+            return
+        self.clean = not leftover
 
 
 _usage_lock = threading.Lock()

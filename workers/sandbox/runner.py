@@ -2,14 +2,25 @@
 
 An execution is: pick the language, write the sources into a fresh work directory, compile in one
 sandbox (compile limits), then run in another (run limits) once, or once per stdin/stdout case.
-Python and JavaScript run through a bootstrap that waits on a control pipe, which is what lets the
-warm pool start their interpreters ahead of time; the same bootstrap carries the test verdict and
-the trace back on a separate feedback pipe, each line tagged with a per-execution nonce.
+Every sandbox runs as a host uid of its own (uids.py) under the status waiter, PID 1, whose keyed
+record gives the exact exit status.
+
+Unit tests (python, javascript) never run in the candidate's process. A graded execution is two
+sandboxes started together and joined by two pipes: the candidate's bootstrap loads its code and
+answers calls; the test driver, in a sandbox of its own under another uid, runs the task's
+trusted prelude and tests with the candidate's functions bound to proxies that call across the
+pipes by value (harness/wire.py), compares on plain data, and reports the verdict on its own
+feedback pipe with a key only it and the supervisor know. The candidate never sees the tests,
+the driver's memory or its channel, so it cannot report a pass, and an object with a lying
+`__eq__` never reaches the comparison. Both are pre-started interpreters from a warm pool of
+pairs.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import hmac
 import json
 import marshal
 import os
@@ -21,18 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups, languages, workdir
+from . import cgroups, languages, uids, workdir
 from .harness import source as harness_source
+from .harness import wire
 from .languages import Language, ToolchainMissing
 from .pool import WarmPool
-from .process import (
-    SANDBOX_GID,
-    SANDBOX_UID,
-    Outcome,
-    SandboxError,
-    SandboxProcess,
-    teardown_later,
-)
+from .process import Outcome, SandboxError, SandboxProcess, feedback_cap, teardown_later
 from .scoring import compare_output
 from .spec import (
     CaseResult,
@@ -52,6 +57,16 @@ _PY_STUB = ("import marshal,posix,sys;f=int(sys.argv.pop(1));c=posix.read(f,1<<2
             "exec(marshal.loads(c))")
 _boot_code: bytes | None = None
 _boot_code_lock = threading.Lock()
+JS_LOOKUP_FOOTER = ("\n;globalThis.__crucibleLookup__ = (n) => { try { return eval(n); } "
+                    "catch (e) { return undefined; } };\n")
+"""Appended to a graded JavaScript candidate: top-level declarations of a CommonJS module are
+local to it, so the bootstrap reaches them through this accessor (it runs in the candidate's
+own process, like everything the candidate controls)."""
+
+
+def python_boot_source() -> str:
+    """The Python bootstrap: the by-value codec, then the bootstrap proper."""
+    return harness_source("wire.py") + "\n" + harness_source("python_boot.py")
 
 
 def _python_boot_code() -> bytes | None:
@@ -65,7 +80,7 @@ def _python_boot_code() -> bytes | None:
                       "sys.stdin.read(),'<crucible-boot>','exec')))")
             try:
                 done = subprocess.run([PYTHON, "-I", "-S", "-c", script],
-                                      input=harness_source("python_boot.py").encode(),
+                                      input=python_boot_source().encode(),
                                       capture_output=True, timeout=30, check=True)
                 _boot_code = done.stdout
             except (OSError, subprocess.SubprocessError):
@@ -73,31 +88,22 @@ def _python_boot_code() -> bytes | None:
         return _boot_code or None
 
 
+_FDS = ("{CONTROL_FD}", "{FEEDBACK_FD}", "{LINK_IN}", "{LINK_OUT}")
+
+
 def _python_boot_argv(code: bytes | None) -> list[str]:
     if code is None:
-        return [PYTHON, "-I", "-S", "-c", harness_source("python_boot.py"),
-                "{CONTROL_FD}", "{FEEDBACK_FD}"]
-    return [PYTHON, "-I", "-S", "-c", _PY_STUB, "{DATA_FD}", "{CONTROL_FD}", "{FEEDBACK_FD}"]
+        return [PYTHON, "-I", "-S", "-c", python_boot_source(), *_FDS]
+    return [PYTHON, "-I", "-S", "-c", _PY_STUB, "{DATA_FD}", *_FDS]
 
 
 _BOOT_ARGV = {
     "python": lambda: _python_boot_argv(_python_boot_code()),
-    "javascript": lambda: ["/usr/bin/node", "-e", harness_source("node_boot.js"),
-                           "{CONTROL_FD}", "{FEEDBACK_FD}"],
+    "javascript": lambda: ["/usr/bin/node", "-e", harness_source("node_boot.js"), *_FDS],
 }
 _SIGNALLED = 128  # bwrap reports a child killed by signal N as exit status 128 + N, and so
-# does a program that exits with 128 + N: only a status reported from inside the sandbox (the
-# bootstrap's waiting half, or the status waiter) tells them apart.
+# does a program that exits with 128 + N: only the status waiter's record tells them apart.
 _BACKSTOP_CPU_MS = 600_000
-PERL = "/usr/bin/perl"
-
-
-def _waiter_argv(argv: list[str], tag: str) -> list[str]:
-    """argv under the status waiter (PID 1, reports the program's real wait status), or argv
-    unchanged where Perl is missing (then exit codes 129-192 read as signals)."""
-    if not os.access(PERL, os.X_OK):
-        return argv
-    return [PERL, "-e", harness_source("status_waiter.pl"), "{FEEDBACK_FD}", tag, *argv]
 
 
 @dataclass
@@ -112,19 +118,45 @@ class EngineConfig:
 
 @dataclass
 class _Warm:
-    """A started bootstrap sandbox and its work directory."""
+    """A started bootstrap sandbox, its work directory and its uid."""
 
     proc: SandboxProcess
     dir: Path
+    uid: int
     announces_ready: bool = False  # the bootstrap writes READY on the feedback pipe
 
     def wait_booted(self, timeout: float) -> bool:
         """Whether the interpreter finished starting (or, dead, never will) within timeout."""
         return not self.announces_ready or self.proc.wait_feedback(timeout)
 
+    def alive(self) -> bool:
+        return self.proc.alive()
+
     def destroy(self) -> None:
         self.proc.destroy()
         workdir.remove(self.dir)
+        if self.proc.clean:
+            uids.release(self.uid)
+
+
+@dataclass
+class _Pair:
+    """A candidate sandbox and its test driver's, joined by two pipes at spawn."""
+
+    candidate: _Warm
+    driver: _Warm
+
+    def wait_booted(self, timeout: float) -> bool:
+        return self.candidate.wait_booted(timeout) and self.driver.wait_booted(timeout)
+
+    def alive(self) -> bool:
+        return self.candidate.alive() and self.driver.alive()
+
+    def destroy(self) -> None:
+        try:
+            self.candidate.destroy()
+        finally:
+            self.driver.destroy()
 
 
 def _decode(data: bytes) -> str:
@@ -136,13 +168,15 @@ def phase_result(out: Outcome, limits: Limits, *, compile_phase: bool = False) -
     rc = out.returncode
     signal_no = None
     if out.exit_reported:
-        signal_no = out.signal  # seen by the program's parent: exact
+        signal_no = out.signal  # seen by the program's parent, the status waiter: exact
     elif rc is not None and rc < 0:
         signal_no = -rc  # bwrap itself was killed (limits, teardown)
     elif rc is not None and _SIGNALLED < rc <= _SIGNALLED + 64:
         signal_no = rc - _SIGNALLED  # ambiguous; only when no status was reported
     if out.output_exceeded:
         status, message = Status.OLE, f"output exceeded {limits.output_bytes} bytes"
+    elif out.feedback_error:
+        status, message = Status.RE, f"feedback channel refused: {out.feedback_error}"
     elif out.timed_out:
         status, message = Status.TLE, f"wall time exceeded {limits.wall_ms} ms"
     elif out.oom_killed:
@@ -163,20 +197,9 @@ def phase_result(out: Outcome, limits: Limits, *, compile_phase: bool = False) -
         status=status, exit_code=None if signal_no else rc, signal=signal_no,
         stdout=_decode(out.stdout), stderr=_decode(out.stderr),
         stdout_truncated=out.stdout_truncated, stderr_truncated=out.stderr_truncated,
-        cpu_ms=out.cpu_ms, wall_ms=out.wall_ms, peak_memory_bytes=out.peak_memory_bytes,
-        message=message,
+        cpu_ms=out.cpu_ms, wall_ms=out.wall_ms, supervisor_cpu_ms=round(out.supervisor_cpu_ms, 3),
+        peak_memory_bytes=out.peak_memory_bytes, message=message,
     )
-
-
-def _feedback(out: Outcome, nonce: str) -> dict[str, str]:
-    """The lines tagged with this execution's nonce; anything else on the channel is ignored."""
-    found: dict[str, str] = {}
-    prefix = nonce + " "
-    for line in _decode(out.feedback).splitlines():
-        if line.startswith(prefix):
-            kind, _, payload = line[len(prefix):].partition(" ")
-            found.setdefault(kind, payload)
-    return found
 
 
 def _read_back(path: Path, names: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -191,60 +214,114 @@ def _read_back(path: Path, names: list[str]) -> tuple[dict[str, str], dict[str, 
     return files, errors
 
 
+def _driver_verdict(out: Outcome, key: str) -> tuple[str, str] | None:
+    """(kind, detail) from the driver's keyed VERDICT record, or None without one."""
+    for kind, value in out.feedback:
+        if kind != "VERDICT":
+            continue
+        got, _, rest = value.partition(" ")
+        if hmac.compare_digest(got.encode(), key.encode()):
+            verdict, _, detail = rest.partition(" ")
+            return verdict, detail.strip()[:500]
+    return None
+
+
+_graders: ThreadPoolExecutor | None = None
+_graders_lock = threading.Lock()
+
+
+def _grader_threads() -> ThreadPoolExecutor:
+    """Threads that supervise test drivers while the calling thread supervises candidates."""
+    global _graders
+    with _graders_lock:
+        if _graders is None:
+            _graders = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sandbox-grader")
+        return _graders
+
+
 class Engine:
     """Runs execution requests in sandboxes; owns the warm pools. Thread-safe."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
-        self._pools: dict[str, WarmPool[_Warm]] = {}
+        self._pools: dict[tuple[str, str], WarmPool[_Warm] | WarmPool[_Pair]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     # -- warm pools ---------------------------------------------------------------------------
-    def _pool(self, lang: Language) -> WarmPool[_Warm] | None:
+    def _pool(self, lang: Language, kind: str = "plain") -> WarmPool | None:
         if lang.name not in self.config.warm_languages or self.config.pool_size <= 0:
             return None
         with self._lock:
             if self._closed:
                 return None
-            pool = self._pools.get(lang.name)
+            pool = self._pools.get((lang.name, kind))
             if pool is None:
-                pool = WarmPool(lambda: self._spawn_boot(lang, self.config.pool_limits),
-                                self.config.pool_size, name=f"warm-{lang.name}")
-                self._pools[lang.name] = pool
+                limits = self.config.pool_limits
+                spawn = ((lambda: self._spawn_pair(lang, limits)) if kind == "graded"
+                         else (lambda: self._spawn_boot(lang, limits)))
+                pool = WarmPool(spawn, self.config.pool_size, name=f"warm-{lang.name}-{kind}")
+                self._pools[(lang.name, kind)] = pool
             return pool
 
-    def warm_up(self, language: str, timeout: float = 30.0) -> bool:
-        """Start the language's pool now and wait until it is full."""
-        pool = self._pool(languages.get(language))
+    def warm_up(self, language: str, timeout: float = 30.0, *, graded: bool = False) -> bool:
+        """Start the language's pool (of graded pairs, with `graded`) now and wait until it is
+        full."""
+        pool = self._pool(languages.get(language), "graded" if graded else "plain")
         return pool.wait_ready(timeout) if pool else False
 
-    def _spawn_boot(self, lang: Language, limits: Limits) -> _Warm:
-        path = workdir.create({}, owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID,
-                              size_bytes=limits.workdir_mb << 20)
+    def _spawn_boot(
+        self, lang: Language, limits: Limits, links: tuple[int, int] | None = None
+    ) -> _Warm:
+        uid = uids.lease()
+        try:
+            path = workdir.create({}, owner_uid=uid, owner_gid=uid,
+                                  size_bytes=limits.workdir_mb << 20)
+        except BaseException:
+            uids.release(uid)
+            raise
         argv = _BOOT_ARGV[lang.name]()
         data = _python_boot_code() if "{DATA_FD}" in argv else None
         try:
             proc = SandboxProcess(
-                argv=argv, workdir=path, limits=limits, env=lang.env,
+                argv=argv, workdir=path, limits=limits, uid=uid, env=lang.env,
                 ro_binds=lang.binds, with_control=True, cpu_backstop_ms=_BACKSTOP_CPU_MS,
-                data=data,
+                data=data, links=links, feedback_bytes=feedback_cap(16 << 20),
             )
         except BaseException:
             workdir.remove(path)
+            uids.release(uid)
             raise
-        return _Warm(proc, path, announces_ready=lang.name == "python")
+        return _Warm(proc, path, uid, announces_ready=lang.name == "python")
 
-    def _boot_sandbox(self, lang: Language, limits: Limits) -> _Warm:
+    def _spawn_pair(self, lang: Language, limits: Limits) -> _Pair:
+        to_candidate = os.pipe2(os.O_CLOEXEC)
+        to_driver = os.pipe2(os.O_CLOEXEC)
+        try:
+            candidate = self._spawn_boot(lang, limits, (to_candidate[0], to_driver[1]))
+            try:
+                driver = self._spawn_boot(lang, limits, (to_driver[0], to_candidate[1]))
+            except BaseException:
+                candidate.destroy()
+                raise
+        finally:
+            for fd in (*to_candidate, *to_driver):  # each sandbox holds its own ends now
+                os.close(fd)
+        return _Pair(candidate, driver)
+
+    def _take(self, lang: Language, limits: Limits, kind: str) -> _Warm | _Pair:
         pool_limits = self.config.pool_limits
         fits = (limits.tmpfs_mb, limits.file_size_mb, limits.open_files) == (
             pool_limits.tmpfs_mb, pool_limits.file_size_mb, pool_limits.open_files)
-        pool = self._pool(lang) if fits else None
-        warm = pool.take() if pool else None
-        if warm is not None and not warm.proc.alive():
-            teardown_later(warm)  # its interpreter died while waiting: never hand it out
-            warm = None
-        return warm or self._spawn_boot(lang, limits)
+        pool = self._pool(lang, kind) if fits else None
+        item = pool.take() if pool else None
+        if item is not None and not item.alive():
+            teardown_later(item)  # an interpreter died while waiting: never hand it out
+            item = None
+        if item is not None:
+            return item
+        return self._spawn_pair(lang, limits) if kind == "graded" else self._spawn_boot(lang,
+                                                                                       limits)
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, request: ExecutionRequest) -> ExecutionResult:
@@ -252,15 +329,29 @@ class Engine:
         try:
             lang = languages.get(request.language)
         except ToolchainMissing as exc:
-            return ExecutionResult(status=Status.SANDBOX_ERROR, language=request.language,
-                                   message=str(exc))
+            return self._failed(request, str(exc))
         try:
             if lang.name in _BOOT_ARGV:
+                if request.tests is not None:
+                    return self._execute_graded(lang, request)
                 return self._execute_boot(lang, request)
             return self._execute_plain(lang, request)
-        except (SandboxError, cgroups.CgroupError, OSError) as exc:
-            return ExecutionResult(status=Status.SANDBOX_ERROR, language=lang.name,
-                                   message=f"sandbox failure: {exc}")
+        except (SandboxError, cgroups.CgroupError, uids.UidsExhausted, OSError) as exc:
+            return self._failed(request, f"sandbox failure: {exc}")
+
+    @staticmethod
+    def _failed(request: ExecutionRequest, message: str) -> ExecutionResult:
+        graded = request.tests is not None or bool(request.cases)
+        return ExecutionResult(status=Status.SANDBOX_ERROR, language=request.language,
+                               message=message, verdict="sandbox_error" if graded else None)
+
+    def _execute_safely(self, request: ExecutionRequest) -> ExecutionResult:
+        """execute(), and an engine bug in one request is that request's SANDBOX_ERROR, never
+        the loss of the other results of its batch."""
+        try:
+            return self.execute(request)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must stay its own
+            return self._failed(request, f"sandbox failure: {type(exc).__name__}: {exc}")
 
     def execute_batch(
         self, requests: Iterable[ExecutionRequest], concurrency: int = 2
@@ -268,119 +359,187 @@ class Engine:
         """Execute many requests, at most `concurrency` at once, results in request order."""
         items = list(requests)
         if concurrency <= 1 or len(items) <= 1:
-            return [self.execute(r) for r in items]
+            return [self._execute_safely(r) for r in items]
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sandbox") as ex:
-            return list(ex.map(self.execute, items))
+            return list(ex.map(self._execute_safely, items))
 
     def _run_boot_once(
         self, lang: Language, request: ExecutionRequest, files: dict[str, str], stdin: str,
-        nonce: str,
-    ) -> tuple[Outcome, dict[str, str]]:
-        warm = self._boot_sandbox(lang, request.limits)
+    ) -> Outcome:
+        warm = self._take(lang, request.limits, "plain")
+        assert isinstance(warm, _Warm)
         try:
-            workdir.resize(warm.dir, workdir.files_bytes(files) + (request.limits.workdir_mb << 20),
-                           owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
-            workdir.write(warm.dir, files, owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
-            warm.proc.relimit(request.limits)
+            self._prepare(warm, request, files)
             control = {
-                "nonce": nonce, "argv": request.argv, "tests": request.tests,
+                "mode": "run", "argv": request.argv,
                 "trace": request.trace.model_dump() if request.trace and lang.name == "python"
                 else None,
             }
-            # Python's bootstrap reads marshal (a built-in module: no import cost), Node's JSON.
-            payload = marshal.dumps(control, 4) if lang.name == "python" else json.dumps(control)
-            # Python's bootstrap reports after the program is gone; Node's from an 'exit'
-            # listener, after which other listeners may still print: wait for it to end.
-            out = warm.proc.run(stdin.encode(), control=payload if isinstance(payload, bytes)
-                                else payload.encode(), status_prefix=f"{nonce} ".encode(),
-                                end_on_status=lang.name == "python")
+            out = warm.proc.run(stdin.encode(), control=self._control(lang, control))
             out.extra["files"] = _read_back(warm.dir, request.read_back)
-            return out, _feedback(out, nonce)
+            return out
         finally:
             teardown_later(warm)
 
+    @staticmethod
+    def _prepare(warm: _Warm, request: ExecutionRequest, files: dict[str, str]) -> None:
+        workdir.resize(warm.dir, workdir.files_bytes(files) + (request.limits.workdir_mb << 20),
+                       owner_uid=warm.uid, owner_gid=warm.uid)
+        workdir.write(warm.dir, files, owner_uid=warm.uid, owner_gid=warm.uid)
+        warm.proc.relimit(request.limits)
+
+    @staticmethod
+    def _control(lang: Language, control: dict[str, object]) -> bytes:
+        # Python's bootstrap reads marshal (a built-in module: no import cost), Node's JSON.
+        if lang.name == "python":
+            return marshal.dumps(control, 4)
+        return json.dumps(control).encode()
+
     def _execute_boot(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
-        code = request.code
-        tests = request.tests
-        if lang.name == "javascript" and tests is not None:
-            code = f"{code}\n;\n{tests}\n"  # CommonJS: tests must share the module scope
-        files = {**request.files, lang.source: code}
+        files = {**request.files, lang.source: request.code}
         if request.cases:
-            results = [
-                self._case(self._run_boot_once(lang, request, files, case.stdin,
-                                               secrets.token_hex(16))[0], request.limits, case)
-                for case in request.cases
-            ]
+            results = [self._case(self._run_boot_once(lang, request, files, case.stdin),
+                                  request.limits, case) for case in request.cases]
             return self._from_cases(lang, results)
-        nonce = secrets.token_hex(16)
-        out, feedback = self._run_boot_once(lang, request, files, request.stdin, nonce)
+        out = self._run_boot_once(lang, request, files, request.stdin)
         result = ExecutionResult(language=lang.name,
                                  **phase_result(out, request.limits).model_dump())
         result.files, result.file_errors = out.extra["files"]  # type: ignore[misc]
-        if tests is not None:
-            result.tests_passed = "PASS" in feedback and result.status == Status.OK
-            if not result.tests_passed and result.status == Status.OK:
-                result.status = Status.RE
-                result.message = "tests did not report a verdict (exited before they finished)"
-        if request.trace and "TRACE" in feedback:
-            result.trace = parse_trace(feedback["TRACE"], request.trace)
+        if request.trace:
+            payload = next((v for k, v in out.feedback if k == "TRACE"), None)
+            if payload is not None:
+                result.trace = _trace(payload, request)
+        return result
+
+    def _execute_graded(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
+        code = request.code + (JS_LOOKUP_FOOTER if lang.name == "javascript" else "")
+        files = {**request.files, lang.source: code}
+        pair = self._take(lang, request.limits, "graded")
+        assert isinstance(pair, _Pair)
+        key = secrets.token_hex(16)
+        try:
+            self._prepare(pair.candidate, request, files)
+            pair.driver.proc.relimit(request.limits)
+            serve = {"mode": "serve", "argv": request.argv,
+                     "trace": request.trace.model_dump() if request.trace and lang.name ==
+                     "python" else None}
+            drive = {"mode": "drive", "key": key, "prelude": request.test_prelude,
+                     "tests": request.tests, "bind": request.entry_points}
+            driven = _grader_threads().submit(pair.driver.proc.run, b"",
+                                              control=self._control(lang, drive))
+            try:
+                out = pair.candidate.proc.run(request.stdin.encode(),
+                                              control=self._control(lang, serve))
+            finally:
+                graded = driven.result()
+            out.extra["files"] = _read_back(pair.candidate.dir, request.read_back)
+        finally:
+            teardown_later(pair)
+        return self._graded_result(lang, request, out, graded, key)
+
+    @staticmethod
+    def _graded_result(
+        lang: Language, request: ExecutionRequest, out: Outcome, graded: Outcome, key: str
+    ) -> ExecutionResult:
+        phase = phase_result(out, request.limits)
+        grader = phase_result(graded, request.limits).model_copy(
+            update={"stdout": "", "stderr": "", "stdout_truncated": False,
+                    "stderr_truncated": False})
+        result = ExecutionResult(language=lang.name, grader=grader, **phase.model_dump())
+        result.supervisor_cpu_ms = round(out.supervisor_cpu_ms + graded.supervisor_cpu_ms, 3)
+        result.files, result.file_errors = out.extra["files"]  # type: ignore[misc]
+        reported = _driver_verdict(graded, key)
+        if phase.status == Status.TLE:
+            verdict, detail = "timeout", phase.message
+        elif reported is None:
+            verdict, detail = "driver_error", f"the test driver gave no verdict ({grader.status}" \
+                f"{': ' + grader.message if grader.message else ''})"
+        else:
+            verdict, detail = reported
+            if verdict == "exited":
+                verdict = "exited_early"
+            if verdict == "passed" and phase.status != Status.OK:
+                verdict, detail = "failed", f"the candidate ended badly: {phase.message}"
+        if verdict not in ("passed", "failed", "exited_early", "timeout", "driver_error"):
+            verdict, detail = "driver_error", f"unknown verdict {verdict[:40]!r}"
+        result.verdict, result.verdict_detail = verdict, detail
+        result.tests_passed = verdict == "passed"
+        if not result.tests_passed and result.status == Status.OK:
+            result.status = Status.RE
+            result.message = f"tests did not pass: {detail}"
+        if request.trace:
+            payload = next((v for k, v in out.feedback if k == "TRACE"), None)
+            if payload is not None:
+                result.trace = _trace(payload, request)
         return result
 
     def _execute_plain(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
         room = (request.compile_limits if lang.compile else request.limits).workdir_mb << 20
-        path = workdir.create({**request.files, lang.source: request.code},
-                              owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID, size_bytes=room)
+        uid = uids.lease()
+        clean = True
+        try:
+            path = workdir.create({**request.files, lang.source: request.code},
+                                  owner_uid=uid, owner_gid=uid, size_bytes=room)
+        except BaseException:
+            uids.release(uid)
+            raise
         try:
             compiled: PhaseResult | None = None
             if lang.compile:
-                compiled = self._phase(lang, path, list(lang.compile), request.compile_limits, "",
-                                       compile_phase=True)[0]
+                compiled, _, ok = self._phase(lang, path, list(lang.compile),
+                                              request.compile_limits, "", uid,
+                                              compile_phase=True)
+                clean = clean and ok
                 if compiled.status != Status.OK:
                     return ExecutionResult(
                         status=compiled.status, language=lang.name, compile=compiled,
                         stdout=compiled.stdout, stderr=compiled.stderr,
                         message=(compiled.message + "\n" + compiled.stderr + compiled.stdout)
                         .strip()[:64_000],
+                        verdict="compile_error" if request.cases else None,
                     )
                 # the program gets its own room on top of what the compiler left
                 workdir.resize(path, request.limits.workdir_mb << 20,
-                               owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
+                               owner_uid=uid, owner_gid=uid)
             run_argv = [*lang.run, *request.argv]
             if request.cases:
-                results = [
-                    self._case(self._phase(lang, path, run_argv, request.limits, c.stdin)[1],
-                               request.limits, c)
-                    for c in request.cases
-                ]
+                results = []
+                for c in request.cases:
+                    _, out, ok = self._phase(lang, path, run_argv, request.limits, c.stdin, uid)
+                    clean = clean and ok
+                    results.append(self._case(out, request.limits, c))
                 result = self._from_cases(lang, results)
             else:
-                phase, _ = self._phase(lang, path, run_argv, request.limits, request.stdin)
+                phase, _, ok = self._phase(lang, path, run_argv, request.limits, request.stdin,
+                                           uid)
+                clean = clean and ok
                 result = ExecutionResult(language=lang.name, **phase.model_dump())
                 result.files, result.file_errors = _read_back(path, request.read_back)
             result.compile = compiled
             return result
         finally:
             workdir.remove(path)
+            if clean:
+                uids.release(uid)
 
     def _phase(
         self, lang: Language, path: Path, argv: list[str], limits: Limits, stdin: str,
-        *, compile_phase: bool = False,
-    ) -> tuple[PhaseResult, Outcome]:
-        tag = secrets.token_hex(8)
-        # A compiler's status only decides OK or CE: it runs without the waiter.
-        wrapped = argv if compile_phase else _waiter_argv(argv, tag)
-        proc = SandboxProcess(argv=wrapped, workdir=path, limits=limits, env=lang.env,
-                              ro_binds=lang.binds, as_pid_1=wrapped is not argv)
+        uid: int, *, compile_phase: bool = False,
+    ) -> tuple[PhaseResult, Outcome, bool]:
+        """(result, raw outcome, whether every process of the sandbox is gone)."""
+        # A compiler's status only decides OK or CE (bwrap's own status says that exactly): it
+        # runs without the waiter.
+        proc = SandboxProcess(argv=argv, workdir=path, limits=limits, uid=uid, env=lang.env,
+                              ro_binds=lang.binds, waiter=not compile_phase)
         try:
-            # Waits for the sandbox to end rather than for the first status line, which the
-            # program could forge to end a run early (e.g. print the answer, then hang).
-            out = proc.run(stdin.encode(), status_prefix=f"{tag} ".encode(), end_on_status=False)
+            out = proc.run(stdin.encode())
         finally:
             proc.destroy()
-        return phase_result(out, limits, compile_phase=compile_phase), out
+        return phase_result(out, limits, compile_phase=compile_phase), out, proc.clean
 
     @staticmethod
     def _case(out: Outcome, limits: Limits, case: StdioCase) -> CaseResult:
+        """The supervisor's own comparison of the bytes it captured with the expected output."""
         phase = phase_result(out, limits)
         passed = phase.status == Status.OK and compare_output(
             phase.stdout, case.expected_stdout, tolerant=case.comparison == "tolerant",
@@ -395,8 +554,21 @@ class Engine:
         fields = head.model_dump(exclude={"passed"})
         fields["cpu_ms"] = sum(c.cpu_ms for c in cases)
         fields["wall_ms"] = sum(c.wall_ms for c in cases)
+        fields["supervisor_cpu_ms"] = round(sum(c.supervisor_cpu_ms for c in cases), 3)
         fields["peak_memory_bytes"] = max(c.peak_memory_bytes for c in cases)
-        return ExecutionResult(language=lang.name, cases=list(cases), **fields)
+        if head.passed:
+            verdict, detail = "passed", ""
+        elif head.status == Status.SANDBOX_ERROR:
+            verdict, detail = "sandbox_error", head.message
+        elif head.status == Status.TLE:
+            verdict, detail = "timeout", head.message
+        else:
+            index = list(cases).index(head)
+            detail = (f"case {index}: wrong output" if head.status == Status.OK
+                      else f"case {index}: {head.status} {head.message}".strip())
+            verdict = "failed"
+        return ExecutionResult(language=lang.name, cases=list(cases), verdict=verdict,
+                               verdict_detail=detail, **fields)
 
     def close(self) -> None:
         """Destroy the warm sandboxes; the engine then runs everything cold."""
@@ -412,6 +584,14 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _trace(payload: str, request: ExecutionRequest) -> object:
+    """The program's trace record (its own process wrote it: parsed defensively)."""
+    assert request.trace is not None
+    with contextlib.suppress(wire.WireError, UnicodeError, ValueError):
+        return parse_trace(wire.loads(payload.encode("ascii", errors="replace")), request.trace)
+    return None
 
 
 _default: Engine | None = None

@@ -1,8 +1,11 @@
 """Scoring helpers: output comparison, stdin/stdout cases, assert tests, HumanEval checks.
 
-A reward is a fraction of tests passed. Verdicts of in-process tests come only from the nonce
-channel (ExecutionResult.tests_passed), never from the program's exit status or stdout, so a
-program that exits 0 or prints "PASSED" before the tests run scores zero.
+A reward is a fraction of tests passed. Unit-test verdicts come only from the test driver's keyed
+record (ExecutionResult.tests_passed): the driver runs in a sandbox of its own and compares on
+plain data, so a program that exits 0, prints "PASSED", returns an object whose `__eq__` always
+holds or writes forged records scores zero. Stdin/stdout cases are compared by the supervisor on
+the bytes it captured, and a case passes only if the program also exited 0 (per the status
+waiter's keyed record).
 """
 
 from __future__ import annotations
@@ -64,18 +67,22 @@ def stdio_request(
 def assert_request(
     language: str, code: str, tests: str, limits: Limits | None = None
 ) -> ExecutionRequest:
-    """Assert-style function tests (python, javascript): the tests run after the code in the
-    same process and pass only if they finish and report over the nonce channel."""
+    """Assert-style function tests (python, javascript): a test driver in a sandbox of its own
+    runs them against the candidate's functions by value; they pass only if they run to their
+    end."""
     return ExecutionRequest(language=language, code=code, tests=tests, limits=limits or Limits())
 
 
 def humaneval_request(
     prompt: str, completion: str, test: str, entry_point: str, limits: Limits | None = None
 ) -> ExecutionRequest:
-    """A HumanEval-style check program: prompt + completion, then `check(entry_point)`."""
+    """A HumanEval-style check: the candidate is prompt + completion; the driver runs the prompt
+    itself (trusted: its helpers, such as `poly`, are the task's, whatever the candidate
+    redefines), then `check(entry_point)` with the entry point bound to the candidate's."""
     return ExecutionRequest(
-        language="python", code=prompt + completion,
-        tests=f"{test}\n\ncheck({entry_point})\n", limits=limits or Limits(wall_ms=10_000),
+        language="python", code=prompt + completion, test_prelude=prompt,
+        entry_points=[entry_point], tests=f"{test}\n\ncheck({entry_point})\n",
+        limits=limits or Limits(wall_ms=10_000),
     )
 
 

@@ -25,7 +25,17 @@ LANGUAGES: tuple[str, ...] = (
 """Every language the engine knows; which are usable depends on the toolchains installed."""
 
 TEST_LANGUAGES: tuple[str, ...] = ("python", "javascript")
-"""Languages whose in-process test harness reports verdicts over the nonce channel."""
+"""Languages whose unit tests (code) run in a test driver of the same language, in a sandbox of
+its own, calling the candidate's functions across a pipe by value."""
+
+VERDICTS: tuple[str, ...] = (
+    "passed", "failed", "exited_early", "timeout", "driver_error", "compile_error",
+    "sandbox_error",
+)
+"""How a graded execution's verdict was reached: the tests ran and passed; they ran and failed
+(an assertion, a wrong output, an exception); the candidate exited or crashed before the tests
+were done with it; it ran out of time; the grader itself failed (the task's test code, not the
+candidate); the program did not compile; the engine failed."""
 
 
 class Status(StrEnum):
@@ -106,9 +116,20 @@ class ExecutionRequest(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     compile_limits: Limits = Field(default_factory=default_compile_limits)
     tests: str | None = Field(
-        None,
-        description="test code run after the program in the same process (python, javascript); "
-        "it passes only if it finishes and reports over the verdict channel",
+        None, max_length=4 << 20,
+        description="unit-test code (python, javascript) run by a test driver in a sandbox of "
+        "its own: the candidate's top-level functions are reachable from it as proxies that "
+        "call across a pipe by value; it passes only if the tests run to their end",
+    )
+    test_prelude: str | None = Field(
+        None, max_length=4 << 20,
+        description="trusted task code the driver runs before the tests (e.g. a HumanEval "
+        "prompt with its helpers); its definitions take precedence over the candidate's",
+    )
+    entry_points: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="names the tests must reach in the candidate even where the prelude "
+        "defines them (a HumanEval prompt's stub of the function under test)",
     )
     cases: list[StdioCase] = Field(
         default_factory=list, max_length=1000,
@@ -157,12 +178,21 @@ class ExecutionRequest(BaseModel):
             raise ValueError("execution traces are recorded for python only")
         return value
 
+    @field_validator("entry_points")
+    @classmethod
+    def _identifiers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name.isidentifier() or name.startswith("__"):
+                raise ValueError(f"entry point {name!r} must be a plain identifier")
+        return value
+
     @field_validator("tests")
     @classmethod
     def _tests_need_harness(cls, value: str | None, info: ValidationInfo) -> str | None:
         language = info.data.get("language")
         if value is not None and language is not None and language not in TEST_LANGUAGES:
-            raise ValueError(f"tests run in-process only for {', '.join(TEST_LANGUAGES)}")
+            raise ValueError(f"unit-test code runs only for {', '.join(TEST_LANGUAGES)} "
+                             "(other languages are graded with stdin/stdout cases)")
         return value
 
 
@@ -178,6 +208,8 @@ class PhaseResult(BaseModel):
     stderr_truncated: bool = False
     cpu_ms: int = 0
     wall_ms: int = 0
+    supervisor_cpu_ms: float = Field(
+        0.0, description="CPU the supervisor spent on this process (counted against cpu_ms)")
     peak_memory_bytes: int = 0
     message: str = ""
 
@@ -233,8 +265,14 @@ class ExecutionResult(PhaseResult):
     language: str = ""
     compile: PhaseResult | None = None
     tests_passed: bool | None = Field(
-        None, description="None without tests; True only when the harness reported with the nonce"
+        None, description="None without tests; True only on the test driver's keyed verdict"
     )
+    verdict: str | None = Field(
+        None, description=f"with tests or cases, how the verdict was reached: one of "
+        f"{', '.join(VERDICTS)}")
+    verdict_detail: str = Field("", description="the grader's reason, without the tests' text")
+    grader: PhaseResult | None = Field(
+        None, description="the test driver's own process (its output is not returned)")
     cases: list[CaseResult] = Field(default_factory=list)
     trace: Trace | None = None
     files: dict[str, str] = Field(

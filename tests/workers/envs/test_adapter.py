@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from workers.envs import as_rl_task, load_environment
+from workers.envs.checkers import Sandbox
+from workers.qc import forgeries
 from workers.rl.spec import ArithmeticSpec
 from workers.rl.tasks.arithmetic import ArithmeticTask, exact_match
+from workers.sandbox.spec import VERDICTS
 
 
 def test_arithmetic_environment_is_a_drop_in_for_the_demo_task() -> None:
@@ -38,3 +41,27 @@ def test_quarantined_tasks_never_reach_training() -> None:
     task = as_rl_task(env, quarantined=bad)
     assert len(task.train) == 15 and len(task.eval) == 3
     assert not {e.meta["task_id"] for e in task.train + task.eval} & set(bad)
+
+
+def test_code_rewards_say_how_each_verdict_was_reached(sandbox: Sandbox) -> None:
+    """verdict_<kind> columns (the run's reward/verdict_* metrics): one 1.0 per rollout, so a
+    reward that climbs for a reason other than passing tests shows up."""
+    env = load_environment({"source": "builtin", "name": "code"}, sandbox=sandbox)
+    task = as_rl_task(env)
+    example = task.train[0]
+    name = forgeries.function_under_test(env.task(example.meta["task_id"]).tests or "")
+    completions = [example.reference,  # passes
+                   f"```python\ndef {name}(*a, **k):\n    return None\n```",  # fails
+                   f"```python\nimport os\ndef {name}(*a):\n    pass\nos._exit(0)\n```"]
+    totals, parts = task.reward([example] * 3, completions)
+    assert totals == [1.0, 0.0, 0.0]
+    assert set(parts) == {"tests", *(f"verdict_{v}" for v in VERDICTS)}
+    assert parts["verdict_passed"] == [1.0, 0.0, 0.0]
+    assert parts["verdict_failed"] == [0.0, 1.0, 0.0]
+    assert parts["verdict_exited_early"] == [0.0, 0.0, 1.0]
+    assert [sum(parts[f"verdict_{v}"][i] for v in VERDICTS) for i in range(3)] == [1.0] * 3
+    # a rubric without code checkers has no verdict columns
+    math = as_rl_task(load_environment({"source": "builtin", "name": "math",
+                                        "params": {"count": 4}}))
+    assert not any(k.startswith("verdict_") for k in math.reward(math.train[:1],
+                                                                 ["x"])[1])

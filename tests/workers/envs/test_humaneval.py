@@ -67,12 +67,16 @@ def test_canonical_solutions_pass_and_qc_quarantines_none(
     assert report["quarantined"] == [] and report["passed"]
     assert all(r["reference_reward"] == 1.0 and r["empty_reward"] == 0.0
                and r["trivial_reward"] == 0.0 and r["deterministic"] for r in report["tasks"])
-    assert report["timings"]["probes"] == 164 * 4
+    forged = report["summary"]["forgery_probes"]
+    assert forged == 12 * 15  # the forgery library on QC's default sample of tasks
+    assert report["summary"]["forgeable"] == []
+    assert report["timings"]["probes"] == 164 * 4 + forged
 
 
 def test_corrupted_tests_are_quarantined_exactly(sandbox: Sandbox, problems: list[dict]) -> None:
     env = HumanEvalEnvironment(HumanEvalParams(), sandbox, problems=_corrupt(problems))
-    report = run_qc(env, QcSpec(repeats=1, trivial=False))  # the probes these defects need
+    # the probes these defects need (forgeries are checked below)
+    report = run_qc(env, QcSpec(repeats=1, trivial=False, forgeries=False))
     print("\n" + _figures("corrupted", report))
     reasons = {q["task_id"]: {r["check"] for r in q["reasons"]} for q in report["quarantined"]}
     assert reasons == {**{t: {"reference_fails"} for t in FAILS_REFERENCE},
@@ -80,5 +84,12 @@ def test_corrupted_tests_are_quarantined_exactly(sandbox: Sandbox, problems: lis
     assert report["summary"]["quarantine_rate"] == pytest.approx(5 / 164, abs=1e-6)
     assert not report["blocked"]  # 3% is under the default 10% threshold
     blocked = run_qc(env.with_tasks([t for t in env.tasks if t.id in reasons]),
-                     QcSpec(repeats=1, trivial=False))
+                     QcSpec(repeats=1, trivial=False, forgeries=False))
     assert blocked["blocked"] and "5 of 5 tasks quarantined" in blocked["block_reasons"][0]
+    # A check() that asserts nothing is also a grader any forgery beats: with the forgery
+    # probes on, that task is `forgeable` and the version is blocked for it alone.
+    vacuous = env.with_tasks([t for t in env.tasks if t.id in (PASSES_EMPTY[0], "HumanEval/2")])
+    forged = run_qc(vacuous, QcSpec(repeats=1, trivial=False, quarantine_threshold=1.0))
+    assert {q["task_id"]: {r["check"] for r in q["reasons"]} for q in forged["quarantined"]} \
+        == {PASSES_EMPTY[0]: {"empty_rewarded", "forgeable"}}
+    assert forged["blocked"] and forged["block_reasons"][0].startswith("forgeable:")

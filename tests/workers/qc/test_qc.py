@@ -161,3 +161,28 @@ def test_every_builtin_passes_qc(sandbox: Sandbox) -> None:
         assert report["summary"]["reference_full_reward"] == report["summary"]["tasks"]
     # code_repair's trivial answers include the buggy starting code: it must earn nothing.
     assert all(r["trivial_reward"] == 0.0 for r in report["tasks"])
+
+
+def test_a_forgeable_grader_is_quarantined_and_blocks_the_version(sandbox: Sandbox) -> None:
+    """Tests that call the function but assert nothing: the reference passes and an empty
+    answer fails (NameError), yet every forgery that defines `add` returning None scores."""
+    vacuous = "add(2, 3)\nadd(-1, 1)\n"
+    strict = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+    reference = "def add(a, b):\n    return a + b\n"
+    tasks = [{"id": "vacuous", "prompt": "Write add(a, b).", "tests": vacuous,
+              "reference": reference},
+             {"id": "strict", "prompt": "Write add(a, b) returning a + b.", "tests": strict,
+              "reference": reference}]
+    spec = {"source": "tasks", "tasks": tasks,
+            "rubric": {"components": [{"name": "tests", "checker": "unit_tests"}]}}
+    report = run_qc_spec(spec, QcSpec(repeats=1, quarantine_threshold=1.0), sandbox=sandbox)
+    reasons = _reasons(report)
+    assert "forgeable" in reasons["vacuous"] and "strict" not in reasons
+    assert report["blocked"] and any(b.startswith("forgeable:") for b in
+                                     report["block_reasons"])
+    assert "py_exec_replaced" in report["summary"]["forgeable"]
+    assert report["summary"]["forgery_probes"] >= 2 * 15
+    # the same tasks with forgery probes off: nothing says the grader can be fooled
+    off = run_qc_spec(spec, QcSpec(repeats=1, quarantine_threshold=1.0, forgeries=False),
+                      sandbox=sandbox)
+    assert "forgeable" not in {r for rs in _reasons(off).values() for r in rs}

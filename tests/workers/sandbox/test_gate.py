@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from workers.sandbox import Engine, EngineConfig, ExecutionRequest, gate, process
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest, gate, uids
 from workers.sandbox.spec import Limits, Status
 
 PROBE = """
@@ -40,8 +41,15 @@ def _status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
-def test_gate_waits_as_root_then_drops_everything(binary: str) -> None:
-    uid, gid = process.SANDBOX_UID, process.SANDBOX_GID
+@pytest.fixture
+def sandbox_uid() -> Iterator[int]:
+    uid = uids.lease()
+    yield uid
+    uids.release(uid)
+
+
+def test_gate_waits_as_root_then_drops_everything(binary: str, sandbox_uid: int) -> None:
+    uid = gid = sandbox_uid
     proc = subprocess.Popen(
         [binary, "7", str(3 << 20), "40", str(uid), str(gid), "/usr/bin/python3", "-I", "-S",
          "-c", PROBE],
@@ -63,10 +71,10 @@ def test_gate_waits_as_root_then_drops_everything(binary: str) -> None:
 
 
 def test_gate_runs_nothing_without_its_line_or_with_bad_arguments(
-    binary: str, tmp_path: Path
+    binary: str, tmp_path: Path, sandbox_uid: int
 ) -> None:
     marker = tmp_path / "ran"
-    uid, gid = str(process.SANDBOX_UID), str(process.SANDBOX_GID)
+    uid = gid = str(sandbox_uid)
     touch = ["/usr/bin/touch", str(marker)]
     cases = [
         ([binary, "1", "1024", "16", uid, gid, *touch], b"no newline"),  # EOF before the line
@@ -112,9 +120,9 @@ def test_both_gates_give_sandboxes_their_limits(
         pytest.skip("the sandbox engine runs as root")
     if compiled and gate.gate_binary() is None:
         pytest.skip("no C compiler to build the gate")
-    if not compiled:
-        monkeypatch.setattr(gate, "_resolved", True)
-        monkeypatch.setattr(gate, "_binary", None)
+    if not compiled:  # and the Perl status waiter instead of the static one
+        monkeypatch.setitem(gate._resolved, "gate", None)
+        monkeypatch.setitem(gate._resolved, "waiter", None)
     code = ("import os, resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE),"
             " resource.getrlimit(resource.RLIMIT_FSIZE), os.getgroups())\nprint(input())")
     limits = Limits(open_files=48, file_size_mb=5)
@@ -131,3 +139,8 @@ def test_both_gates_give_sandboxes_their_limits(
             else:
                 assert result.stdout.split() == ["48", str((5 << 20) // 1024), "through"]
             assert result.stdout.rstrip().endswith("through")
+        # either status waiter tells exit(130) from death by SIGINT (bwrap folds both into 130)
+        exited = eng.execute(ExecutionRequest(language="bash", code="exit 130"))
+        killed = eng.execute(ExecutionRequest(language="bash", code="kill -SEGV $$"))
+    assert (exited.exit_code, exited.signal) == (130, None)
+    assert (killed.exit_code, killed.signal) == (None, 11)

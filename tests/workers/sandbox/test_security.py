@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.sandbox import Engine, EngineConfig, ExecutionRequest, process, workdir
+from workers.sandbox import Engine, EngineConfig, ExecutionRequest, uids, workdir
 from workers.sandbox.scoring import assert_request, humaneval_request, score
 from workers.sandbox.spec import ExecutionResult, Limits, Status
 
@@ -216,28 +216,37 @@ def test_no_host_environment_or_processes_are_visible(monkeypatch: pytest.Monkey
     assert int(result.stdout.split("PIDS ")[1].split()[0]) <= 3  # its own PID namespace
 
 
-def test_sandbox_runs_as_the_unprivileged_host_uid(run: Run) -> None:
-    marker = "27182.818"
+def test_each_concurrent_sandbox_runs_as_its_own_unprivileged_host_uid(engine: Engine) -> None:
+    """Per-user kernel limits (inotify, message queues, RLIMIT_NPROC) are per host uid: two
+    sandboxes running at once must not share one, and none may be root."""
+    markers = ("27182.818", "31415.926")
     box: dict[str, ExecutionResult] = {}
     limits = Limits(wall_ms=3000)
-    worker = threading.Thread(
-        target=lambda: box.update(r=run("bash", f"exec sleep {marker}", limits=limits))
-    )
-    worker.start()
-    uids: set[str] = set()
+    workers = [threading.Thread(target=lambda m=m: box.update({m: engine.execute(
+        ExecutionRequest(language="bash", code=f"exec sleep {m}", limits=limits))}))
+        for m in markers]
+    for worker in workers:
+        worker.start()
+    seen: dict[str, set[str]] = {m: set() for m in markers}
     try:
         end = time.monotonic() + 10
-        while not uids and time.monotonic() < end and worker.is_alive():
-            for pid in _processes_matching(marker):
-                with contextlib.suppress(OSError):
-                    status = Path(f"/proc/{pid}/status").read_text()
-                    uids.update(line.split()[1] for line in status.splitlines()
-                                if line.startswith("Uid:"))
+        while not all(seen.values()) and time.monotonic() < end:
+            for marker in markers:
+                for pid in _processes_matching(marker):
+                    with contextlib.suppress(OSError):
+                        status = Path(f"/proc/{pid}/status").read_text()
+                        seen[marker].update(line.split()[1] for line in status.splitlines()
+                                            if line.startswith("Uid:"))
             time.sleep(0.02)
     finally:
-        worker.join()
-    assert uids == {str(process.SANDBOX_UID)}  # real uid on the host: not 0 (bwrap keeps root's)
-    assert box["r"].status == Status.TLE
+        for worker in workers:
+            worker.join()
+    pool = uids.pool()
+    first, second = (seen[m] for m in markers)
+    assert len(first) == len(second) == 1 and first != second
+    for uid in (*first, *second):  # real uid on the host: not 0 (bwrap keeps root's)
+        assert pool.first <= int(uid) < pool.first + pool.count
+    assert all(box[m].status == Status.TLE for m in markers)
 
 
 def test_hundred_megabyte_file_is_refused(run: Run) -> None:
@@ -269,8 +278,6 @@ def test_filling_tmpfs_stops_at_its_size(run: Run) -> None:
 def test_filling_the_work_directory_stops_at_its_cap_not_the_host_disk(run: Run) -> None:
     """Each file is under the file-size limit; together they would fill the disk without the
     work directory's own tmpfs cap. Then an inode flood of empty files."""
-    host = os.statvfs(workdir.BASE)
-    host_free = host.f_bavail * host.f_frsize
     code = (
         "import os\nst = os.statvfs('/work')\nprint('size', st.f_blocks * st.f_frsize)\n"
         "n = 0\ntry:\n    for n in range(200):\n        with open(f'f{n}', 'wb') as f:\n"
@@ -288,8 +295,8 @@ def test_filling_the_work_directory_stops_at_its_cap_not_the_host_disk(run: Run)
     assert errno_ == "28" and int(files) <= 8  # ENOSPC after about 8 MB, not 200
     errno_, inodes = lines["inodes"].split()
     assert errno_ == "28" and int(inodes) <= workdir.INODES
-    host = os.statvfs(workdir.BASE)
-    assert host_free - host.f_bavail * host.f_frsize < 100 << 20  # 200 MB never reached it
+    # (The host disk's free space is not compared: other processes on a shared machine move it
+    # by more than this test writes. ENOSPC at the cap says where the bytes went.)
     assert run("python", "print('alive')").stdout == "alive\n"
 
 
@@ -399,5 +406,6 @@ def test_killed_sandboxes_leave_no_zombies_or_cgroups() -> None:
     end = time.monotonic() + 10
     while (_zombie_children() or _empty_cgroups_of_this_process()) and time.monotonic() < end:
         time.sleep(0.05)  # teardown runs on a background thread
-    assert _zombie_children() == []
+    assert [(pid, Path(f"/proc/{pid}/stat").read_text()[:40]) for pid in _zombie_children()
+            ] == []
     assert _empty_cgroups_of_this_process() == []  # every finished execution's cgroup is gone

@@ -18,87 +18,13 @@
  * grants nothing: isolation stays with bubblewrap and seccomp. Any failure exits 125 before
  * PROGRAM runs.
  */
-#include <asm/unistd.h>
 #include <linux/capability.h>
 #include <linux/prctl.h>
 #include <linux/resource.h>
 
-#define EXIT_GATE 125
-#define EINTR 4
-#define EINVAL 22
-#define EPERM 1
-
-typedef unsigned long word;
-
-#if defined(__x86_64__)
-__asm__(".text\n.global _start\n_start:\n"
-        "  xor %ebp, %ebp\n  mov %rsp, %rdi\n  and $-16, %rsp\n  call gate_main\n  hlt\n");
-
-static long sys6(long nr, word a, word b, word c, word d, word e, word f)
-{
-    register word r10 __asm__("r10") = d;
-    register word r8 __asm__("r8") = e;
-    register word r9 __asm__("r9") = f;
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-#else
-#error "the gate has system call stubs for x86-64 only (elsewhere the engine uses setpriv)"
-#endif
-
-#define sys(nr, a, b, c) sys6((nr), (word)(a), (word)(b), (word)(c), 0, 0, 0)
-
-static word length(const char *text)
-{
-    word n = 0;
-    while (text[n])
-        n++;
-    return n;
-}
-
-static void say(const char *text)
-{
-    sys(__NR_write, 2, text, length(text));
-}
-
-/* "crucible gate: WHAT: errno N" on stderr, then exit 125. */
-static void die(const char *what, long err)
-{
-    char digits[24];
-    int at = (int)sizeof digits;
-    word value = (word)(err < 0 ? -err : err);
-    digits[--at] = '\0';
-    do {
-        digits[--at] = (char)('0' + value % 10);
-        value /= 10;
-    } while (value && at > 0);
-    say("crucible gate: ");
-    say(what);
-    say(": errno ");
-    say(digits + at);
-    say("\n");
-    for (;;)
-        sys(__NR_exit_group, EXIT_GATE, 0, 0);
-}
-
-/* A decimal number without sign, spaces or overflow; anything else ends the gate. */
-static word number(const char *text, word max)
-{
-    word value = 0;
-    if (*text == '\0')
-        die("empty number", EINVAL);
-    for (; *text; text++) {
-        word digit = (word)(*text - '0');
-        if (*text < '0' || *text > '9' || value > (max - digit) / 10)
-            die("bad number", EINVAL);
-        value = value * 10 + digit;
-    }
-    return value;
-}
+#define TOOL_NAME "crucible gate"
+#define TOOL_FAILURE 125
+#include "nolibc.h"
 
 static void limit(unsigned resource, word value, const char *name)
 {
@@ -110,7 +36,7 @@ static void limit(unsigned resource, word value, const char *name)
         die(name, err);
 }
 
-__attribute__((used, noreturn)) void gate_main(word *stack)
+__attribute__((used, noreturn)) void tool_main(word *stack)
 {
     long argc = (long)stack[0];
     char **argv = (char **)(stack + 1);

@@ -1,12 +1,22 @@
-# Status waiter for programs run without a bootstrap (compiled languages, bash, TypeScript).
-# It is the sandbox's PID 1 (bwrap --as-pid-1) and the program's parent, so it sees the real
-# wait status and reports it on the feedback fd as "<tag> EXIT <code>" or "<tag> SIGNAL <n>":
-# exit(130) and death by SIGINT differ here, while bwrap's own status folds both into 130.
-# As PID 1 it cannot be signalled from inside the namespace, and when it exits the kernel kills
-# whatever the program left behind. Perl is used because it is always present on Debian
-# (perl-base is essential) and starts in a few milliseconds; it adds no isolation of its own.
-my ($fd, $tag, @cmd) = @ARGV;
+# Status waiter, Perl fallback of waiter.c (where the static one cannot be built): PID 1 of the
+# sandbox (bwrap --as-pid-1) and the program's parent. It makes itself non-dumpable, reads the
+# per-execution key from its fd and closes it, and when the program ends writes one framed record
+# on the status fd: "CRF1", a 4-byte big-endian length, the key, then "EXIT <code>" or
+# "SIGNAL <n>" (see workers/sandbox/records.py), and exits with that status. Perl because
+# perl-base is Essential on Debian; it adds no isolation of its own.
+my ($fd, $key_fd, @cmd) = @ARGV;
+require Config;
+if ($Config::Config{archname} =~ /^x86_64/) {  # prctl(PR_SET_DUMPABLE, 0): 157 on x86-64 only
+    syscall(157, 4, 0, 0, 0, 0) == 0 or die "status waiter: PR_SET_DUMPABLE: $!\n";
+}
 open(my $out, ">&=", $fd) or die "status waiter: fd $fd: $!\n";
+open(my $kin, "<&=", $key_fd) or die "status waiter: key fd $key_fd: $!\n";
+my $key = "";
+while (length($key) < 16) {
+    my $got = sysread($kin, $key, 16 - length($key), length($key));
+    die "status waiter: reading the key: $!\n" unless $got;
+}
+close($kin);
 my $pid = fork();
 die "status waiter: fork: $!\n" unless defined $pid;
 if ($pid == 0) {
@@ -19,7 +29,8 @@ while ((my $done = waitpid(-1, 0)) > 0) {
     next if $done != $pid;  # an orphan re-parented to PID 1
     my $status = $?;
     my $sig = $status & 127;
-    syswrite($out, $sig ? "$tag SIGNAL $sig\n" : "$tag EXIT " . ($status >> 8) . "\n");
+    my $body = $key . ($sig ? "SIGNAL $sig" : "EXIT " . ($status >> 8));
+    syswrite($out, "CRF1" . pack("N", length($body)) . $body);
     exit($sig ? 128 + $sig : $status >> 8);
 }
 exit 125;

@@ -2,7 +2,8 @@
 
 Namespaces already isolate most of the kernel; the filter closes what they do not: socket families
 that are not namespaced (AF_VSOCK reaches the hypervisor), the kernel keyring, io_uring (a
-recurring source of escapes), tracing other processes, new namespaces and mounts, eBPF and perf.
+recurring source of escapes), tracing other processes or taking their file descriptors (the
+status waiter's channel), new namespaces and mounts, eBPF and perf.
 Everything else is allowed so ordinary toolchains (JVM, Go, rustc) run unmodified.
 """
 
@@ -18,7 +19,10 @@ import pyseccomp as sc
 DENIED_SYSCALLS: tuple[str, ...] = (
     "keyctl", "add_key", "request_key",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    # Reaching into another process: tracing it, its memory, its file descriptors (pidfd_getfd
+    # duplicated the status waiter's fd), or a pidfd to do so with.
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "pidfd_open",
+    "process_madvise", "process_mrelease",
     "mount", "umount2", "pivot_root", "chroot", "mount_setattr",
     "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree",
     "unshare", "setns",
