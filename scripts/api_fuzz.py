@@ -127,7 +127,7 @@ def _schemathesis(base: str, header: str, label: str, report: Path, extra: list[
     print(f"\n=== schemathesis as {label} (seed {seed}, {examples} examples/operation) ===",
           flush=True)
     started = time.monotonic()
-    code = subprocess.call(command, cwd=ROOT)
+    code = subprocess.call(command, cwd=config.parent)  # its cache stays in the temp folder
     print(f"=== {label}: exit {code} after {time.monotonic() - started:.0f} s ===", flush=True)
     return code
 

@@ -187,7 +187,7 @@ class EnvironmentVersionViewSet(TeamScopedViewSet):
         return idempotent(request, lambda: self._launch(request, environment, version, "eval"))
 
     @extend_schema(request=None, responses=EvalReportRowSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a bounded plain list
     def evals(self, request: Request, team: str, environment: str, version: str) -> Response:
         """The version's eval reports (succeeded eval runs), newest first."""
         rows = selectors.eval_reports(self._version(environment, version))

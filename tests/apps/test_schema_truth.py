@@ -77,3 +77,10 @@ def test_good_page_size_is_honoured_and_documented(schema, member, project):
     params = schema["paths"]["/api/v1/teams/{team}/projects/"]["get"]["parameters"]
     page_size = next(p for p in params if p["name"] == "page_size")
     assert page_size["schema"] == {"type": "integer", "minimum": 1, "maximum": 1000}
+
+
+def test_plain_list_endpoints_are_documented_as_plain_lists(schema, member):
+    """Found by the API fuzz run: the eval reports list is a bounded array, not a page."""
+    path = "/api/v1/teams/{team}/environments/{environment}/versions/{version}/evals/"
+    ok = schema["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+    assert ok["schema"]["type"] == "array"
