@@ -71,6 +71,21 @@ def test_deeply_nested_json_is_a_400_naming_the_depth(member, qa, depth):
     assert "nested deeper than" in _error(r, 400)["message"]
 
 
+def test_the_depth_limit_is_exact_and_one_document_is_required(settings):
+    from apps.core import jsonsafe
+
+    limit = settings.CRUCIBLE["MAX_JSON_DEPTH"]
+    assert jsonsafe.loads("[" * limit + "]" * limit) is not None
+    with pytest.raises(jsonsafe.InvalidJSON, match="nested deeper"):
+        jsonsafe.loads("[" * (limit + 1) + "]" * (limit + 1))
+    with pytest.raises(jsonsafe.InvalidJSON, match="nested deeper"):
+        jsonsafe.loads('{"a": ' * (limit + 1) + "1" + "}" * (limit + 1))
+    for not_one in ("1, 2", "[1], [2]", "1]]", "", "  "):
+        with pytest.raises(jsonsafe.InvalidJSON):
+            jsonsafe.loads(not_one)
+    assert jsonsafe.loads('{"a": "\\\\u0000"}') == {"a": "\\u0000"}  # an escaped backslash
+
+
 def test_nesting_within_the_limit_is_fine(member, qa):
     value: object = "leaf"
     for _ in range(30):
