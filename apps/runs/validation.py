@@ -231,6 +231,7 @@ def plan_run(
             details={"kind": [f"unavailable kind '{kind}'"]},
         )
     spec = KINDS[kind]
+    limits.check_text(name or "", field="name", limit=limits.NAME)
     if not isinstance(config, dict):
         raise InvalidInput("config must be a JSON object.", details={"config": ["object"]})
     limits.check_json(config, field="config", limit=limits.CONFIG_BYTES)
