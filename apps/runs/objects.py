@@ -32,16 +32,26 @@ def prefix_of(run: Any) -> str:
     return run_prefix(team_id=run.team_id, run_id=run.pk)
 
 
-def _key_under_prefix(run: Any, uri: str) -> str | None:
-    """The key ``uri`` names inside the run's prefix, or None when it names anything else."""
-    base = f"{store().url}/{prefix_of(run)}/"
-    if not isinstance(uri, str) or not uri.startswith(base):
-        return None
-    rest = uri[len(base):]
-    parts = rest.split("/")
-    if not rest or any(p in ("", ".", "..") or "\\" in p for p in parts):
-        return None
-    return f"{prefix_of(run)}/{rest}"
+def legacy_prefixes(run: Any) -> tuple[str, ...]:
+    """Where workers wrote before prefixes carried the team (``runs/<id>``; profile reports
+    ``reports/<id>``): still keyed by this run's own id, so rows written then stay readable.
+    New reports are accepted only under :func:`prefix_of`."""
+    return (f"runs/{run.pk}", f"reports/{run.pk}")
+
+
+def _key_under_prefix(run: Any, uri: str, prefixes: tuple[str, ...] | None = None) -> str | None:
+    """The key ``uri`` names inside one of the run's prefixes, or None when it names anything
+    else (another prefix, the bare prefix, a '.', '..' or empty segment)."""
+    for prefix in prefixes or (prefix_of(run),):
+        base = f"{store().url}/{prefix}/"
+        if not isinstance(uri, str) or not uri.startswith(base):
+            continue
+        rest = uri[len(base):]
+        parts = rest.split("/")
+        if not rest or any(p in ("", ".", "..") or "\\" in p for p in parts):
+            return None
+        return f"{prefix}/{rest}"
+    return None
 
 
 def check_reported(run: Any, uri: str, *, field: str = "uri") -> str:
@@ -65,8 +75,9 @@ def check_reported(run: Any, uri: str, *, field: str = "uri") -> str:
 
 
 def owns(run: Any, uri: str) -> bool:
-    """Whether a stored URI lies under ``run``'s prefix (rows from before the rule may not)."""
-    return _key_under_prefix(run, uri) is not None
+    """Whether a stored URI lies under ``run``'s prefix, or the legacy per-run one (rows
+    from before the rule that point anywhere else are not followed)."""
+    return _key_under_prefix(run, uri, (prefix_of(run), *legacy_prefixes(run))) is not None
 
 
 def read_json(run: Any, uri: str, *, what: str = "report") -> dict[str, Any]:

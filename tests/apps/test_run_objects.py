@@ -165,3 +165,16 @@ def test_qc_report_uri_is_confined_too(project, member, team_worker):
                             {"report": report, "uri": put_run_object(claimed, "qc.json")},
                             format="json", **lease)
     assert good.status_code == 200, good.content
+
+
+def test_rows_written_under_the_old_per_run_layout_stay_readable(acme_run, rival_run, member,
+                                                                 object_store):
+    """Before prefixes carried the team, workers wrote runs/<id>/…: a row pointing at its
+    own run's old key is still served; one pointing at another run's old key is not."""
+    run, _, _ = acme_run
+    own = object_store.put_bytes(f"runs/{run.pk}/eval-report.json", b'{"old": true}')
+    Run.objects.filter(pk=run.pk).update(report_uri=own)
+    assert member.client.get(f"{RUNS}/{run.pk}/report").json() == {"old": True}
+    theirs = object_store.put_bytes(f"runs/{rival_run.pk}/eval-report.json", b'{"x": 1}')
+    Run.objects.filter(pk=run.pk).update(report_uri=theirs)
+    assert member.client.get(f"{RUNS}/{run.pk}/report").status_code == 409
