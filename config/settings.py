@@ -184,6 +184,8 @@ CRUCIBLE = {
     "MAX_SAMPLE_BATCH": env.int("CRUCIBLE_MAX_SAMPLE_BATCH", default=1_000),
     "MAX_DOWNSAMPLE_POINTS": env.int("CRUCIBLE_MAX_DOWNSAMPLE_POINTS", default=5_000),
     "MAX_UPLOAD_RECORDS": env.int("CRUCIBLE_MAX_UPLOAD_RECORDS", default=1_000_000),
+    # Canonical JSONL bytes of one upload: a compressed Parquet file can expand a thousandfold.
+    "MAX_UPLOAD_BYTES": env.int("CRUCIBLE_MAX_UPLOAD_BYTES", default=4 * 1024**3),
     # Sandbox executions a team may have queued or running at once, and per batch request.
     "SANDBOX_QUOTA": env.int("CRUCIBLE_SANDBOX_QUOTA", default=256),
     "SANDBOX_MAX_BATCH": env.int("CRUCIBLE_SANDBOX_MAX_BATCH", default=256),

@@ -6,7 +6,8 @@
 #     compiled with gcc into a root-owned directory; where they cannot be built, dash and setpriv
 #     run the fallback gate and perl the fallback waiter (dash and perl are Essential on Debian,
 #     checked anyway)
-#   - toolchains for the language tests: gcc/g++, Node.js, Go, Java, Rust, Python 3
+#   - toolchains for the language tests: gcc/g++, Node.js, Go, Java, Rust, Python 3, Ruby, PHP,
+#     Lua 5.4
 #   - TypeScript compiler from npm, under /opt/crucible/sandbox-toolchains (world-readable and
 #     outside the checkout, so the sandbox user can read it wherever the repo is cloned)
 # The sandbox user must be able to read every toolchain, so Rust comes from Debian even when a
@@ -28,6 +29,9 @@ ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)  # 
 [ -x /usr/bin/go ] || need+=(golang-go)
 [ -x /usr/bin/javac ] || need+=(default-jdk-headless)
 [ -x /usr/bin/rustc ] || need+=(rustc)
+[ -x /usr/bin/ruby ] || need+=(ruby)
+[ -x /usr/bin/php ] || need+=(php-cli)
+[ -x /usr/bin/lua5.4 ] || need+=(lua5.4)
 
 if [ ${#need[@]} -gt 0 ]; then
     echo "install_sandbox_deps: installing ${need[*]}"

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,6 +26,7 @@ import orjson
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+FINAL_STATUSES = ("succeeded", "failed", "canceled")
 
 
 class ApiError(Exception):
@@ -100,6 +102,9 @@ class CrucibleClient:
         attempt = 0
         while True:
             attempt += 1
+            for part in (files or {}).values():  # a retried upload sends its file again
+                if isinstance(part, tuple) and hasattr(part[1], "seek"):
+                    part[1].seek(0)
             try:
                 response = self.http.request(method, f"/api/v1/{path.lstrip('/')}",
                                              content=content, params=params, headers=headers,
@@ -174,11 +179,61 @@ class CrucibleClient:
             json={"records": list(records), "message": message, "parents": parents or []},
         )
 
+    def upload_file(
+        self,
+        team: str,
+        dataset: str,
+        path: str | os.PathLike[str],
+        *,
+        project: str | None = None,
+        message: str = "",
+        parents: list[str] | None = None,
+        description: str = "",
+    ) -> dict[str, Any]:
+        """Upload a JSONL or Parquet file as a version of ``dataset`` in one call (the server
+        reads Parquet by its magic bytes and streams either format). With ``project``, a
+        dataset that does not exist yet is created there first. Returns the version (an
+        identical upload returns the existing one)."""
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"no file {file}")
+        if project is not None:
+            try:
+                self.get(f"teams/{team}/datasets/{dataset}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                try:
+                    self.create_dataset(team, dataset, project, description)
+                except ApiError as again:
+                    if again.status != 409:  # created meanwhile by someone else: fine
+                        raise
+        kind = "application/vnd.apache.parquet" if file.suffix.lower() in (
+            ".parquet", ".pq") else "application/x-ndjson"
+        with file.open("rb") as handle:
+            return self.request(
+                "POST", f"teams/{team}/datasets/{dataset}/versions", idempotent=True,
+                files={"file": (file.name, handle, kind)},
+                data={"message": message, "parents": list(parents or [])})
+
     def launch_run(self, team: str, **document: Any) -> dict[str, Any]:
         return self.request("POST", f"teams/{team}/runs", json=document, idempotent=True)
 
-    def preview_run(self, team: str, **document: Any) -> dict[str, Any]:
-        return self.request("POST", f"teams/{team}/runs/preview", json=document)
+    def preview(self, team: str, **document: Any) -> dict[str, Any]:
+        """Validate and resolve a launch document, creating nothing. Returns the validation
+        result rather than raising on it: ``{"valid": True, "run": {...}}``, or
+        ``{"valid": False, "code", "message", "errors"}`` naming each bad field. Errors that
+        are not about the document (401, 403, 404, 5xx) still raise ``ApiError``."""
+        try:
+            return self.request("POST", f"teams/{team}/runs/preview", json=document)
+        except ApiError as exc:
+            if exc.status != 400:
+                raise
+            body = exc.body if isinstance(exc.body, dict) else {}
+            return {"valid": False, "code": exc.code, "message": exc.message,
+                    "errors": body.get("errors") or {}}
+
+    preview_run = preview
 
     def run(self, team: str, run_id: str) -> dict[str, Any]:
         return self.get(f"teams/{team}/runs/{run_id}")
@@ -190,11 +245,98 @@ class CrucibleClient:
         return self.get(f"teams/{team}/runs/{run_id}/events", after=after)
 
     def run_metrics(self, team: str, run_id: str, names: list[str] | None = None,
-                    max_points: int = 1000) -> dict[str, Any]:
+                    max_points: int = 1000, *, after_step: int | None = None) -> dict[str, Any]:
+        """Series downsampled to ``max_points`` buckets; with ``after_step``, the raw points
+        after that step instead (at most ``max_points`` per series, oldest first): poll
+        cheaply by passing each series' ``last_step`` back (``more`` says others follow)."""
         params: dict[str, Any] = {"max_points": max_points}
         if names:
             params["name"] = names
+        if after_step is not None:
+            params["after_step"] = after_step
         return self.request("GET", f"teams/{team}/runs/{run_id}/metrics", params=params)
+
+    def run_samples(self, team: str, run_id: str, *, step: int | None = None,
+                    limit: int = 100) -> list[dict[str, Any]]:
+        """The run's samples, newest first, or those of one ``step`` as generated: prompt,
+        completion, reward, reward_components and, for RL, advantage, weight_version and
+        finish_reason."""
+        params: dict[str, Any] = {"limit": limit}
+        if step is not None:
+            params["step"] = step
+        return self.request("GET", f"teams/{team}/runs/{run_id}/samples",
+                            params=params)["results"]
+
+    def compare_runs(self, team: str, run_ids: list[str], *, names: list[str] | None = None,
+                     max_points: int = 300, all_keys: bool = False) -> dict[str, Any]:
+        """What the compare page shows, for 1-10 runs: ``metrics.series`` (per metric, each
+        run's downsampled points), ``config`` (flattened keys that differ, or all with
+        ``all_keys``) and ``reports`` (numeric leaves side by side, regressions marked)."""
+        params: dict[str, Any] = {"run": list(run_ids), "max_points": max_points}
+        if names:
+            params["name"] = names
+        if all_keys:
+            params["all"] = "1"
+        return self.request("GET", f"teams/{team}/runs/compare", params=params)
+
+    def stream(self, team: str, run_id: str, *, after: int = 0, until_done: bool = True,
+               timeout: float | None = None, reconnects: int = 5) -> Iterator[dict[str, Any]]:
+        """The run's live stream over the websocket: events (status changes included) and
+        metric batches, in ``seq`` order from ``after + 1`` — what was missed first, then the
+        live tail. A dropped connection is reopened with ``?after=<last seq>``, so nothing
+        is lost or seen twice (``reconnects`` failures in a row give up). With
+        ``until_done`` the iterator ends after the run's final status; ``timeout`` (seconds
+        without a message) raises TimeoutError."""
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+        from websockets.sync.client import connect
+
+        ws = "ws" + self.base_url[len("http"):] if self.base_url.startswith("http") else \
+            self.base_url
+        headers = {k: v for k, v in self.http.headers.items() if k.lower() == "authorization"}
+        last, failures = after, 0
+        while True:
+            url = f"{ws}/ws/teams/{team}/runs/{run_id}/stream?after={last}"
+            try:
+                with connect(url, additional_headers=headers, open_timeout=30) as conn:
+                    while True:
+                        message = orjson.loads(conn.recv(timeout=timeout))
+                        failures = 0
+                        seq = message.get("seq") if isinstance(message, dict) else None
+                        if not isinstance(seq, int) or seq <= last:
+                            continue  # a pong, or a position already seen
+                        last = seq
+                        yield message
+                        if until_done and self._finished(team, run_id, message):
+                            return
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                if code == 4404:
+                    raise ApiError(404, "not_found", f"No run '{run_id}' in team '{team}' "
+                                   "(or no access to it).") from exc
+                failure: Exception = exc
+            except InvalidStatus as exc:
+                if exc.response.status_code in (401, 403, 404):
+                    # The consumer refuses a non-member exactly as a missing run.
+                    raise ApiError(404, "not_found", f"No run '{run_id}' in team '{team}' (or "
+                                   "no access to it).") from exc
+                failure = exc
+            except (OSError, InvalidHandshake) as exc:
+                failure = exc
+            failures += 1
+            if failures > reconnects:
+                raise failure
+            log.warning("stream of run %s dropped (%s); reconnecting after seq %d", run_id,
+                        failure, last)
+            time.sleep(min(self.backoff * 2 ** (failures - 1), 10.0))
+
+    def _finished(self, team: str, run_id: str, message: dict[str, Any]) -> bool:
+        """A final status event, confirmed by the run itself: a failed attempt that is
+        retried reports failed, then queued."""
+        data = message.get("data") if isinstance(message.get("data"), dict) else {}
+        if message.get("type") != "event" or message.get("kind") != "status" or \
+                data.get("status") not in FINAL_STATUSES:
+            return False
+        return self.run(team, run_id)["status"] in FINAL_STATUSES
 
     def run_report(self, team: str, run_id: str) -> dict[str, Any]:
         return self.get(f"teams/{team}/runs/{run_id}/report")
@@ -215,7 +357,7 @@ class CrucibleClient:
         deadline = time.monotonic() + timeout
         while True:
             run = self.run(team, run_id)
-            if run["status"] in ("succeeded", "failed", "canceled"):
+            if run["status"] in FINAL_STATUSES:
                 return run
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run {run_id} still {run['status']} after {timeout}s")
@@ -346,9 +488,16 @@ class WorkerSession:
             {"message": message, "level": level, "kind": kind, "data": data or {}}
         ]}, idempotent=True)
 
-    def add_checkpoint(self, step: int, uri: str, metrics: dict[str, Any] | None = None) -> Any:
-        return self._post("checkpoints", {"step": step, "uri": uri, "metrics": metrics or {}},
-                          idempotent=True)
+    def add_checkpoint(self, step: int, uri: str, metrics: dict[str, Any] | None = None, *,
+                       resumable: bool = False, keep: int | None = None) -> Any:
+        """Record a checkpoint object. ``resumable``: it holds the training state a resume
+        needs; ``keep``: then prune the run's resumable checkpoints in the store to the newest
+        ``keep`` (the server keeps any that lineage points to)."""
+        body: dict[str, Any] = {"step": step, "uri": uri, "metrics": metrics or {},
+                                "resumable": resumable}
+        if keep is not None:
+            body["keep"] = keep
+        return self._post("checkpoints", body, idempotent=True)
 
     def add_samples(self, samples: list[dict[str, Any]]) -> Any:
         return self._post("samples", {"samples": samples}, idempotent=True)

@@ -26,6 +26,7 @@ class ObjectStore(Protocol):
     def open_lines(self, uri: str) -> Iterator[bytes]: ...
     def open_binary(self, uri: str) -> IO[bytes]: ...
     def exists(self, uri: str) -> bool: ...
+    def delete(self, uri: str) -> None: ...
 
 
 def _safe_key(key: str) -> str:
@@ -98,6 +99,10 @@ class LocalStore:
     def exists(self, uri: str) -> bool:
         return self._path(uri).is_file()
 
+    def delete(self, uri: str) -> None:
+        """Remove the object; one that is already gone is not an error."""
+        self._path(uri).unlink(missing_ok=True)
+
 
 class S3Store:
     """Any S3-compatible service through boto3 (AWS, MinIO, Ceph, moto in tests)."""
@@ -150,6 +155,10 @@ class S3Store:
         except self.client.exceptions.ClientError:
             return False
         return True
+
+    def delete(self, uri: str) -> None:
+        """Remove the object (S3 answers a missing key with success too)."""
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(uri))
 
 
 def open_store(url: str) -> LocalStore | S3Store:

@@ -64,10 +64,11 @@ class RlApiSink:
     next step."""
 
     def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
-                 scratch: Path | None = None) -> None:
+                 scratch: Path | None = None, keep: int | None = None) -> None:
         self.session = session
         self.store = store or default_store()
         self.scratch = scratch or Path(tempfile.gettempdir())
+        self.keep = keep  # checkpoint.keep, applied in the object store by the API
         self.checkpoint_steps: set[int] = {int(c["step"]) for c in
                                            session.run.get("checkpoints", [])}
 
@@ -102,10 +103,16 @@ class RlApiSink:
             self.session.log_event(f"final model at step {step} is checkpoint {step}",
                                    kind="artifact", data={"step": step})
             return
-        stored = self.upload(Path(uri))
+        path = Path(uri)
+        stored = self.upload(path)
+        # A periodic checkpoint (step-N/hf) carries the training state; the final export
+        # only the model. The API prunes periodic ones beyond `keep`, as the engine does on
+        # its local disk.
+        periodic = path.name == "hf"
         self.session.add_checkpoint(step, stored, {k: v for k, v in metrics.items()
                                                    if isinstance(v, int | float)
-                                                   and math.isfinite(v)})
+                                                   and math.isfinite(v)},
+                                    resumable=periodic, keep=self.keep if periodic else None)
         self.checkpoint_steps.add(step)
 
     def upload(self, path: Path) -> str:
@@ -335,8 +342,8 @@ def _train(session: WorkerSession) -> None:
             spec, resume = prepare_train(session, store, work, hold)
             task = environment_task(session, store)
             pinned = pinned_datasets(session, store, spec)
-            train(spec, RlApiSink(session, store, work / "upload"), resume=resume, task=task,
-                  pinned=pinned)
+            train(spec, RlApiSink(session, store, work / "upload", keep=spec.checkpoint.keep),
+                  resume=resume, task=task, pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,5 +1,5 @@
 """Datasets and versions. Versions are uploaded as JSON ``{"records": [...]}`` or as a
-JSONL file (multipart field ``file``)."""
+JSONL or Parquet file (multipart field ``file``; Parquet is recognised by its magic bytes)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ class VersionUploadSerializer(serializers.Serializer):
     def validate(self, attrs: dict) -> dict:
         if ("records" in attrs) == ("file" in attrs):
             raise serializers.ValidationError(
-                "Send exactly one of 'records' (a JSON list of objects) or 'file' (JSONL)."
+                "Send exactly one of 'records' (a JSON list of objects) or 'file' (JSONL or "
+                "Parquet)."
             )
         return attrs
 
@@ -228,7 +229,7 @@ class DatasetVersionViewSet(TeamScopedViewSet):
         for ref in values["parents"]:
             parent = selectors.resolve_version(team=self.team, ref=ref)
             parents.append(parent)
-        records = rec.parse_jsonl(values["file"]) if "file" in values else values["records"]
+        records = rec.parse_upload(values["file"]) if "file" in values else values["records"]
         version, created = services.version_create(
             actor=self.actor, dataset=obj, records=records, parents=parents,
             message=values["message"], set_current=values["set_current"],

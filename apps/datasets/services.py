@@ -61,7 +61,8 @@ def version_create(
     folder = settings.VAR_DIR / "uploads"
     folder.mkdir(parents=True, exist_ok=True)
     limit = settings.CRUCIBLE["MAX_UPLOAD_RECORDS"]
-    canonical = rec.write_canonical(records, folder=folder, max_records=limit)
+    canonical = rec.write_canonical(records, folder=folder, max_records=limit,
+                                    max_bytes=settings.CRUCIBLE["MAX_UPLOAD_BYTES"])
     try:
         existing = DatasetVersion.objects.filter(dataset=dataset, digest=canonical.digest).first()
         if existing is not None:

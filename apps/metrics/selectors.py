@@ -89,3 +89,14 @@ def series(run_id: object, name: str, *, max_points: int) -> list[dict[str, Any]
         {"step": step, "min": vmin, "max": vmax, "last": last, "count": count}
         for step, vmin, vmax, last, count in rows
     ]
+
+
+def points_after(run_id: object, name: str, *, after_step: int, limit: int
+                 ) -> tuple[list[dict[str, Any]], bool]:
+    """The raw points of a series after ``after_step``, oldest first, at most ``limit`` (in the
+    downsampled shape, each its own bucket), and whether more follow: a polling client asks
+    again with the last step it got, reading only the index range it has not seen."""
+    rows = list(MetricPoint.objects.filter(run_id=run_id, name=name, step__gt=after_step)
+                .order_by("step", "id").values_list("step", "value")[: limit + 1])
+    return ([{"step": step, "min": value, "max": value, "last": value, "count": 1}
+             for step, value in rows[:limit]], len(rows) > limit)

@@ -15,7 +15,8 @@ from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import TeamScopedViewSet
 from apps.metrics import selectors as metric_selectors
-from apps.runs import selectors, services
+from apps.runs import comparison, selectors, services
+from apps.runs.dashboard import MAX_COMPARE
 from apps.runs.models import Run, RunEvent, RunTag
 from apps.runs.serializers import (
     CheckpointSerializer,
@@ -126,12 +127,18 @@ class RunViewSet(TeamScopedViewSet):
 
     @extend_schema(
         parameters=[OpenApiParameter("name", OpenApiTypes.STR, many=True),
-                    OpenApiParameter("max_points", OpenApiTypes.INT)],
+                    OpenApiParameter("max_points", OpenApiTypes.INT),
+                    OpenApiParameter("after_step", OpenApiTypes.INT,
+                                     description="polling cursor: only the raw points after "
+                                                 "this step (at most max_points per series, "
+                                                 "oldest first; `more` says if others follow)")],
         responses=OpenApiTypes.OBJECT,
     )
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, team: str, run: str) -> Response:
-        """Series downsampled in the database to at most ``max_points`` buckets each."""
+        """Series downsampled in the database to at most ``max_points`` buckets each; with
+        ``after_step``, the raw points after that step instead (cheap polling: ask again with
+        each series' ``last_step``)."""
         obj = self.get_object()
         cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
         max_points = _int_param(request, "max_points", 1000, 1, cap)
@@ -141,6 +148,17 @@ class RunViewSet(TeamScopedViewSet):
         if unknown:
             raise InvalidInput(f"Run has no metric named {unknown[0]!r}.",
                                details={"name": unknown})
+        if request.query_params.get("after_step") is not None:
+            after = _int_param(request, "after_step", 0, -(2**63), 2**63 - 1)
+            series, more = [], False
+            for n in names:
+                points, truncated = metric_selectors.points_after(
+                    obj.pk, n, after_step=after, limit=max_points)
+                more = more or truncated
+                series.append({"name": n, "points": points, "more": truncated,
+                               "last_step": points[-1]["step"] if points else after})
+            return Response({"names": available, "max_points": max_points,
+                             "after_step": after, "more": more, "series": series})
         return Response({
             "names": available,
             "max_points": max_points,
@@ -150,19 +168,50 @@ class RunViewSet(TeamScopedViewSet):
             ],
         })
 
+    @extend_schema(
+        parameters=[OpenApiParameter("run", OpenApiTypes.UUID, many=True,
+                                     description=f"1 to {MAX_COMPARE} run ids"),
+                    OpenApiParameter("name", OpenApiTypes.STR, many=True,
+                                     description="metrics to overlay (default: all)"),
+                    OpenApiParameter("max_points", OpenApiTypes.INT),
+                    OpenApiParameter("all", OpenApiTypes.BOOL,
+                                     description="every config key, not only those that "
+                                                 "differ")],
+        responses=OpenApiTypes.OBJECT,
+    )
+    @action(detail=False, methods=["get"])
+    def compare(self, request: Request, team: str) -> Response:
+        """The compare page's data: overlaid metric series, the config diff, reports side
+        by side with regressions marked."""
+        cap = settings.CRUCIBLE["MAX_DOWNSAMPLE_POINTS"]
+        names = request.query_params.getlist("name") or None
+        return Response(comparison.compare(
+            team=self.team, ids=comparison.run_ids(request.query_params.getlist("run")),
+            names=names, max_points=_int_param(request, "max_points", 300, 1, cap),
+            all_keys=request.query_params.get("all") in ("1", "true", "yes")))
+
     @extend_schema(responses=CheckpointSerializer(many=True))
     @action(detail=True, methods=["get"])
     def checkpoints(self, request: Request, team: str, run: str) -> Response:
         rows = self.get_object().checkpoints.order_by("step")
         return Response({"results": CheckpointSerializer(rows, many=True).data})
 
-    @extend_schema(responses=SampleSerializer(many=True))
+    @extend_schema(
+        parameters=[OpenApiParameter("step", OpenApiTypes.INT, description="only this step"),
+                    OpenApiParameter("limit", OpenApiTypes.INT)],
+        responses=SampleSerializer(many=True))
     @action(detail=True, methods=["get"])
     def samples(self, request: Request, team: str, run: str) -> Response:
+        """Newest first; ``step`` narrows to one step (its samples as generated)."""
         obj = self.get_object()
         limit = _int_param(request, "limit", 100, 1, 1000)
-        rows = obj.samples.order_by("-step", "-id")[:limit]
-        return Response({"results": SampleSerializer(rows, many=True).data})
+        rows = obj.samples.all()
+        if request.query_params.get("step") is not None:
+            step = _int_param(request, "step", 0, 0, 2**63 - 1)
+            rows = rows.filter(step=step).order_by("id")
+        else:
+            rows = rows.order_by("-step", "-id")
+        return Response({"results": SampleSerializer(rows[:limit], many=True).data})
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"])

@@ -231,6 +231,11 @@ class Checkpoint(models.Model):
     uri = models.CharField(max_length=1000)
     metrics = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Holds the training state a resume needs (a periodic checkpoint), not only the model.
+    resumable = models.BooleanField(default=False)
+    # When ``checkpoint.keep`` removed its object from the store; the row stays (history,
+    # metrics, lineage) but nothing can start from it.
+    pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_ckpt_step")]
@@ -247,6 +252,11 @@ class Sample(models.Model):
     completion = models.TextField()
     reward = models.FloatField(null=True, blank=True)
     reward_components = models.JSONField(default=dict, blank=True)
+    # RL samples: the group-relative advantage the update used, the policy version that
+    # generated the completion, and why generation stopped (stop | length).
+    advantage = models.FloatField(null=True, blank=True)
+    weight_version = models.PositiveBigIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

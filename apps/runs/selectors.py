@@ -5,7 +5,7 @@ from typing import Any
 
 from django.db.models import Max, QuerySet
 
-from apps.core.exceptions import InvalidInput, NotFound
+from apps.core.exceptions import DomainError, InvalidInput, NotFound
 from apps.datasets.models import DatasetVersion
 from apps.environments.models import EnvironmentVersion
 from apps.metrics.models import MetricBatch, MetricSeries
@@ -42,6 +42,18 @@ def report(run: Run) -> dict[str, Any]:
     return objects.read_json(run, run.report_uri)
 
 
+def report_or_none(run: Run) -> dict[str, Any] | None:
+    """The run's report as an object, or None (none yet, unreadable, or not an object):
+    for pages and comparisons that show what there is."""
+    if not run.report_uri:
+        return None
+    try:
+        value = report(run)
+    except (DomainError, OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
     """``run:<run id>`` (its latest checkpoint), ``run:<run id>@<step>`` or
     ``checkpoint:<id>``, in ``team`` only; the checkpoint must live in the object store so
@@ -58,10 +70,17 @@ def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
             run_id = None
         if run_id is not None and (not step or step.isdigit()):
             rows = Checkpoint.objects.select_related("run").filter(team=team, run_id=run_id)
-            found = (rows.filter(step=int(step)) if step else rows.order_by("-step")).first()
+            found = (rows.filter(step=int(step)) if step else
+                     rows.filter(pruned_at__isnull=True).order_by("-step")).first()
     if found is None:
         raise InvalidInput(f"base_model '{ref[:120]}' matches no checkpoint in team "
                            f"'{team.slug}'.", details={"base_model": [ref[:120]]})
+    if found.pruned_at is not None:
+        raise InvalidInput(
+            f"base_model '{ref[:120]}': checkpoint {found.pk} (run {found.run_id}, step "
+            f"{found.step}) was pruned by its run's checkpoint.keep; its object is deleted. "
+            "Pick a kept checkpoint (GET …/runs/<id>/checkpoints).",
+            details={"base_model": [ref[:120]]})
     # The URI must be one the checkpoint's own run wrote (its team's and run's prefix): a row
     # that points anywhere else, e.g. at another team's objects, is never pinned.
     if found.team_id != team.pk or not objects.owns(found.run, found.uri):
@@ -152,7 +171,8 @@ def worker_view(run: Run) -> dict[str, Any]:
             if base else None
         ),
         "checkpoints": [
-            {"step": c.step, "uri": c.uri} for c in run.checkpoints.order_by("step")
+            {"step": c.step, "uri": c.uri}
+            for c in run.checkpoints.filter(pruned_at__isnull=True).order_by("step")
         ],
         "metric_seq": metric_seq,
         "metric_steps": metric_steps,

@@ -99,7 +99,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Checkpoint
-        fields = ["id", "run", "step", "uri", "metrics", "created_at"]
+        fields = ["id", "run", "step", "uri", "metrics", "resumable", "pruned_at", "created_at"]
         read_only_fields = fields
 
 
@@ -107,5 +107,5 @@ class SampleSerializer(serializers.ModelSerializer):
     class Meta:
         model = Sample
         fields = ["id", "step", "prompt", "completion", "reward", "reward_components",
-                  "created_at"]
+                  "advantage", "weight_version", "finish_reason", "created_at"]
         read_only_fields = fields

@@ -6,6 +6,7 @@ illegal move with a 409, appends a status event and publishes it after commit.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -17,8 +18,9 @@ from django.utils import timezone
 from apps.core import audit, events, limits
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
+from apps.core.storage import store
 from apps.lineage import services as lineage
-from apps.lineage.models import ArtifactType
+from apps.lineage.models import ArtifactType, LineageEdge
 from apps.runs import dispatch, objects
 from apps.runs.models import (
     ACTIVE_STATUSES,
@@ -37,6 +39,7 @@ from apps.runs.models import (
 from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
 
+log = logging.getLogger(__name__)
 S = RunStatus
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.CLAIMED, S.CANCELED}),
@@ -99,6 +102,12 @@ def _lock(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
+def _pruned_message(ckpt: Checkpoint) -> str:
+    return (f"Checkpoint at step {ckpt.step} of run {ckpt.run_id} was pruned by its run's "
+            "checkpoint.keep (its object is deleted); start from a kept checkpoint "
+            "(GET …/runs/<id>/checkpoints lists them, pruned ones with pruned_at).")
+
+
 def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
     with transaction.atomic():
         now = timezone.now()
@@ -119,7 +128,10 @@ def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
             lineage.edge_create(team_id=team_id, source=env_version, target=run,
                                 relation="environment")
         if plan.base_checkpoint is not None:
-            lineage.edge_create(team_id=team_id, source=plan.base_checkpoint, target=run,
+            base = Checkpoint.objects.select_for_update().get(pk=plan.base_checkpoint.pk)
+            if base.pruned_at is not None:
+                raise Conflict(_pruned_message(base))
+            lineage.edge_create(team_id=team_id, source=base, target=run,
                                 relation="base_model")
         _append_events(run, [{"kind": "status", "message": "queued",
                               "data": {"status": "queued", "document": plan.describe()}}])
@@ -358,10 +370,13 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
 
 
 def add_checkpoint(
-    *, actor: Actor, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any]
+    *, actor: Actor, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any],
+    resumable: bool = False, keep: int | None = None,
 ) -> tuple[Checkpoint, bool]:
     """Record a checkpoint the worker uploaded under the run's prefix (once per step; the
-    same step again with the same URI is a retry and changes nothing)."""
+    same step again with the same URI is a retry and records nothing new); with ``keep``,
+    then prune the run's resumable checkpoints in the object store down to the newest
+    ``keep`` (see ``prune_checkpoints``; a retry prunes again, which changes nothing)."""
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
@@ -369,17 +384,85 @@ def add_checkpoint(
         if existing is not None:
             if existing.uri != uri:
                 raise Conflict(f"Checkpoint at step {step} already exists with another URI.")
-            return existing, False
-        objects.check_reported(run, uri)
-        ckpt = Checkpoint.objects.create(run=run, team_id=run.team_id, step=step, uri=uri,
-                                         metrics=metrics)
-        lineage.edge_create(team_id=run.team_id, source=run, target=ckpt, relation="produced")
-        _append_events(run, [{"kind": "checkpoint", "message": f"checkpoint at step {step}",
-                              "data": {"step": step, "uri": uri}}])
-        audit.record(actor=actor, action="run.checkpoint", team_id=run.team_id,
-                     target_type="checkpoint", target_id=ckpt.pk,
-                     data={"run": str(run.pk), "step": step, "uri": uri})
-    return ckpt, True
+            ckpt, created = existing, False
+        else:
+            objects.check_reported(run, uri)
+            ckpt = Checkpoint.objects.create(run=run, team_id=run.team_id, step=step, uri=uri,
+                                             metrics=metrics, resumable=resumable)
+            lineage.edge_create(team_id=run.team_id, source=run, target=ckpt,
+                                relation="produced")
+            _append_events(run, [{"kind": "checkpoint", "message": f"checkpoint at step {step}",
+                                  "data": {"step": step, "uri": uri}}])
+            audit.record(actor=actor, action="run.checkpoint", team_id=run.team_id,
+                         target_type="checkpoint", target_id=ckpt.pk,
+                         data={"run": str(run.pk), "step": step, "uri": uri})
+            created = True
+        if keep is not None:
+            prune_checkpoints(run=run, keep=keep, locked=True)
+    return ckpt, created
+
+
+def prune_checkpoints(*, run: Run, keep: int, locked: bool = False) -> list[Checkpoint]:
+    """Apply ``checkpoint.keep`` in the object store: of the run's resumable checkpoints,
+    the newest ``keep`` stay, and so does every one that lineage points to (a run that
+    started from it: an eval's or a fine-tune's base model); the others' objects are deleted
+    once the transaction commits, their rows kept with ``pruned_at`` (the run's history and
+    metrics stay). The final model export is not resumable and never pruned here.
+
+    The checkpoint rows are locked, and ``create_run`` locks the base checkpoint it pins
+    and refuses a pruned one, so a launch racing a prune either lands before it (and
+    protects the checkpoint) or is refused: no run is ever left pointing at a deleted
+    object."""
+    if keep < 1:
+        raise InvalidInput("checkpoint keep must be at least 1.", details={"keep": [keep]})
+    with transaction.atomic():
+        run = run if locked else _lock(run)
+        live = list(Checkpoint.objects.select_for_update().filter(
+            run=run, resumable=True, pruned_at__isnull=True).order_by("-step"))
+        candidates = live[keep:]
+        if not candidates:
+            return []
+        ids = [str(c.pk) for c in candidates]
+        referenced = set(LineageEdge.objects.filter(
+            team_id=run.team_id, source_type=ArtifactType.CHECKPOINT, source_id__in=ids,
+        ).values_list("source_id", flat=True))
+        referenced |= {str(pk) for pk in Run.objects.filter(
+            base_checkpoint__in=[c.pk for c in candidates]).values_list(
+                "base_checkpoint_id", flat=True)}
+        pruned = [c for c in candidates if str(c.pk) not in referenced]
+        if not pruned:
+            return []
+        now = timezone.now()
+        Checkpoint.objects.filter(pk__in=[c.pk for c in pruned]).update(pruned_at=now)
+        kept = [c.step for c in candidates if str(c.pk) in referenced]
+        _append_events(run, [{
+            "kind": "checkpoint", "level": "info",
+            "message": f"checkpoint at step {c.step} pruned (checkpoint.keep = {keep})",
+            "data": {"step": c.step, "uri": c.uri, "keep": keep, "kept_for_lineage": kept},
+        } for c in pruned])
+        audit.record(actor=Actor.system(), action="run.checkpoints.prune",
+                     team_id=run.team_id, target_type="run", target_id=run.pk,
+                     data={"steps": [c.step for c in pruned], "keep": keep})
+        # Only objects under the run's own prefixes are deleted: a row from before URIs were
+        # confined may point anywhere, and pruning must never reach another run's objects.
+        own = [c.uri for c in pruned if objects.owns(run, c.uri)]
+        for c in pruned:
+            if c.uri not in own:
+                log.warning("pruned checkpoint %s is not under run %s's objects; its object is "
+                            "left alone", c.uri, run.pk)
+        transaction.on_commit(lambda: _delete_objects(own))
+    return pruned
+
+
+def _delete_objects(uris: list[str]) -> None:
+    """Delete pruned checkpoint objects (already confined to their run's prefixes). A
+    failure leaves an orphan object (space, not data: its row already says pruned), logged
+    for the operator."""
+    for uri in uris:
+        try:
+            store().delete(uri)
+        except Exception:  # noqa: BLE001 - one failed delete must not stop the others
+            log.warning("could not delete pruned checkpoint object %s", uri, exc_info=True)
 
 
 def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
@@ -389,7 +472,9 @@ def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, A
         Sample.objects.bulk_create(
             Sample(run=run, team_id=run.team_id, step=r["step"], prompt=r["prompt"],
                    completion=r["completion"], reward=r.get("reward"),
-                   reward_components=r.get("reward_components") or {})
+                   reward_components=r.get("reward_components") or {},
+                   advantage=r.get("advantage"), weight_version=r.get("weight_version"),
+                   finish_reason=r.get("finish_reason") or "")
             for r in rows
         )
         steps = [r["step"] for r in rows]

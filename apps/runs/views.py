@@ -157,8 +157,9 @@ def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[s
     sort = sort if sort in dashboard.SAMPLE_SORTS else "-reward"
     samples = list(dashboard.step_samples(run, step, sort)) if step is not None else []
     components = sorted({k for s in samples for k in (s.reward_components or {})})
+    rl_samples = any(s.advantage is not None or s.weight_version is not None for s in samples)
     return {"sample_steps": steps, "sample_step": step, "sample_sort": sort,
-            "samples": samples, "components": components}
+            "samples": samples, "components": components, "rl_samples": rl_samples}
 
 
 @login_required
@@ -200,7 +201,7 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
                                                                           pk__in=ids))}
     runs = [found[i] for i in ids if i in found]
     config_rows = dashboard.config_table([r.config for r in runs])
-    reports = [_report_or_none(r) for r in runs]
+    reports = [selectors.report_or_none(r) for r in runs]
     context = page_context(
         request, team_obj, membership, section="runs", runs=runs, too_many=too_many,
         config_rows=config_rows, n_differ=sum(r.differs for r in config_rows),
@@ -210,16 +211,6 @@ def run_compare(request: HttpRequest, team: str) -> HttpResponse:
         runs_meta=[{"id": str(r.pk), "label": r.name or str(r.pk)[:8]} for r in runs],
     )
     return render(request, "runs/compare.html", context)
-
-
-def _report_or_none(run: Run) -> dict[str, Any] | None:
-    if not run.report_uri:
-        return None
-    try:
-        value = selectors.report(run)
-    except (DomainError, OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _uuid(value: str) -> str | None:

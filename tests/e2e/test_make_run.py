@@ -5,9 +5,11 @@ training and the lineage from the synthesis run to the final evaluation."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,25 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
                  r"train run \S+ --produced--> checkpoint \S+",
                  r"checkpoint \S+ --base_model--> eval run \S+"):
         assert re.search(link, out), (link, out[-3000:])
+    # A script's first API token, printed once (only its hash is stored).
+    token = re.search(r"export CRUCIBLE_TOKEN=(crc_\S+) CRUCIBLE_API_URL=http://127\.0\.0\.1:"
+                      rf"{port}\b", out)
+    assert token, out[-3000:]
+    database = sqlite3.connect(tmp_path / "var" / "crucible.sqlite3")
+    digest = hashlib.sha256(token.group(1).encode()).hexdigest()
+    assert database.execute("SELECT COUNT(*) FROM teams_apitoken WHERE key_hash = ? AND "
+                            "kind = 'personal' AND revoked_at IS NULL", (digest,)).fetchone() \
+        == (1,)
+    # The train run stored samples for the run page's viewer: every step, with the RL fields.
+    train = re.search(r"SFT \+ GRPO training: run ([0-9a-f-]{36}) ", out)
+    assert train, out[-3000:]
+    rows = database.execute(
+        "SELECT step, prompt, completion, reward, advantage, weight_version, finish_reason "
+        "FROM runs_sample WHERE run_id = ?", (train.group(1).replace("-", ""),)).fetchall()
+    assert sorted({r[0] for r in rows}) == [1, 2, 3, 4, 5, 6], rows[:5]
+    assert all(r[1] and r[3] is not None and r[4] is not None
+               and r[5] == r[0] - 1 and r[6] in ("stop", "length") for r in rows), rows[:5]
+    database.close()
     scores = dict(re.findall(r"^  (base|final) +pass@1=([0-9.]+) ", out, re.MULTILINE))
     assert set(scores) == {"base", "final"}, out[-3000:]
     # SFT + GRPO from the random-init base must answer some held-out sums.

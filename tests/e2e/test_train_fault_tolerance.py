@@ -1,7 +1,8 @@
 """A training run survives its worker: launched through the API, its worker is killed with
 SIGKILL mid-run, the beat's sweep requeues it once the lease runs out, and a new worker
-process resumes it from the last checkpoint in the object store. Then a second run starts
-from that run's checkpoint and is canceled mid-run, keeping its checkpoints.
+process resumes it from the last checkpoint in the object store; ``checkpoint.keep`` applies
+in the object store, except to the checkpoint an evaluation started from meanwhile. Then a
+second run starts from that run's checkpoint and is canceled mid-run, keeping its checkpoints.
 
 Runs on both configurations: filesystem broker + SQLite, and Redis + PostgreSQL.
 """
@@ -114,6 +115,15 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         stored_before = MetricPoint.objects.filter(run_id=rid, name="reward_mean").count()
         assert stored_before < STEPS
 
+        # While the run waits to be resumed, an evaluation starts from its newest checkpoint
+        # (on a pool no worker here serves, so it stays queued): checkpoint.keep = 1 must
+        # not delete the object it points to when the resumed run checkpoints again.
+        pinned = max(c["step"] for c in client.run_checkpoints("ft", rid)
+                     if c["pruned_at"] is None)
+        evaluation = client.launch_run("ft", project="demo", kind="eval", pool="sandbox",
+                                       environment="arith@v2",
+                                       base_model=f"run:{rid}@{pinned}", config={})
+
         # A fresh worker process (with the beat that sweeps expired leases) takes over.
         worker_b = start_worker(worker_token, queues="gpu,cpu", log=log_b,
                                 beat=tmp_path / "beat-schedule",
@@ -143,11 +153,18 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         assert rewards == list(range(1, STEPS + 1))
         assert sorted(step for name, step in points if name == "sft/loss") == [0, 1]
 
-        # Checkpoints are objects in the store, each a complete training state.
+        # Checkpoints are objects in the store, each a complete training state. keep = 1
+        # applies there too: the newest stays, and the one the evaluation starts from; the
+        # others' objects are deleted (their rows stay, marked pruned).
         checkpoints = client.run_checkpoints("ft", rid)
         assert [c["step"] for c in checkpoints] == list(range(2, STEPS + 1, 2))
+        live = [c["step"] for c in checkpoints if c["pruned_at"] is None]
+        assert live == sorted({pinned, STEPS}), (live, pinned)
         for ckpt in checkpoints:
-            assert ckpt["uri"].startswith(store.url + "/") and store.exists(ckpt["uri"])
+            assert ckpt["uri"].startswith(store.url + "/") and ckpt["resumable"]
+            assert store.exists(ckpt["uri"]) == (ckpt["pruned_at"] is None), ckpt
+        assert client.run("ft", evaluation["id"])["base_model"]["step"] == pinned
+        client.cancel_run("ft", evaluation["id"])
         archive = tmp_path / "last.tar"
         archive.write_bytes(store.get_bytes(checkpoints[-1]["uri"]))
         with tarfile.open(archive) as tar:
@@ -186,8 +203,8 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
                  what="the worker to stop the canceled run")
         after = client.run("ft", cid)
         assert after["status"] == "canceled" and after["attempts"][0]["outcome"] == "canceled"
-        kept = client.run_checkpoints("ft", cid)
-        assert kept and all(store.exists(c["uri"]) for c in kept)
+        kept = [c for c in client.run_checkpoints("ft", cid) if c["pruned_at"] is None]
+        assert len(kept) == 1 and store.exists(kept[0]["uri"])  # keep = 1
         steps = sorted(s for (s,) in MetricPoint.objects.filter(
             run_id=cid, name="reward_mean").values_list("step"))
         assert steps and steps == list(range(1, len(steps) + 1)) and len(steps) < 200

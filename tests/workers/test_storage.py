@@ -17,6 +17,11 @@ def test_local_store_round_trip_and_atomic_write(tmp_path):
     assert list(store.open_lines(uri)) == [b'{"x":1}\n', b'{"x":2}\n']
     assert store.exists(uri) and not store.exists(f"{store.url}/nope")
     assert not [p for p in (tmp_path / "objects").rglob(".tmp-*")]
+    store.delete(uri)
+    assert not store.exists(uri)
+    store.delete(uri)  # already gone: not an error
+    with pytest.raises(ValueError):
+        store.delete((tmp_path / "elsewhere").as_uri())
 
 
 @pytest.mark.parametrize("key", ["../escape", "a/../../b", "", "/"])
@@ -51,3 +56,7 @@ def test_s3_store_round_trip_against_a_real_s3_server(s3_server, tmp_path):
     assert len(lines) == 1000 and lines[0] == b'{"i":0}\n'
     assert store.exists(uri) and not store.exists("s3://crucible/prefix/missing")
     assert store.get_bytes(store.put_bytes("r.json", b"{}")) == b"{}"
+    store.delete(uri)
+    assert not store.exists(uri)
+    store.delete(uri)  # S3 answers a missing key with success
+    assert store.exists("s3://crucible/prefix/r.json")

@@ -70,6 +70,10 @@ class Component:
     kind: str
     """Checker name, hashed with `params` (the function itself is code, pinned by `version`)."""
     params: Mapping[str, Any] = field(default_factory=dict)
+    graded: bool = False
+    """Partial credit: values strictly between 0 and 1 are meaningful (a similarity, a share of
+    fields). QC then lets a trivial answer earn a bounded share of it instead of nothing.
+    Derived from kind and params, so not hashed."""
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "weight": self.weight, "kind": self.kind,
@@ -102,6 +106,11 @@ class Rubric:
     def max_total(self) -> float:
         """Total of a perfect completion: components lie in [0, 1]."""
         return sum(c.weight for c in self.components if c.weight > 0)
+
+    @property
+    def graded_total(self) -> float:
+        """The part of `max_total` that partial-credit components give."""
+        return sum(c.weight for c in self.components if c.weight > 0 and c.graded)
 
     def describe(self) -> list[dict[str, Any]]:
         return [c.describe() for c in self.components]

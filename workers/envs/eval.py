@@ -11,6 +11,7 @@ an escaped HTML fragment; `compare_reports` lines two reports up and marks regre
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
 import os
@@ -163,12 +164,26 @@ class Sample:
     components: dict[str, float] = field(default_factory=dict)
 
 
-def _episode(env: Environment, task: EnvTask, policy: Policy, sampling: SamplingSpec) -> Sample:
+def sample_seed(seed: int, task_id: str, sample: int, turn: int = 0) -> int:
+    """The seed sent for one turn of one sample: a hash of the spec's seed, the task id, the
+    sample's index and the turn. One seed for every request would make a task's samples
+    identical (pass@k = pass@1); a derived one keeps them distinct and the eval reproducible.
+    Keyed by task id rather than position, so `limit` or QC exclusions do not reshuffle the
+    seeds of the remaining tasks. 31 bits: what every OpenAI-compatible server accepts."""
+    key = f"{seed}\x00{task_id}\x00{sample}\x00{turn}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") & 0x7FFF_FFFF
+
+
+def _episode(env: Environment, task: EnvTask, policy: Policy, sampling: SamplingSpec,
+             index: int = 0) -> Sample:
     messages = env.initial_messages(task)
     sample = Sample(task_id=task.id, messages=messages)
     try:
         while True:
-            completion = policy.chat(messages, sampling)
+            turn = sum(1 for m in messages if m["role"] == "assistant")
+            seeded = sampling if sampling.seed is None else sampling.model_copy(
+                update={"seed": sample_seed(sampling.seed, task.id, index, turn)})
+            completion = policy.chat(messages, seeded)
             sample.latency_s += completion.latency_s
             for attr in ("prompt_tokens", "completion_tokens"):
                 got, have = getattr(completion, attr), getattr(sample, attr)
@@ -193,6 +208,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run `policy` on `env`'s split and return the report (see docs/environments.md).
 
+    With a `sampling.seed`, each request carries `sample_seed(seed, task, sample, turn)`: the
+    samples of a task differ, and the same seed gives the same report again.
+
     A sample counts as correct for pass@k when its reward reaches `success_threshold`
     (default: the rubric's maximum total, i.e. full marks). `include_samples` adds every
     sample's final answer and reward (for inspection; reports stay small without). `exclude`
@@ -213,7 +231,8 @@ def evaluate(
     t0 = time.perf_counter()
     jobs = [(t, i) for t in tasks for i in range(samples_per_task)]
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="eval") as pool:
-        samples = list(pool.map(lambda job: _episode(env, job[0], policy, sampling), jobs))
+        samples = list(pool.map(lambda job: _episode(env, job[0], policy, sampling, job[1]),
+                                jobs))
     generate_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     scores = env.score_conversations([t for t, _ in jobs], [s.messages for s in samples])

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workers.envs.checker_params import WeightedParams, parse_params
 from workers.rl.spec import ArithmeticSpec
 from workers.sandbox.spec import Limits
 
@@ -45,8 +46,23 @@ CHECKERS: dict[str, str] = {
                   "is set)",
     "stdio_cases": "share of the task's `cases` (stdin -> expected stdout) the completion's "
                    "program passes in the sandbox (params: language=python)",
+    "call_cases": "share of the task's `calls` (function, args -> expected value) the "
+                  "completion's functions answer right, called by value in the sandbox and "
+                  "compared on plain data (params: language=python; also javascript, ruby, php, "
+                  "lua)",
     "contains": "1 if `answer` occurs in the completion (params: case_sensitive=false)",
-    "regex": "1 if the completion matches `params.pattern` (re.search; a format reward)",
+    "regex": "1 if the completion matches `params.pattern` (re.search; a format reward); "
+             "with `params.patterns`, the share that match",
+    "lcs_ratio": "2 x LCS / (len(answer) + len(extracted)): partial credit by the longest "
+                 "common subsequence (params: case_sensitive=false, extract, pattern)",
+    "edit_distance": "1 - Levenshtein distance / the longer length: partial credit by edits "
+                     "(params: case_sensitive=false, extract, pattern)",
+    "numeric": "1 within max(abs_tol, rel_tol x |answer|) of the numeric `answer`; optional "
+               "linear falloff over `scale` (params: abs_tol, rel_tol, scale, extract, pattern)",
+    "json_field": "share of `fields` of the JSON `answer` the completion's JSON object matches "
+                  "(params: fields, case_sensitive=true)",
+    "weighted": "weighted mean of other checkers (params: checkers=[{checker, weight, "
+                "params}])",
 }
 """The checkers an uploaded environment's rubric may name; `docs/environments.md` details them."""
 
@@ -66,6 +82,13 @@ class StdioCaseSpec(_Strict):
     expected_stdout: str
 
 
+class CallCaseSpec(_Strict):
+    function: Annotated[str, Field(min_length=1, max_length=200)]
+    args: list[Any] = Field(default_factory=list, max_length=64)
+    expected: Any = None
+    comparison: Literal["exact", "tolerant"] = "exact"
+
+
 class TaskRecord(_Strict):
     """One uploaded task. `answer` feeds answer checkers, `tests`/`cases` code checkers;
     `reference` is a completion that must earn full reward (QC checks it)."""
@@ -77,6 +100,7 @@ class TaskRecord(_Strict):
     tests: str | None = None
     entry_point: str | None = None
     cases: list[StdioCaseSpec] = Field(default_factory=list, max_length=200)
+    calls: list[CallCaseSpec] = Field(default_factory=list, max_length=200)
     split: Split = "train"
     difficulty: str | None = None
     topic: str | None = None
@@ -112,6 +136,18 @@ class ComponentSpec(_Strict):
         if value not in CHECKERS:
             raise ValueError(f"unknown checker {value!r}; known: {', '.join(sorted(CHECKERS))}")
         return value
+
+    @model_validator(mode="after")
+    def _params(self) -> ComponentSpec:
+        typed = parse_params(self.checker, self.params)
+        if isinstance(typed, WeightedParams):
+            for i, part in enumerate(typed.checkers):
+                try:
+                    self._known(part.checker)
+                    parse_params(part.checker, part.params)
+                except ValueError as exc:
+                    raise ValueError(f"params.checkers.{i}: {exc}") from None
+        return self
 
 
 class RubricSpec(_Strict):
@@ -249,10 +285,10 @@ class TasksEnvSpec(_Strict):
         if self.tasks is not None:
             check_task_records(self.tasks)
         if self.interaction.mode == "multi_turn":
-            code = {"unit_tests", "stdio_cases"}
+            code = {"unit_tests", "stdio_cases", "call_cases"}
             if not any(c.checker in code for c in self.rubric.components):
                 raise ValueError("mode 'multi_turn' replays test failures: the rubric needs a "
-                                 "'unit_tests' or 'stdio_cases' component")
+                                 "'unit_tests', 'stdio_cases' or 'call_cases' component")
         return self
 
 

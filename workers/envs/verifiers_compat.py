@@ -124,9 +124,7 @@ class VerifiersEnvironment(Environment):
             ))
         if not tasks:
             raise VerifiersError(f"{cls.__name__} yielded no tasks")
-        held = eval_ids([t.id for t in tasks], spec.eval_fraction, spec.seed)
-        tasks = [EnvTask(**{**t.__dict__, "split": "eval" if t.id in held else "train"})
-                 for t in tasks]
+        tasks = _split(tasks, spec)
         first = next(iter(self.vf_tasks.values()))
         rewards = first.hooks("reward")
         if not rewards:
@@ -209,6 +207,32 @@ class VerifiersEnvironment(Environment):
         def fn(tasks: Sequence[EnvTask], completions: Sequence[str]) -> list[tuple[float, dict]]:
             return [(s.components.get(name, 0.0), {}) for s in self.score(tasks, completions)]
         return fn
+
+
+SPLIT_NAMES = {"train": "train", "training": "train", "eval": "eval", "evaluation": "eval",
+               "test": "eval", "validation": "eval", "valid": "eval", "val": "eval",
+               "dev": "eval", "held_out": "eval", "heldout": "eval"}
+"""A task data's `split` value → ours (held-out names all mean eval)."""
+
+
+def _split(tasks: list[EnvTask], spec: VerifiersEnvSpec) -> list[EnvTask]:
+    """Each task's split: the one its data names (`split`: train, or eval/test/validation/…),
+    else the deterministic `eval_fraction` split over the tasks that name none. A package that
+    ships its own held-out set keeps it whole."""
+    named: dict[str, str] = {}
+    for task in tasks:
+        raw = task.metadata["data"].get("split")
+        if raw is None:
+            continue
+        split = SPLIT_NAMES.get(str(raw).strip().lower())
+        if split is None:
+            raise VerifiersError(f"task {task.id!r} has split {raw!r}; use one of "
+                                 f"{', '.join(sorted(SPLIT_NAMES))}")
+        named[task.id] = split
+    rest = [t.id for t in tasks if t.id not in named]
+    held = eval_ids(rest, spec.eval_fraction, spec.seed) if rest else set()
+    return [EnvTask(**{**t.__dict__, "split": named.get(t.id)
+                       or ("eval" if t.id in held else "train")}) for t in tasks]
 
 
 def _str_or_none(value: Any) -> str | None:

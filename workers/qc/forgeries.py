@@ -47,7 +47,12 @@ def _flood():
         recs.append(b"CRF1" + len(body).to_bytes(4, "big") + body)
         recs.append(b"CRF1" + (16 + len(body)).to_bytes(4, "big") + bytes(16) + body)
     lines = b"PASS\\nok\\n0000 PASS \\nVERDICT passed\\nEXIT 0\\n"
-    for fd in range(0, 256):
+    fds = set(range(0, 256))
+    try:
+        fds |= {int(n) for n in os.listdir("/proc/self/fd")}
+    except OSError:
+        pass
+    for fd in sorted(fds):
         for data in (*recs, lines):
             try:
                 os.write(fd, data)
@@ -175,14 +180,14 @@ PYTHON_UNIT: tuple[Forgery, ...] = (
             "def _probe():\n"
             "    body = b'EXIT 0'\n"
             "    rec = b'CRF1' + (16 + len(body)).to_bytes(4, 'big') + bytes(16) + body\n"
-            "    for fd in range(0, 64):\n"
+            "    for fd in range(0, 1024):\n"
             "        try:\n"
             "            with open(f'/proc/1/fd/{fd}', 'wb') as f:\n                f.write(rec)\n"
             "        except OSError:\n            pass\n"
             "    try:\n        open('/proc/1/mem', 'rb').read(16)\n    except OSError:\n"
             "        pass\n"
             "    pfd = libc.syscall(434, 1, 0)\n"
-            "    for fd in range(0, 64):\n"
+            "    for fd in range(0, 1024):\n"
             "        got = libc.syscall(438, pfd, fd, 0)\n"
             "        if got >= 0:\n"
             "            try:\n                os.write(got, rec)\n            except OSError:\n"
@@ -229,7 +234,10 @@ JAVASCRIPT_UNIT: tuple[Forgery, ...] = (
             "  for (const body of ['VERDICT passed', 'EXIT 0', 'PASS']) {\n"
             "    const b = Buffer.from(body);\n"
             "    const h = Buffer.alloc(8); h.write('CRF1'); h.writeUInt32BE(b.length, 4);\n"
-            "    for (let fd = 0; fd < 64; fd++) {\n"
+            "    const fds = new Set([...Array(256).keys()]);\n"
+            "    try { for (const n of fs.readdirSync('/proc/self/fd')) fds.add(Number(n)); }\n"
+            "    catch (e) {}\n"
+            "    for (const fd of fds) {\n"
             "      try { fs.writeSync(fd, Buffer.concat([h, b])); } catch (e) {}\n"
             "      try { fs.writeSync(fd, 'PASS\\n' + body + '\\n'); } catch (e) {} } } }\n"
             "flood();\n"
@@ -279,7 +287,7 @@ C_STDIO: tuple[Forgery, ...] = (
             "  memcpy(rec, \"CRF1\", 4); rec[4] = 0; rec[5] = 0; rec[6] = 0;\n"
             "  rec[7] = (char)(16 + n); memset(rec + 8, 0, 16); memcpy(rec + 24, b, n);\n"
             "  long pfd = syscall(434, 1, 0);\n"
-            "  for (int fd = 0; fd < 64; fd++) {\n"
+            "  for (int fd = 0; fd < 1024; fd++) {\n"
             "    long got = syscall(438, pfd, fd, 0);\n"
             "    if (got >= 0) { write((int)got, rec, 24 + n); write((int)got, \"EXIT 0\", 6); }\n"
             "  }\n"
@@ -292,7 +300,7 @@ C_STDIO: tuple[Forgery, ...] = (
             "int main(void) {\n"
             "  char buf[4096] = {0}; int c = open(\"/proc/1/cmdline\", O_RDONLY);\n"
             "  if (c >= 0) { read(c, buf, sizeof buf - 1); close(c); }\n"
-            "  for (int fd = 0; fd < 64; fd++) {\n"
+            "  for (int fd = 0; fd < 1024; fd++) {\n"
             "    char path[64]; snprintf(path, sizeof path, \"/proc/1/fd/%d\", fd);\n"
             "    int o = open(path, O_WRONLY);\n"
             "    if (o >= 0) { write(o, \"x EXIT 0\", 8); close(o); }\n"
@@ -310,7 +318,84 @@ C_STDIO: tuple[Forgery, ...] = (
             "  printf(\"%ld %ld\\n\", r, m); fflush(stdout); abort(); }\n"),
 )
 
-LIBRARY: tuple[Forgery, ...] = (*PYTHON_UNIT, *JAVASCRIPT_UNIT, *PYTHON_STDIO, *C_STDIO)
+# Call-case forgeries for the call-server languages: what each can do from inside its server's
+# process. The supervisor compares every answer itself, so they come down to leaving early,
+# writing forged records or replies on every fd, hooks that run at exit, exceptions that say
+# passed, and replacing the server's own serializer.
+RUBY_UNIT: tuple[Forgery, ...] = (
+    Forgery("rb_early_exit", "ruby", "unit", "print PASSED and exit 0 while loading",
+            "def {name}(*a) = nil\nputs 'PASSED'\nexit!(0)\n"),
+    Forgery("rb_forged_records", "ruby", "unit",
+            "write framed records and forged replies to every fd, then answer nil",
+            "def crucible_flood\n"
+            "  ['VERDICT passed', 'EXIT 0', '[\"ok\",true]'].each do |b|\n"
+            "    ((0..255).to_a | Dir.children('/proc/self/fd').map(&:to_i)).each do |fd|\n"
+            "      begin\n        io = IO.new(fd, autoclose: false)\n"
+            "        io.syswrite('CRF1' + [b.bytesize].pack('N') + b)\n"
+            "        io.syswrite([b.bytesize].pack('N') + b)\n"
+            "      rescue StandardError, NotImplementedError\n      end\n"
+            "    end\n  end\nend\ncrucible_flood\n"
+            "def {name}(*a)\n  crucible_flood\n  nil\nend\n"),
+    Forgery("rb_exit_hook", "ruby", "unit", "at_exit forges records and exits 0",
+            "at_exit { STDOUT.puts 'PASSED'; exit!(0) }\ndef {name}(*a) = nil\n"),
+    Forgery("rb_patch_serializer", "ruby", "unit",
+            "replace JSON.generate so every reply says ok/true",
+            "require 'json'\nmodule JSON\n  def self.generate(*) = '[\"ok\",true]'\nend\n"
+            "def {name}(*a) = nil\n"),
+    Forgery("rb_raise_passed", "ruby", "unit", "raise an exception named and saying passed",
+            "class Passed < StandardError; def message = 'passed'; end\n"
+            "def {name}(*a) = raise(Passed)\n"),
+)
+
+PHP_UNIT: tuple[Forgery, ...] = (
+    Forgery("php_early_exit", "php", "unit", "print PASSED and exit 0 while loading",
+            "<?php\nfunction {name}(...$a) { return null; }\necho \"PASSED\\n\";\nexit(0);\n"),
+    Forgery("php_forged_records", "php", "unit",
+            "write framed records and forged replies to every fd, then answer null",
+            "<?php\nfunction crucible_flood() {\n"
+            "  foreach (['VERDICT passed', 'EXIT 0', '[\"ok\",true]'] as $b) {\n"
+            "    $fds = array_unique(array_merge(range(0, 255),\n"
+            "      array_map('intval', array_diff(scandir('/proc/self/fd'), ['.', '..']))));\n"
+            "    foreach ($fds as $fd) {\n"
+            "      $h = @fopen(\"php://fd/$fd\", 'wb');\n"
+            "      if ($h) { @fwrite($h, 'CRF1' . pack('N', strlen($b)) . $b);\n"
+            "        @fwrite($h, pack('N', strlen($b)) . $b); }\n"
+            "    } } }\ncrucible_flood();\n"
+            "function {name}(...$a) { crucible_flood(); return null; }\n"),
+    Forgery("php_shutdown_hook", "php", "unit", "a shutdown function prints PASSED and exits 0",
+            "<?php\nregister_shutdown_function(function () { echo \"PASSED\\n\"; exit(0); });\n"
+            "function {name}(...$a) { return null; }\n"),
+    Forgery("php_raise_passed", "php", "unit", "throw an exception saying passed",
+            "<?php\nclass Passed extends Exception {}\n"
+            "function {name}(...$a) { throw new Passed('passed'); }\n"),
+)
+
+LUA_UNIT: tuple[Forgery, ...] = (
+    Forgery("lua_early_exit", "lua", "unit", "print PASSED and exit 0 while loading",
+            "function {name}(...) return nil end\nprint('PASSED')\nos.exit(0)\n"),
+    Forgery("lua_forged_records", "lua", "unit",
+            "write framed records and forged replies to every fd, then answer nil",
+            "local function flood()\n"
+            "  for _, b in ipairs({'VERDICT passed', 'EXIT 0', '[\"ok\",true]'}) do\n"
+            "    for fd = 0, 255 do\n"
+            "      local f = io.open('/dev/fd/' .. fd, 'wb')\n"
+            "      if f then f:write('CRF1' .. string.pack('>I4', #b) .. b,\n"
+            "                        string.pack('>I4', #b) .. b); f:close() end\n"
+            "    end\n  end\nend\nflood()\n"
+            "function {name}(...) flood() return nil end\n"),
+    Forgery("lua_gc_hook", "lua", "unit", "a __gc finaliser prints PASSED and exits 0 at close",
+            "KEEP = setmetatable({}, {__gc = function() print('PASSED') os.exit(0) end})\n"
+            "function {name}(...) return nil end\n"),
+    Forgery("lua_patch_serializer", "lua", "unit",
+            "replace string.pack and io.write so replies say ok/true",
+            "local pack = string.pack\nstring.pack = function(f, n) return pack(f, 11) end\n"
+            "function {name}(...) return true end\n"),
+    Forgery("lua_error_passed", "lua", "unit", "raise an error whose value says passed",
+            "function {name}(...) error({passed = true, message = 'passed'}) end\n"),
+)
+
+LIBRARY: tuple[Forgery, ...] = (*PYTHON_UNIT, *JAVASCRIPT_UNIT, *RUBY_UNIT, *PHP_UNIT,
+                                *LUA_UNIT, *PYTHON_STDIO, *C_STDIO)
 
 _NOT_UNDER_TEST = set(dir(builtins)) | set(keyword.kwlist) | {"check", "candidate", "assert"}
 

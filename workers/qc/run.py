@@ -8,12 +8,16 @@ through the environment itself (so code runs in the sandbox exactly as in traini
 - `nondeterministic`: repeated scorings of the reference disagree (total or any component);
 - `limits`: a reference run hit a sandbox limit (TLE, MLE, OLE) or took > max_task_seconds;
 - `empty_rewarded` / `trivial_rewarded`: the empty answer or a trivial one (the environment's
-  `trivial_answers`: `pass`, identity, echo, "I don't know") earns anything;
+  `trivial_answers`: `pass`, identity, echo, "I don't know") earns anything; under a rubric
+  with partial-credit components a trivial answer may earn up to `trivial_max_share` of their
+  weight on a task (an echo shares characters with the answer), and the version is blocked
+  when the best trivial answer earns more than `trivial_mean_share` of it on average;
 - `lax_checker`: a near-miss wrong answer (`wrong_answers`: off by one, doubled, negated, an
   extra digit) earns full reward;
 - `ambiguous_duplicate`: another task has the same prompt but a different answer, reference or
   tests, so one prompt has two truths;
-- `forgeable`: on code environments (unit tests, stdin/stdout cases), one of the known reward
+- `forgeable`: on code environments (unit tests, call cases, stdin/stdout cases), one of the
+  known reward
   forgeries (`workers/qc/forgeries.py`: test machinery replaced, the reporter reached through
   frames, an always-equal object, forged records on every fd, the right output followed by a
   crash...) earns anything on a sample of tasks (`forgery_tasks`). This also blocks the
@@ -65,6 +69,13 @@ def _forgery_probes(env: Environment, tasks: Sequence[EnvTask]) -> list[_Probe]:
         if "unit_tests" in kinds and task.tests:
             name = forgeries.function_under_test(task.tests, task.metadata.get("entry_point"))
             for forgery in forgeries.for_language("python", "unit"):
+                probes.append(_Probe(task, "forgery", _fenced(forgery.render(name=name)),
+                                     label=forgery.id))
+        calls = kinds.get("call_cases")
+        if calls is not None and task.metadata.get("calls"):
+            name = str(task.metadata["calls"][0]["function"])
+            language = str(calls.params.get("language", "python"))
+            for forgery in forgeries.for_language(language, "unit"):
                 probes.append(_Probe(task, "forgery", _fenced(forgery.render(name=name)),
                                      label=forgery.id))
         stdio = kinds.get("stdio_cases")
@@ -125,8 +136,10 @@ def _describe(score: Score) -> str:
     return "; ".join(parts)
 
 
-def _judge(state: _TaskState, spec: QcSpec, full: float) -> dict[str, Any]:
-    """Apply the per-task checks to the scored probes; returns the task's report row."""
+def _judge(state: _TaskState, spec: QcSpec, full: float, allowed: float = 0.0
+           ) -> dict[str, Any]:
+    """Apply the per-task checks to the scored probes; returns the task's report row.
+    `allowed`: what a trivial answer may earn (0 unless the rubric gives partial credit)."""
     by_kind: dict[str, list[_Probe]] = defaultdict(list)
     for probe in state.probes:
         by_kind[probe.kind].append(probe)
@@ -158,15 +171,18 @@ def _judge(state: _TaskState, spec: QcSpec, full: float) -> dict[str, Any]:
             totals = [p.score.total for p in refs if p.score]
             state.fail("nondeterministic", f"reference rewards over {len(refs)} runs: {totals}")
         row["deterministic"] = all(_same(first, p.score) for p in refs[1:] if p.score)
-    for kind, check in (("empty", "empty_rewarded"), ("trivial", "trivial_rewarded")):
+    for kind, check, bound in (("empty", "empty_rewarded", 0.0),
+                               ("trivial", "trivial_rewarded", allowed)):
         scored = [p for p in by_kind[kind] if p.score]
         if scored:
             row[f"{kind}_reward"] = max(p.score.total for p in scored if p.score)
         for probe in scored:
             assert probe.score is not None
-            if probe.score.total > 1e-9:
+            if probe.score.total > bound + 1e-9:
+                limit = f" (a trivial answer may earn at most {bound:g} under this rubric's " \
+                        "partial credit)" if bound else ""
                 state.fail(check, f"{kind} answer {probe.completion[:80]!r} earns "
-                                  f"{probe.score.total:g}")
+                                  f"{probe.score.total:g}{limit}")
     for probe in by_kind["wrong"]:
         if probe.score and probe.score.total >= full - 1e-9:
             state.fail("lax_checker", f"wrong answer {probe.completion[:80]!r} earns full "
@@ -249,6 +265,13 @@ def run_qc(
     rows: list[dict[str, Any]] = []
     flags: list[dict[str, Any]] = []
     score_s = 0.0
+    # Partial credit (a similarity, a share of fields) gives a trivial answer some reward by
+    # construction (an echoed string shares characters with the answer). Judged against the
+    # rubric's range: on one task it must stay below `trivial_max_share` of what the graded
+    # components give (above, the task is degenerate: echoing nearly answers it), and on
+    # average below `trivial_mean_share` (above, a no-effort policy collects the reward).
+    # Binary components still must give it nothing.
+    allowed = spec.trivial_max_share * env.rubric.graded_total
     forgery_ids = set()
     if spec.forgeries:
         picked = env.tasks if spec.forgery_tasks == 0 else env.tasks[:spec.forgery_tasks]
@@ -283,7 +306,7 @@ def run_qc(
                               "detail": "no reference completion: full reward is unchecked"})
         dedup_flags, dedup_s = _dedup(env.tasks, spec, states)
         flags += dedup_flags
-        rows = [_judge(states[t.id], spec, full) for t in env.tasks]
+        rows = [_judge(states[t.id], spec, full, allowed) for t in env.tasks]
     else:
         dedup_s = 0.0
     quarantined = [{"task_id": s.task.id, "reasons": s.reasons}
@@ -295,6 +318,14 @@ def run_qc(
     if rate > spec.quarantine_threshold:
         block.append(f"{len(quarantined)} of {n} tasks quarantined ({rate:.1%}), above the "
                      f"threshold of {spec.quarantine_threshold:.1%}")
+    graded = env.rubric.graded_total
+    trivial = [r["trivial_reward"] for r in rows if "trivial_reward" in r]
+    trivial_mean = statistics.fmean(trivial) if trivial else None
+    if graded > 0 and trivial_mean is not None and \
+            trivial_mean > spec.trivial_mean_share * graded + 1e-9:
+        block.append(f"the best trivial answer earns {trivial_mean:.3g} on average over the "
+                     f"tasks, above {spec.trivial_mean_share:g} of the partial-credit weight "
+                     f"({graded:g}): a policy that does not try would collect it")
     forgeable = sorted({r["detail"].split("'")[1] for q in quarantined for r in q["reasons"]
                         if r["check"] == "forgeable"})
     if forgeable:
@@ -326,6 +357,8 @@ def run_qc(
             "reference_full_reward": sum(1 for r in rows if r.get("reference_reward") is not None
                                          and r["reference_reward"] >= full - 1e-9),
             "empty_zero": sum(1 for r in rows if r.get("empty_reward") == 0.0),
+            "trivial_allowed": round(allowed, 6),
+            "trivial_mean": round(trivial_mean, 6) if trivial_mean is not None else None,
             "forgery_probes": sum(r.get("forgeries", 0) for r in rows),
             "forgeable": forgeable,
             "by_reason": dict(sorted(by_reason.items())),
@@ -377,7 +410,8 @@ def run_qc_spec(spec: Mapping[str, Any], qc: QcSpec | None = None, **load_kwargs
             "summary": {"tasks": 0, "quarantined": 0, "quarantine_rate": 0.0,
                         "threshold": qc.quarantine_threshold,
                         "usable_tasks": {"train": 0, "eval": 0}, "reference_full_reward": 0,
-                        "empty_zero": 0, "by_reason": {}, "flags": {}},
+                        "empty_zero": 0, "trivial_allowed": 0.0, "trivial_mean": None,
+                        "by_reason": {}, "flags": {}},
             "quarantined": [], "quarantined_ids": [], "flags": [], "tasks": [],
             "timings": {"total_s": round(time.perf_counter() - t0, 3),
                         "load_s": round(time.perf_counter() - t0, 3), "scoring_s": 0.0,

@@ -20,6 +20,15 @@ class QcSpec(BaseModel):
         gt=0.0, le=1.0, description="share of the rubric's maximum the reference must "
                                     "earn")] = 1.0
     trivial: bool = Field(True, description="score the environment's trivial answers")
+    trivial_max_share: Annotated[float, Field(
+        ge=0.0, lt=1.0, description="under partial credit, the share of the partial-credit "
+                                    "components' weight a trivial answer may earn on one "
+                                    "task (binary components must give it nothing)")] = 0.75
+    trivial_mean_share: Annotated[float, Field(
+        ge=0.0, lt=1.0, description="under partial credit, the share of that weight the best "
+                                    "trivial answer may earn on average over the tasks; above "
+                                    "it the version is blocked (a no-effort policy would "
+                                    "collect it)")] = 0.5
     perturbations: bool = Field(True, description="score near-miss wrong answers")
     near_duplicate_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
     max_task_seconds: Annotated[float, Field(gt=0.0, description="a reference run slower than "

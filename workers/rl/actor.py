@@ -64,6 +64,8 @@ class StepBatch:
     counts: dict[str, float] = field(default_factory=dict)  # summed over ranks
     gen_s: float = 0.0  # time spent generating and scoring
     gen_idle_s: float = 0.0  # time the actor waited (weights, queue) for this batch
+    prompts: list[str] = field(default_factory=list)  # per sequence (groups * G)
+    advantages: torch.Tensor | None = None  # (groups * G,), set by the learner
 
 
 def pad_cat(parts: list[torch.Tensor], pad: float, left: bool) -> torch.Tensor:
@@ -258,6 +260,7 @@ class Producer:
             sampler_state=self.sampler.state_dict(),
             counts=counts,
             gen_s=gen_s,
+            prompts=[g.example.prompt for g in chosen for _ in g.rewards],
         )
 
 

@@ -20,6 +20,13 @@ class MetricSink(Protocol):
     def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None: ...
 
 
+@runtime_checkable
+class SampleSink(Protocol):
+    """A sink that also takes RL samples (optional: the engine checks for it)."""
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+
+
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: report them as strings rather than writing invalid JSON."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -52,6 +59,9 @@ class JsonlSink:
     def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
         self._write({"kind": "checkpoint", "step": step, "uri": uri, "metrics": metrics})
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self._write({"kind": "samples", "step": step, "samples": rows})
+
 
 class StdoutSink:
     """One compact human-readable line per record."""
@@ -73,6 +83,9 @@ class StdoutSink:
     def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
         print(f"checkpoint step={step} {uri}", file=self.stream, flush=True)
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass  # too long for one line each; the JSONL sink and the API keep them
+
 
 class MultiSink:
     def __init__(self, *sinks: MetricSink):
@@ -90,6 +103,11 @@ class MultiSink:
         for s in self.sinks:
             s.checkpoint(step, uri, metrics)
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for s in self.sinks:
+            if isinstance(s, SampleSink):
+                s.samples(step, rows)
+
 
 class NullSink:
     """For ranks other than 0."""
@@ -101,6 +119,9 @@ class NullSink:
         pass
 
     def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
+        pass
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass
 
 

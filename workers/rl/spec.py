@@ -218,6 +218,16 @@ class OutputSpec(_Strict):
     stdout: bool = True
 
 
+class SamplesSpec(_Strict):
+    """Samples reported during RL (the run page's samples viewer): `per_step` sequences of
+    every `every`-th step, with prompt, completion, reward and components, advantage, weight
+    version and finish reason; prompt and completion text capped at `max_bytes` per step."""
+
+    per_step: Annotated[int, Field(ge=0, le=1000)] = 8  # 0: report none
+    every: PosInt = 1
+    max_bytes: Annotated[int, Field(ge=256, le=4_194_304)] = 32_768
+
+
 class RunSpec(_Strict):
     """One RL run. Printed at start and stored next to its checkpoints."""
 
@@ -233,6 +243,7 @@ class RunSpec(_Strict):
     trainer: TrainerSpec = TrainerSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     output: OutputSpec = OutputSpec()
+    samples: SamplesSpec = SamplesSpec()
     data: DataCacheSpec = DataCacheSpec()
     vllm: VllmSpec = VllmSpec()
 

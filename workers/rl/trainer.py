@@ -26,7 +26,14 @@ from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import all_reduce_sum, any_rank, process_group
-from workers.rl.episodes import episodic, loss_mask, norm_len, play_groups, plays_episodes
+from workers.rl.episodes import (
+    EpisodeBatch,
+    episodic,
+    loss_mask,
+    norm_len,
+    play_groups,
+    plays_episodes,
+)
 from workers.rl.lean import LeanQwen3Moe
 from workers.rl.lean import supported as lean_supported
 from workers.rl.losses import (
@@ -44,7 +51,8 @@ from workers.rl.model import build_policy, is_moe
 from workers.rl.pinned_data import PinnedData
 from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend, position_ids
-from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, StdoutSink
+from workers.rl.samples import finish_reason, pick_samples, reports_at
+from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, SampleSink, StdoutSink
 from workers.rl.spec import RunSpec, TrainerSpec
 from workers.rl.tasks import Example, Task, build_task
 from workers.rl.tokenizer import load_tokenizer, train_bpe
@@ -544,6 +552,9 @@ class Run:
                         backend, tok)
                     t_evals += time.perf_counter() - t0
                 self.sink.log(done, metrics)
+                if self.rank == 0 and reports_at(spec.samples, done) and \
+                        isinstance(self.sink, SampleSink):
+                    self.sink.samples(done, self.step_samples(sb, tok))
                 if spec.checkpoint.every and done % spec.checkpoint.every == 0 and not skipped:
                     cursor = sb.sampler_state["cursor"] * self.world
                     path = ckpt.save(engine, tok, self.root, done,
@@ -579,6 +590,7 @@ class Run:
         batch, rewards = sb.batch, sb.rewards
         n_seq = batch.completion_ids.shape[0]
         advs = adv_lib.compute(algo.advantage, rewards.view(-1, group)).reshape(-1)
+        sb.advantages = advs  # reported with the step's samples
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
@@ -602,6 +614,20 @@ class Run:
         t_train = time.perf_counter() - t1
         return self.step_metrics(rewards, sb.components, batch, stats, sb.gen_s,
                                  t_train), skipped
+
+    def step_samples(self, sb: StepBatch, tok) -> list[dict[str, Any]]:
+        """This rank's sample rows of a trained step (see workers.rl.samples)."""
+        batch, group = sb.batch, self.spec.rollout.group_size
+        advantages = sb.advantages if sb.advantages is not None else torch.zeros(
+            len(batch.texts))
+        return pick_samples(
+            self.spec.samples, prompts=sb.prompts, texts=batch.texts,
+            rewards=sb.rewards.tolist(), components=sb.components,
+            advantages=advantages.tolist(),
+            versions=[v for v in sb.versions for _ in range(group)],
+            reasons=finish_reason(batch.completion_mask, batch.completion_ids,
+                                  tok.eos_token_id, self.spec.rollout.max_new_tokens,
+                                  episode=isinstance(batch, EpisodeBatch)))
 
     def reduce_counts(self, counts: dict[str, float],
                       fractions: dict[str, float]) -> dict[str, float]:

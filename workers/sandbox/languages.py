@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .harness import source as harness_source
+
 TOOLCHAINS_DIR = Path(
     os.environ.get("CRUCIBLE_SANDBOX_TOOLCHAINS", "/opt/crucible/sandbox-toolchains")
 )
@@ -34,6 +36,10 @@ class Language:
     env: dict[str, str] = field(default_factory=dict)
     warm: bool = False  # a warm pool of pre-started interpreters can serve it
     binds: tuple[tuple[str, str], ...] = ()  # extra read-only (host, sandbox) mounts
+    serve: tuple[str, ...] | None = None
+    """The call server's argv ({LINK_IN} / {LINK_OUT}: the pipes to and from the supervisor),
+    for languages graded with `calls` that have no warm bootstrap (Python and Node serve calls
+    from theirs)."""
 
     def missing(self) -> list[str]:
         """Host paths this language needs that are absent or unreadable to other users."""
@@ -58,6 +64,7 @@ def _world_usable(path: Path) -> bool:
 
 
 _TSC = f"{TOOLCHAINS_MOUNT}/typescript/node_modules/typescript/bin/tsc"
+_LINKS = ("{LINK_IN}", "{LINK_OUT}")
 
 LANGUAGE_TABLE: dict[str, Language] = {
     lang.name: lang
@@ -109,6 +116,26 @@ LANGUAGE_TABLE: dict[str, Language] = {
                      "-encoding", "UTF-8", "Main.java"),
             requires=("/usr/bin/javac", "/usr/bin/java"),
             install_hint="apt-get install default-jdk-headless",
+        ),
+        Language(
+            # without RubyGems: it takes ~70 ms to load and the sandbox installs no gems
+            "ruby", "main.rb", ("/usr/bin/ruby", "--disable-gems", "main.rb"),
+            requires=("/usr/bin/ruby",), install_hint="apt-get install ruby",
+            serve=("/usr/bin/ruby", "--disable-gems", "-e", harness_source("ruby_serve.rb"),
+                   *_LINKS),
+        ),
+        Language(
+            "php", "main.php", ("/usr/bin/php", "-n", "main.php"),
+            requires=("/usr/bin/php",), install_hint="apt-get install php-cli",
+            serve=("/usr/bin/php", "-n", "-r", harness_source("php_serve.php"), *_LINKS),
+        ),
+        Language(
+            "lua", "main.lua", ("/usr/bin/lua5.4", "main.lua"),
+            requires=("/usr/bin/lua5.4",), install_hint="apt-get install lua5.4",
+            # lua takes its first bare argument as a script, so the fds go in as a global; and
+            # it refuses a separate `-e` argument that starts with '-': attach the source
+            serve=("/usr/bin/lua5.4", "-e", "CRUCIBLE_LINKS = {'{LINK_IN}', '{LINK_OUT}'}",
+                   "-e" + harness_source("lua_serve.lua")),
         ),
         Language(
             "go", "main.go", ("./main",),

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,10 +93,20 @@ def _settled(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _ours(comm: str) -> bool:
+    """Whether a process of this name is one the engine starts: bwrap (and the helpers it forks
+    during set-up), or the status waiter (PID 1 of a sandbox, re-parented to this subreaper
+    when bwrap is killed first): the static one's name is its file name, cut to 15 bytes."""
+    if comm == "bwrap" or comm.startswith("waiter-"):
+        return True
+    return comm == "perl" and gate.waiter_binary() is None  # the Perl waiter, where in use
+
+
 def sweep() -> int:
-    """Reap untracked zombie children named bwrap: helpers a bwrap forked during its own set-up
-    and had not reaped when it was killed. Only this engine starts bwrap in this process, and
-    live Popens are skipped, so nothing another component waits for is taken."""
+    """Reap untracked zombie children the engine started (see _ours): set-up helpers a bwrap
+    had not reaped when it was killed, and status waiters whose bwrap died first. Only this
+    engine starts them in this process, and live Popens are skipped, so nothing another
+    component waits for is taken."""
     me = os.getpid()
     children: set[int] = set()
     with contextlib.suppress(OSError):
@@ -111,7 +122,7 @@ def sweep() -> int:
                 comm, _, rest = fh.read().partition("(")[2].rpartition(")")
         except OSError:
             continue
-        if comm == "bwrap" and rest.split()[0] == "Z":
+        if _ours(comm) and rest.split()[0] == "Z":
             with contextlib.suppress(ChildProcessError):
                 reaped += bool(os.waitpid(pid, os.WNOHANG)[0])
     return reaped
@@ -277,6 +288,7 @@ class SandboxProcess:
         self.workdir = workdir
         self.uid = uid
         self.clean = False  # destroy() emptied and removed the cgroup: the uid is free again
+        self._on_clean: list[Callable[[], None]] = []
         self._fds: list[int] = []
         self._seen: set[int] = set()
         self._accounted = False
@@ -584,7 +596,26 @@ class SandboxProcess:
             self.cgroup.remove(on_busy=sweep)
         except OSError:
             return
-        self.clean = not leftover
+        if not leftover:
+            self._now_clean()
+        else:  # re-parenting is slow on a loaded host: finish reaping in the background
+            _later(lambda: self._now_clean() if not reap(leftover, 30.0) else None)
+
+    def _now_clean(self) -> None:
+        with _tracked_lock:
+            self.clean = True
+            hooks, self._on_clean = self._on_clean, []
+        for hook in hooks:
+            hook()
+
+    def when_clean(self, hook: Callable[[], None]) -> None:
+        """Run `hook` once no process of this sandbox is left (at once if none is): the time to
+        give its uid back."""
+        with _tracked_lock:
+            if not self.clean:
+                self._on_clean.append(hook)
+                return
+        hook()
 
 
 _usage_lock = threading.Lock()
@@ -613,11 +644,15 @@ class _Destroyable(Protocol):
     def destroy(self) -> None: ...
 
 
-def teardown_later(item: _Destroyable) -> None:
-    """Destroy a sandbox on a background thread. Its processes are already SIGKILLed (they run
-    no more code); what is deferred is reaping, cgroup removal and deleting the work directory."""
+def _later(work: Callable[[], object]) -> None:
     global _teardown
     with _teardown_lock:
         if _teardown is None:
             _teardown = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-teardown")
-        _teardown.submit(item.destroy)
+        _teardown.submit(work)
+
+
+def teardown_later(item: _Destroyable) -> None:
+    """Destroy a sandbox on a background thread. Its processes are already SIGKILLed (they run
+    no more code); what is deferred is reaping, cgroup removal and deleting the work directory."""
+    _later(item.destroy)

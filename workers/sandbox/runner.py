@@ -18,6 +18,7 @@ pairs.
 
 from __future__ import annotations
 
+import array
 import atexit
 import contextlib
 import hmac
@@ -25,14 +26,18 @@ import json
 import marshal
 import os
 import secrets
+import select
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cgroups, languages, uids, workdir
+from . import calls as calls_driver
+from . import cgroups, languages, records, uids, workdir
 from .harness import source as harness_source
 from .harness import wire
 from .languages import Language, ToolchainMissing
@@ -40,6 +45,7 @@ from .pool import WarmPool
 from .process import Outcome, SandboxError, SandboxProcess, feedback_cap, teardown_later
 from .scoring import compare_output
 from .spec import (
+    CallResult,
     CaseResult,
     ExecutionRequest,
     ExecutionResult,
@@ -124,6 +130,7 @@ class _Warm:
     dir: Path
     uid: int
     announces_ready: bool = False  # the bootstrap writes READY on the feedback pipe
+    host_links: tuple[int, int] | None = None  # (read from it, write to it): held for a driver
 
     def wait_booted(self, timeout: float) -> bool:
         """Whether the interpreter finished starting (or, dead, never will) within timeout."""
@@ -133,10 +140,37 @@ class _Warm:
         return self.proc.alive()
 
     def destroy(self) -> None:
+        for fd in self.host_links or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.host_links = None
         self.proc.destroy()
         workdir.remove(self.dir)
-        if self.proc.clean:
-            uids.release(self.uid)
+        uid = self.uid
+        self.proc.when_clean(lambda: uids.release(uid))
+
+
+@dataclass
+class _Zygote:
+    """A test driver that forks a fresh copy of itself per execution (python_boot._zygote),
+    for the executions of one grader key; its parent end of the request socket."""
+
+    warm: _Warm
+    sock: socket.socket
+    used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def alive(self) -> bool:
+        return self.warm.alive()
+
+    def destroy(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.warm.destroy()
+
+
+ZYGOTES_MAX = 8
+ZYGOTE_IDLE_S = 120.0
 
 
 @dataclass
@@ -226,6 +260,32 @@ def _driver_verdict(out: Outcome, key: str) -> tuple[str, str] | None:
     return None
 
 
+def _await_records(fd: int, deadline: float, zygote: _Zygote) -> tuple[list[tuple[str, str]],
+                                                                       float]:
+    """A zygote driver's records (PID, then VERDICT) until it closes its pipe; past the
+    deadline the driver is killed through its zygote. Returns the records and the CPU this
+    thread spent."""
+    cpu0 = time.thread_time_ns()
+    reader = records.RecordReader(max_records=8)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while not reader.stopped:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pid = next((v for k, v in reader.records if k == "PID"), "")
+            if pid.isdigit():
+                with contextlib.suppress(OSError), zygote.lock:
+                    zygote.sock.send(marshal.dumps({"kill": int(pid)}, 4))
+            break
+        if not poller.poll(min(left, 1.0) * 1000):
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        reader.feed(chunk)
+    return reader.records, (time.thread_time_ns() - cpu0) / 1e6
+
+
 _graders: ThreadPoolExecutor | None = None
 _graders_lock = threading.Lock()
 
@@ -245,6 +305,7 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self._pools: dict[tuple[str, str], WarmPool[_Warm] | WarmPool[_Pair]] = {}
+        self._zygotes: dict[tuple[str, str], _Zygote] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -258,16 +319,23 @@ class Engine:
             pool = self._pools.get((lang.name, kind))
             if pool is None:
                 limits = self.config.pool_limits
-                spawn = ((lambda: self._spawn_pair(lang, limits)) if kind == "graded"
-                         else (lambda: self._spawn_boot(lang, limits)))
+                spawn = {"graded": lambda: self._spawn_pair(lang, limits),
+                         "linked": lambda: self._spawn_linked(lang, limits),
+                         "plain": lambda: self._spawn_boot(lang, limits)}[kind]
                 pool = WarmPool(spawn, self.config.pool_size, name=f"warm-{lang.name}-{kind}")
                 self._pools[(lang.name, kind)] = pool
             return pool
 
-    def warm_up(self, language: str, timeout: float = 30.0, *, graded: bool = False) -> bool:
-        """Start the language's pool (of graded pairs, with `graded`) now and wait until it is
-        full."""
-        pool = self._pool(languages.get(language), "graded" if graded else "plain")
+    def warm_up(self, language: str, timeout: float = 30.0, *, graded: bool = False,
+                grader_key: str | None = None) -> bool:
+        """Start the language's pool now and wait until it is full: plain sandboxes, or with
+        `graded` what graded executions take (candidate and driver pairs; with `grader_key`,
+        candidates linked to that key's zygote, which is started too)."""
+        lang = languages.get(language)
+        kind = "plain" if not graded else "linked" if grader_key else "graded"
+        if kind == "linked":
+            self._zygote(lang, grader_key or "")
+        pool = self._pool(lang, kind)
         return pool.wait_ready(timeout) if pool else False
 
     def _spawn_boot(
@@ -320,8 +388,70 @@ class Engine:
             item = None
         if item is not None:
             return item
-        return self._spawn_pair(lang, limits) if kind == "graded" else self._spawn_boot(lang,
-                                                                                       limits)
+        if kind == "graded":
+            return self._spawn_pair(lang, limits)
+        return self._spawn_linked(lang, limits) if kind == "linked" else self._spawn_boot(
+            lang, limits)
+
+    def _spawn_linked(self, lang: Language, limits: Limits) -> _Warm:
+        """A candidate sandbox whose link pipes' other ends the supervisor holds, to hand to a
+        zygote's driver when it is taken."""
+        to_candidate = os.pipe2(os.O_CLOEXEC)
+        from_candidate = os.pipe2(os.O_CLOEXEC)
+        try:
+            warm = self._spawn_boot(lang, limits, (to_candidate[0], from_candidate[1]))
+        except BaseException:
+            for fd in (*to_candidate, *from_candidate):
+                os.close(fd)
+            raise
+        os.close(to_candidate[0])
+        os.close(from_candidate[1])
+        warm.host_links = (from_candidate[0], to_candidate[1])
+        return warm
+
+    def _zygote(self, lang: Language, key: str) -> _Zygote:
+        """The live zygote of this grader key, started if needed (at most ZYGOTES_MAX, the
+        least recently used and the idle ones go first)."""
+        now = time.monotonic()
+        stale: list[_Zygote] = []
+        with self._lock:
+            zygote = self._zygotes.get((lang.name, key))
+            if zygote is not None and not zygote.alive():
+                stale.append(self._zygotes.pop((lang.name, key)))
+                zygote = None
+            for k, z in list(self._zygotes.items()):
+                if now - z.used > ZYGOTE_IDLE_S:
+                    stale.append(self._zygotes.pop(k))
+        for old in stale:
+            teardown_later(old)
+        if zygote is not None:
+            zygote.used = now
+            return zygote
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            # Started from a thread that outlives it: bwrap's --die-with-parent is a parent
+            # *thread* death signal, and a batch's worker threads end with the batch.
+            warm = _grader_threads().submit(
+                self._spawn_boot, lang, self.config.pool_limits,
+                (child.fileno(), child.fileno())).result()
+        finally:
+            child.close()
+        warm.proc.send_control(self._control(lang, {"mode": "zygote"}))
+        zygote = _Zygote(warm, parent)
+        with self._lock:
+            if self._closed:
+                teardown_later(zygote)
+                raise SandboxError("the engine is closed")
+            other = self._zygotes.setdefault((lang.name, key), zygote)
+            evict = (sorted(self._zygotes.items(), key=lambda kv: kv[1].used)
+                     [:max(0, len(self._zygotes) - ZYGOTES_MAX)])
+            for k, _ in evict:
+                stale.append(self._zygotes.pop(k))
+        if other is not zygote:
+            teardown_later(zygote)
+        for old in stale:
+            teardown_later(old)
+        return other
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, request: ExecutionRequest) -> ExecutionResult:
@@ -331,8 +461,12 @@ class Engine:
         except ToolchainMissing as exc:
             return self._failed(request, str(exc))
         try:
+            if request.calls:
+                return self._execute_calls(lang, request)
             if lang.name in _BOOT_ARGV:
                 if request.tests is not None:
+                    if request.grader_key and lang.name == "python":
+                        return self._execute_zygote(lang, request)
                     return self._execute_graded(lang, request)
                 return self._execute_boot(lang, request)
             return self._execute_plain(lang, request)
@@ -437,6 +571,58 @@ class Engine:
             teardown_later(pair)
         return self._graded_result(lang, request, out, graded, key)
 
+    def _execute_zygote(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
+        """As _execute_graded, with the driver forked by the grader key's zygote instead of a
+        sandbox started for this execution alone."""
+        assert request.grader_key is not None
+        candidate = self._take(lang, request.limits, "linked")
+        assert isinstance(candidate, _Warm) and candidate.host_links is not None
+        key = secrets.token_hex(16)
+        verdict_r, verdict_w = os.pipe2(os.O_CLOEXEC)
+        started = time.monotonic()
+        deadline = started + request.limits.wall_ms / 1000 + 1.0
+        try:
+            self._prepare(candidate, request, {**request.files, lang.source: request.code})
+            drive = marshal.dumps({"key": key, "prelude": request.test_prelude,
+                                   "tests": request.tests, "bind": request.entry_points}, 4)
+            fds = [*candidate.host_links, verdict_w]
+            for attempt in (1, 2):
+                zygote = self._zygote(lang, request.grader_key)
+                try:
+                    with zygote.lock:
+                        zygote.sock.sendmsg([drive], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                       array.array("i", fds))])
+                    break
+                except OSError:  # the zygote died: start another, once
+                    with self._lock:
+                        if self._zygotes.get((lang.name, request.grader_key)) is zygote:
+                            del self._zygotes[(lang.name, request.grader_key)]
+                    teardown_later(zygote)
+                    if attempt == 2:
+                        raise
+            for fd in fds:  # the driver holds them now
+                os.close(fd)
+            candidate.host_links = None
+            verdict_w = -1
+            waited = _grader_threads().submit(_await_records, verdict_r, deadline, zygote)
+            try:
+                out = candidate.proc.run(request.stdin.encode(),
+                                         control=self._control(lang, {"mode": "serve",
+                                                                      "argv": request.argv}))
+            finally:
+                records, driver_cpu = waited.result()
+            out.extra["files"] = _read_back(candidate.dir, request.read_back)
+        finally:
+            for fd in (verdict_r, verdict_w):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            teardown_later(candidate)
+        graded = Outcome(feedback=records, returncode=0,
+                         wall_ms=int((time.monotonic() - started) * 1000))
+        graded.supervisor_cpu_ms = driver_cpu
+        return self._graded_result(lang, request, out, graded, key)
+
     @staticmethod
     def _graded_result(
         lang: Language, request: ExecutionRequest, out: Outcome, graded: Outcome, key: str
@@ -473,10 +659,99 @@ class Engine:
                 result.trace = _trace(payload, request)
         return result
 
+    def _execute_calls(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
+        """Call cases: the candidate's call server answers, the supervisor compares (calls.py).
+        Every call fails unless the program also ends cleanly once the calls are done."""
+        to_candidate = os.pipe2(os.O_CLOEXEC)
+        from_candidate = os.pipe2(os.O_CLOEXEC)
+        links = (to_candidate[0], from_candidate[1])
+        host_fds = [to_candidate[1], from_candidate[0]]
+        warm: _Warm | None = None
+        proc: SandboxProcess | None = None
+        path: Path | None = None
+        uid: int | None = None
+        try:
+            if lang.name in _BOOT_ARGV:
+                code = request.code + (JS_LOOKUP_FOOTER if lang.name == "javascript" else "")
+                warm = self._spawn_boot(lang, request.limits, links)
+                self._prepare(warm, request, {**request.files, lang.source: code})
+                proc, control = warm.proc, self._control(lang, {"mode": "serve",
+                                                                "argv": request.argv})
+            else:
+                if lang.serve is None:
+                    raise SandboxError(f"{lang.name} has no call server")
+                uid = uids.lease()
+                for fd in links:  # servers that reopen /dev/fd/N (Lua) need to own the pipes
+                    os.fchown(fd, uid, uid)
+                path = workdir.create({**request.files, lang.source: request.code},
+                                      owner_uid=uid, owner_gid=uid,
+                                      size_bytes=request.limits.workdir_mb << 20)
+                limits = request.limits
+                if lang.name == "php":  # php://fd/N refuses N >= RLIMIT_NOFILE (see the server)
+                    limits = limits.model_copy(
+                        update={"open_files": max(limits.open_files, max(links) + 16)})
+                proc = SandboxProcess(argv=list(lang.serve), workdir=path, limits=limits,
+                                      uid=uid, env=lang.env, ro_binds=lang.binds, links=links)
+                control = None
+            for fd in links:  # the sandbox holds its ends now
+                os.close(fd)
+            links = ()
+            deadline = time.monotonic() + request.limits.wall_ms / 1000
+            cpu0 = time.thread_time_ns()
+
+            def driven() -> tuple[list[CallResult], str, float]:
+                results, stopped = calls_driver.drive(host_fds[1], host_fds[0], request.calls,
+                                                      deadline)
+                host_fds.remove(host_fds[0])  # drive() closed the write end
+                return results, stopped, (time.thread_time_ns() - cpu0) / 1e6
+
+            future = _grader_threads().submit(driven)
+            try:
+                out = proc.run(request.stdin.encode(), control=control)
+            finally:
+                results, stopped, driver_cpu = future.result()
+            read_back = _read_back(warm.dir if warm else path, request.read_back)  # type: ignore[arg-type]
+        finally:
+            for fd in (*links, *host_fds):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if warm is not None:
+                teardown_later(warm)
+            elif proc is not None:
+                proc.destroy()
+            if path is not None:
+                workdir.remove(path)
+            if uid is not None and proc is not None:
+                leased = uid
+                proc.when_clean(lambda: uids.release(leased))
+        phase = phase_result(out, request.limits)
+        result = ExecutionResult(language=lang.name, calls=results, **phase.model_dump())
+        result.supervisor_cpu_ms = round(out.supervisor_cpu_ms + driver_cpu, 3)
+        result.files, result.file_errors = read_back
+        if phase.status != Status.OK:
+            for call in result.calls:
+                if call.passed:
+                    call.passed, call.error = False, f"the program ended badly: {phase.message}"
+        failed = next((c for c in result.calls if not c.passed), None)
+        if failed is None:
+            result.verdict = "passed"
+        elif phase.status == Status.TLE:
+            result.verdict, result.verdict_detail = "timeout", phase.message
+        elif stopped and "exited" in stopped:
+            result.verdict, result.verdict_detail = "exited_early", stopped
+        else:
+            result.verdict = "failed"
+            result.verdict_detail = f"{failed.function}: {failed.error}" + (
+                f" (returned {failed.got})" if failed.got else "")
+        if result.verdict != "passed" and result.status == Status.OK:
+            result.status, result.message = Status.RE, f"calls did not pass: " \
+                f"{result.verdict_detail}"
+        return result
+
     def _execute_plain(self, lang: Language, request: ExecutionRequest) -> ExecutionResult:
         room = (request.compile_limits if lang.compile else request.limits).workdir_mb << 20
         uid = uids.lease()
-        clean = True
+        phases: list[SandboxProcess] = []
         try:
             path = workdir.create({**request.files, lang.source: request.code},
                                   owner_uid=uid, owner_gid=uid, size_bytes=room)
@@ -486,10 +761,9 @@ class Engine:
         try:
             compiled: PhaseResult | None = None
             if lang.compile:
-                compiled, _, ok = self._phase(lang, path, list(lang.compile),
-                                              request.compile_limits, "", uid,
-                                              compile_phase=True)
-                clean = clean and ok
+                compiled, _ = self._phase(lang, path, list(lang.compile),
+                                          request.compile_limits, "", uid, phases,
+                                          compile_phase=True)
                 if compiled.status != Status.OK:
                     return ExecutionResult(
                         status=compiled.status, language=lang.name, compile=compiled,
@@ -505,37 +779,36 @@ class Engine:
             if request.cases:
                 results = []
                 for c in request.cases:
-                    _, out, ok = self._phase(lang, path, run_argv, request.limits, c.stdin, uid)
-                    clean = clean and ok
+                    _, out = self._phase(lang, path, run_argv, request.limits, c.stdin, uid,
+                                         phases)
                     results.append(self._case(out, request.limits, c))
                 result = self._from_cases(lang, results)
             else:
-                phase, _, ok = self._phase(lang, path, run_argv, request.limits, request.stdin,
-                                           uid)
-                clean = clean and ok
+                phase, _ = self._phase(lang, path, run_argv, request.limits, request.stdin,
+                                       uid, phases)
                 result = ExecutionResult(language=lang.name, **phase.model_dump())
                 result.files, result.file_errors = _read_back(path, request.read_back)
             result.compile = compiled
             return result
         finally:
             workdir.remove(path)
-            if clean:
-                uids.release(uid)
+            _release_when_clean(uid, phases)
 
     def _phase(
         self, lang: Language, path: Path, argv: list[str], limits: Limits, stdin: str,
-        uid: int, *, compile_phase: bool = False,
-    ) -> tuple[PhaseResult, Outcome, bool]:
-        """(result, raw outcome, whether every process of the sandbox is gone)."""
+        uid: int, phases: list[SandboxProcess], *, compile_phase: bool = False,
+    ) -> tuple[PhaseResult, Outcome]:
+        """(result, raw outcome); the destroyed sandbox joins `phases`."""
         # A compiler's status only decides OK or CE (bwrap's own status says that exactly): it
         # runs without the waiter.
         proc = SandboxProcess(argv=argv, workdir=path, limits=limits, uid=uid, env=lang.env,
                               ro_binds=lang.binds, waiter=not compile_phase)
+        phases.append(proc)
         try:
             out = proc.run(stdin.encode())
         finally:
             proc.destroy()
-        return phase_result(out, limits, compile_phase=compile_phase), out, proc.clean
+        return phase_result(out, limits, compile_phase=compile_phase), out
 
     @staticmethod
     def _case(out: Outcome, limits: Limits, case: StdioCase) -> CaseResult:
@@ -576,14 +849,36 @@ class Engine:
             self._closed = True
             pools = list(self._pools.values())
             self._pools.clear()
+            zygotes = list(self._zygotes.values())
+            self._zygotes.clear()
         for pool in pools:
             pool.close()
+        for zygote in zygotes:
+            zygote.destroy()
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _release_when_clean(uid: int, procs: list[SandboxProcess]) -> None:
+    """Give `uid` back once every sandbox that ran as it has no process left."""
+    pending = [len(procs)]
+    lock = threading.Lock()
+
+    def one_done() -> None:
+        with lock:
+            pending[0] -= 1
+            last = pending[0] == 0
+        if last:
+            uids.release(uid)
+
+    if not procs:
+        uids.release(uid)
+    for proc in procs:
+        proc.when_clean(one_done)
 
 
 def _trace(payload: str, request: ExecutionRequest) -> object:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .spec import ExecutionRequest, ExecutionResult, Limits, StdioCase
+from .spec import CallCase, ExecutionRequest, ExecutionResult, Limits, StdioCase
 
 if TYPE_CHECKING:  # the runner imports this module; avoid the cycle at run time
     from .runner import Engine
@@ -56,6 +56,48 @@ def compare_output(
     )
 
 
+def values_equal(
+    got: Any, expected: Any, *, tolerant: bool = False, abs_tol: float = 1e-6,
+    rel_tol: float = 1e-6,
+) -> bool:
+    """A call's plain-data result against its expected JSON value: numbers by value (an int and
+    a float may be equal; with `tolerant` floats within the tolerances, NaN equal to NaN), bools
+    only with bools, strings exactly, tuples as lists (JSON has no tuples), lists and dicts
+    element by element. Both sides are builtin values here, so nothing the candidate defined
+    takes part in the comparison."""
+    if isinstance(got, bool) or isinstance(expected, bool):
+        return type(got) is bool and type(expected) is bool and got is expected
+    if isinstance(got, int | float) and isinstance(expected, int | float):
+        if isinstance(got, float) and isinstance(expected, float) and math.isnan(got):
+            return math.isnan(expected)
+        if tolerant:
+            return math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol)
+        return got == expected
+    if isinstance(got, tuple):
+        got = list(got)
+    if isinstance(expected, tuple):
+        expected = list(expected)
+    if isinstance(got, list) and isinstance(expected, list):
+        return len(got) == len(expected) and all(
+            values_equal(g, e, tolerant=tolerant, abs_tol=abs_tol, rel_tol=rel_tol)
+            for g, e in zip(got, expected, strict=True))
+    if isinstance(got, dict) and isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(
+            values_equal(got[k], expected[k], tolerant=tolerant, abs_tol=abs_tol,
+                         rel_tol=rel_tol) for k in got)
+    if type(got) is not type(expected):
+        return False
+    return bool(got == expected)
+
+
+def calls_request(
+    language: str, code: str, calls: Sequence[CallCase], limits: Limits | None = None
+) -> ExecutionRequest:
+    """Function calls graded by value by the supervisor (any language with a call server)."""
+    return ExecutionRequest(language=language, code=code, calls=list(calls),
+                            limits=limits or Limits())
+
+
 def stdio_request(
     language: str, code: str, cases: Sequence[StdioCase], limits: Limits | None = None
 ) -> ExecutionRequest:
@@ -65,16 +107,19 @@ def stdio_request(
 
 
 def assert_request(
-    language: str, code: str, tests: str, limits: Limits | None = None
+    language: str, code: str, tests: str, limits: Limits | None = None,
+    grader_key: str | None = None,
 ) -> ExecutionRequest:
     """Assert-style function tests (python, javascript): a test driver in a sandbox of its own
     runs them against the candidate's functions by value; they pass only if they run to their
     end."""
-    return ExecutionRequest(language=language, code=code, tests=tests, limits=limits or Limits())
+    return ExecutionRequest(language=language, code=code, tests=tests, limits=limits or Limits(),
+                            grader_key=grader_key)
 
 
 def humaneval_request(
-    prompt: str, completion: str, test: str, entry_point: str, limits: Limits | None = None
+    prompt: str, completion: str, test: str, entry_point: str, limits: Limits | None = None,
+    grader_key: str | None = None,
 ) -> ExecutionRequest:
     """A HumanEval-style check: the candidate is prompt + completion; the driver runs the prompt
     itself (trusted: its helpers, such as `poly`, are the task's, whatever the candidate
@@ -82,14 +127,17 @@ def humaneval_request(
     return ExecutionRequest(
         language="python", code=prompt + completion, test_prelude=prompt,
         entry_points=[entry_point], tests=f"{test}\n\ncheck({entry_point})\n",
-        limits=limits or Limits(wall_ms=10_000),
+        limits=limits or Limits(wall_ms=10_000), grader_key=grader_key,
     )
 
 
 def score(result: ExecutionResult) -> float:
-    """Reward in [0, 1]: share of stdin/stdout cases passed, else 1.0 only for a verified pass."""
+    """Reward in [0, 1]: share of stdin/stdout cases or of calls passed, else 1.0 only for a
+    verified pass."""
     if result.cases:
         return sum(c.passed for c in result.cases) / len(result.cases)
+    if result.calls:
+        return sum(c.passed for c in result.calls) / len(result.calls)
     return 1.0 if result.passed else 0.0
 
 

@@ -7,9 +7,16 @@ run config that embeds one) without importing the engine itself.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 LANGUAGES: tuple[str, ...] = (
     "python",
@@ -21,12 +28,20 @@ LANGUAGES: tuple[str, ...] = (
     "rust",
     "java",
     "go",
+    "ruby",
+    "php",
+    "lua",
 )
 """Every language the engine knows; which are usable depends on the toolchains installed."""
 
 TEST_LANGUAGES: tuple[str, ...] = ("python", "javascript")
 """Languages whose unit tests (code) run in a test driver of the same language, in a sandbox of
 its own, calling the candidate's functions across a pipe by value."""
+
+CALL_LANGUAGES: tuple[str, ...] = ("python", "javascript", "ruby", "php", "lua")
+"""Languages with a call server: their top-level functions can be graded with `calls` (function,
+arguments, expected result), which the supervisor sends across a pipe by value and compares on
+plain data itself, so no test code runs at all."""
 
 VERDICTS: tuple[str, ...] = (
     "passed", "failed", "exited_early", "timeout", "driver_error", "compile_error",
@@ -101,6 +116,37 @@ class StdioCase(BaseModel):
     rel_tol: float = Field(1e-6, ge=0)
 
 
+class CallCase(BaseModel):
+    """One call of a candidate's function: the supervisor sends `args` by value and compares the
+    plain-data result with `expected` (numbers by value, bools only with bools, sequences and
+    mappings element by element; `tolerant` compares floats within the tolerances)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: str = Field(max_length=200)
+    args: list[Any] = Field(default_factory=list, max_length=64)
+    expected: Any = None
+    comparison: Literal["exact", "tolerant"] = "exact"
+    abs_tol: float = Field(1e-6, ge=0)
+    rel_tol: float = Field(1e-6, ge=0)
+
+    @field_validator("function")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not value.isidentifier() or value.startswith("__"):
+            raise ValueError(f"function {value!r} must be a plain identifier")
+        return value
+
+
+class CallResult(BaseModel):
+    """A call's outcome: what came back (its repr, capped) and whether it matched."""
+
+    function: str
+    passed: bool = False
+    got: str = ""
+    error: str = ""
+
+
 class ExecutionRequest(BaseModel):
     """One program to compile (if needed) and run, optionally against tests."""
 
@@ -126,6 +172,13 @@ class ExecutionRequest(BaseModel):
         description="trusted task code the driver runs before the tests (e.g. a HumanEval "
         "prompt with its helpers); its definitions take precedence over the candidate's",
     )
+    grader_key: str | None = Field(
+        None, max_length=128,
+        description="executions with the same key may share a pre-started test driver that "
+        "forks a fresh copy of itself for each of them (far cheaper than a new interpreter); "
+        "the copies share one sandbox, so give one key only to tests from one author (one "
+        "environment version). Without a key each execution's driver has a sandbox of its own",
+    )
     entry_points: list[str] = Field(
         default_factory=list, max_length=64,
         description="names the tests must reach in the candidate even where the prelude "
@@ -134,6 +187,11 @@ class ExecutionRequest(BaseModel):
     cases: list[StdioCase] = Field(
         default_factory=list, max_length=1000,
         description="stdin/stdout cases: compiled once, one sandboxed run per case",
+    )
+    calls: list[CallCase] = Field(
+        default_factory=list, max_length=1000,
+        description="function calls graded by value by the supervisor (languages with a call "
+        "server: " + ", ".join(CALL_LANGUAGES) + ")",
     )
     trace: TraceOptions | None = None
     read_back: list[str] = Field(
@@ -146,7 +204,8 @@ class ExecutionRequest(BaseModel):
     def _known_language(cls, value: str) -> str:
         value = value.lower()
         aliases = {"py": "python", "python3": "python", "js": "javascript", "node": "javascript",
-                   "ts": "typescript", "c++": "cpp", "sh": "bash", "golang": "go", "rs": "rust"}
+                   "ts": "typescript", "c++": "cpp", "sh": "bash", "golang": "go", "rs": "rust",
+                   "rb": "ruby", "lua5.4": "lua"}
         value = aliases.get(value, value)
         if value not in LANGUAGES:
             raise ValueError(f"unknown language {value!r}; known: {', '.join(LANGUAGES)}")
@@ -185,6 +244,18 @@ class ExecutionRequest(BaseModel):
             if not name.isidentifier() or name.startswith("__"):
                 raise ValueError(f"entry point {name!r} must be a plain identifier")
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_grade(self) -> ExecutionRequest:
+        ways = [name for name, given in (("tests", self.tests is not None),
+                                         ("cases", bool(self.cases)), ("calls", bool(self.calls)))
+                if given]
+        if len(ways) > 1:
+            raise ValueError(f"grade with one of tests, cases or calls, not {' and '.join(ways)}")
+        if self.calls and self.language not in CALL_LANGUAGES:
+            raise ValueError(f"calls are graded only for {', '.join(CALL_LANGUAGES)} (other "
+                             "languages are graded with stdin/stdout cases)")
+        return self
 
     @field_validator("tests")
     @classmethod
@@ -274,6 +345,7 @@ class ExecutionResult(PhaseResult):
     grader: PhaseResult | None = Field(
         None, description="the test driver's own process (its output is not returned)")
     cases: list[CaseResult] = Field(default_factory=list)
+    calls: list[CallResult] = Field(default_factory=list)
     trace: Trace | None = None
     files: dict[str, str] = Field(
         default_factory=dict, description="read_back files (regular files only, never links)"
@@ -289,4 +361,6 @@ class ExecutionResult(PhaseResult):
             return self.tests_passed
         if self.cases:
             return all(c.passed for c in self.cases)
+        if self.calls:
+            return all(c.passed for c in self.calls)
         return True

@@ -39,7 +39,8 @@ def test_each_source_validates() -> None:
     ({"source": "tasks", "tasks": TASKS, "rubric": RUBRIC,
       "interaction": {"mode": "tool_use", "max_turns": 3}}, "needs at least one tool"),
     ({"source": "tasks", "tasks": TASKS, "rubric": RUBRIC,
-      "interaction": {"mode": "multi_turn", "max_turns": 3}}, "'unit_tests' or 'stdio_cases'"),
+      "interaction": {"mode": "multi_turn", "max_turns": 3}},
+     "'unit_tests', 'stdio_cases' or 'call_cases'"),
     ({"source": "nowhere"}, "source"),
 ])
 def test_bad_specs_name_the_problem(data: dict, needle: str) -> None:

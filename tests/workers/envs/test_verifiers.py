@@ -133,3 +133,31 @@ def test_run_eval_serves_a_checkpoint_for_the_evaluation(model_dir) -> None:  # 
     with pytest.raises(ValueError, match="not local"):
         run_eval({"source": "builtin", "name": "arithmetic"},
                  {"policy": {"kind": "checkpoint", "uri": "s3://bucket/ckpt"}})
+
+
+def test_a_split_named_in_the_task_data_is_honoured() -> None:
+    env = load_environment({"source": "verifiers", "module": "tests.workers.envs.vf_split",
+                            "eval_fraction": 0.2})
+    # "test" means held out: exactly the package's four, whatever eval_fraction says.
+    assert sorted(t.id for t in env.split("eval")) == ["e6", "e7", "e8", "e9"]
+    assert len(env.split("train")) == 6
+    from workers.envs import as_rl_task
+
+    assert sorted(e.meta["task_id"] for e in as_rl_task(env).eval) == ["e6", "e7", "e8", "e9"]
+
+
+def test_an_unknown_split_name_is_refused(monkeypatch) -> None:  # noqa: ANN001
+    from tests.workers.envs import vf_split
+
+    original = vf_split.EchoData
+
+    class Odd(original):  # type: ignore[misc, valid-type]
+        pass
+
+    def load(self):  # noqa: ANN001, ANN202
+        yield vf_split.EchoTask(Odd(id="x", prompt="p", answer="1", split="holdout-ish"),
+                                self.config.task)
+
+    monkeypatch.setattr(vf_split.EchoTaskset, "load", load)
+    with pytest.raises(VerifiersError, match="task 'x' has split 'holdout-ish'; use one of"):
+        load_environment({"source": "verifiers", "module": "tests.workers.envs.vf_split"})

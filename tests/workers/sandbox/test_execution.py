@@ -179,3 +179,23 @@ def test_status_records_are_parsed_only_when_well_formed() -> None:
     for kind, value in (("EXIT", "x"), ("EXIT", ""), ("SIGNAL", "0"), ("SIGNAL", "300"),
                         ("PASS", "0"), ("EXIT", "0000")):
         assert parse_status(kind, value) is None, (kind, value)
+
+
+def test_a_grader_keys_drivers_are_fresh_copies_and_a_hung_one_is_killed(engine: Engine) -> None:
+    """Executions of one grader key share a zygote that forks each driver: what one
+    execution's tests leave behind (a builtin, a module attribute) is gone in the next, and a
+    driver stuck in its own tests is killed without taking the zygote down."""
+    code = "def add(a, b):\n    return a + b\n"
+    taint = ("import builtins, math\nbuiltins.LEFT_BEHIND = 1\nmath.pi = 3\n"
+             "assert add(1, 2) == 3\n")
+    check = ("import builtins, math\nassert not hasattr(builtins, 'LEFT_BEHIND')\n"
+             "assert math.pi > 3.14\nassert add(2, 2) == 4\n")
+    first = engine.execute(assert_request("python", code, taint, grader_key="k-fresh"))
+    second = engine.execute(assert_request("python", code, check, grader_key="k-fresh"))
+    assert first.verdict == second.verdict == "passed", (first, second)
+    hung = engine.execute(assert_request("python", code, "while True:\n    pass\n",
+                                         Limits(wall_ms=800), grader_key="k-fresh"))
+    assert hung.tests_passed is False and hung.verdict == "timeout"
+    after = engine.execute(assert_request("python", code, "assert add(1, 1) == 2\n",
+                                          grader_key="k-fresh"))
+    assert after.verdict == "passed", after

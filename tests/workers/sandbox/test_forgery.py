@@ -1,9 +1,10 @@
 """The forgery suite: every known way to score on a code grader without solving the task, through
 every scoring path, next to honest controls that must still pass.
 
-Paths: the scoring helpers (`assert_request`, `humaneval_request`, `stdio_request` + `score`), the
-built-in code environment (`unit_tests` checker), the HumanEval environment, the `stdio_cases`
-checker (Python and C), and the synthesis code oracle. The forgeries are the library QC uses
+Paths: the scoring helpers (`assert_request`, `humaneval_request`, `stdio_request`,
+`calls_request` + `score`), the built-in code environment (`unit_tests` checker), the HumanEval
+environment, the `stdio_cases` checker (Python and C), the `call_cases` checker (Ruby, PHP, Lua)
+and the synthesis code oracle. The forgeries are the library QC uses
 (`workers/qc/forgeries.py`) plus attacks that need to know the task (printing the right answer
 and then crashing). Each must score exactly 0; the hidden tests' text must never reach anything
 the candidate's output flows into.
@@ -26,8 +27,16 @@ from workers.envs.load import load_environment
 from workers.qc import forgeries
 from workers.qc.forgeries import Forgery
 from workers.sandbox import Engine, ExecutionRequest, uids
-from workers.sandbox.scoring import assert_request, humaneval_request, score, stdio_request
-from workers.sandbox.spec import ExecutionResult, Limits, Status, StdioCase
+from workers.sandbox.scoring import (
+    assert_request,
+    calls_request,
+    humaneval_request,
+    score,
+    stdio_request,
+)
+from workers.sandbox.spec import CallCase, ExecutionResult, Limits, Status, StdioCase
+
+from .programs import ADDERS
 
 ADD_TESTS = ("assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert add(10, 5) == 15\n"
              "assert add((1,), (2,)) == (1, 2)\n")
@@ -238,22 +247,27 @@ def test_forged_oracles_are_rejected_by_the_synthesis_code_stage(engine: Engine)
 def test_hidden_tests_never_enter_the_candidates_process_or_files(engine: Engine) -> None:
     snoop = ("import gc, os, sys\n"
              "needle = 'add(' + str(5 * 2)  # never spelled out, so main.py holds no match\n"
+             "seen = []\n"
              "def add(a, b):\n"
-             "    found = [o[:80] for o in gc.get_objects()\n"
-             "             if isinstance(o, str) and needle in o and o != needle]\n"
-             "    for root, dirs, files in os.walk('/'):\n"
-             "        dirs[:] = [d for d in dirs if os.path.join(root, d) not in\n"
-             "                   ('/proc', '/sys', '/usr', '/dev')]\n"
-             "        for name in files:\n"
-             "            try:\n"
-             "                if needle.encode() in open(os.path.join(root, name), 'rb').read():\n"
-             "                    found.append(os.path.join(root, name))\n"
-             "            except OSError:\n"
-             "                pass\n"
-             "    print('FOUND', found)\n"
+             "    if not seen:  # the first call: the heap, every file it can read\n"
+             "        found = [o[:80] for o in gc.get_objects()\n"
+             "                 if isinstance(o, str) and needle in o and o != needle]\n"
+             "        for root, dirs, files in os.walk('/'):\n"
+             "            dirs[:] = [d for d in dirs if os.path.join(root, d) not in\n"
+             "                       ('/proc', '/sys', '/usr', '/dev')]\n"
+             "            for name in files:\n"
+             "                try:\n"
+             "                    with open(os.path.join(root, name), 'rb') as fh:\n"
+             "                        if needle.encode() in fh.read():\n"
+             "                            found.append(os.path.join(root, name))\n"
+             "                except OSError:\n"
+             "                    pass\n"
+             "        seen.append(found)\n"
+             "        print('FOUND', found)\n"
              "    return a + b\n")
-    result = engine.execute(assert_request("python", snoop, ADD_TESTS, LIMITS))
-    assert result.tests_passed is True  # it answers right: snooping is all it tried
+    result = engine.execute(assert_request("python", snoop, ADD_TESTS,
+                                           Limits(wall_ms=20_000, cpu_ms=15_000)))
+    assert result.tests_passed is True, result  # it answers right: snooping is all it tried
     found = [line for line in result.stdout.splitlines() if line.startswith("FOUND")]
     assert found and all(line == "FOUND []" for line in found), result.stdout
 
@@ -279,7 +293,8 @@ def test_a_forged_trace_record_fails_that_execution_only(engine: Engine) -> None
     from workers.sandbox.spec import TraceOptions
 
     forge = ("import os\nbody = b'TRACE {\"events\": [[\"line\", \"f\", \"x\"]], \"stack\": 7}'\n"
-             "for fd in range(3, 64):\n    try:\n"
+             "for fd in sorted(int(n) for n in os.listdir('/proc/self/fd')):\n"
+             "    if fd < 3:\n        continue\n    try:\n"
              "        os.write(fd, b'CRF1' + len(body).to_bytes(4, 'big') + body)\n"
              "    except OSError:\n        pass\nprint('done')\n")
     requests = [ExecutionRequest(language="python", code=forge, trace=TraceOptions()),
@@ -291,7 +306,8 @@ def test_a_forged_trace_record_fails_that_execution_only(engine: Engine) -> None
 
 def test_flooding_the_feedback_channel_is_bounded_and_charged(engine: Engine) -> None:
     flood = ("import os\nchunk = b'CRF1' + (60000).to_bytes(4, 'big') + b'x' * 60000\n"
-             "for fd in range(3, 64):\n    try:\n"
+             "for fd in sorted(int(n) for n in os.listdir('/proc/self/fd')):\n"
+             "    if fd < 3:\n        continue\n    try:\n"
              "        for _ in range(2000):\n            os.write(fd, chunk)\n"
              "    except OSError:\n        pass\n")
     result = engine.execute(ExecutionRequest(language="python", code=flood,
@@ -346,3 +362,49 @@ def test_per_user_kernel_limits_are_not_shared_between_sandboxes(engine: Engine)
                 os.kill(pid, signal.SIGKILL)
         thread.join()
     assert second.stdout.split()[:2] == ["got", "True"], second.stdout
+
+
+# -- call cases (python, javascript, ruby, php, lua) ---------------------------------------------
+
+CALLS = [CallCase(function="add", args=[2, 3], expected=5),
+         CallCase(function="add", args=[[1], [2]], expected=[1, 2]),
+         CallCase(function="add", args=[-1, 3], expected=2)]
+# the right answers, then the program ends badly once the calls are done
+CRASH_AFTER = {
+    "python": "\nimport atexit, os\natexit.register(os.abort)\n",
+    "javascript": "\nprocess.on('exit', () => process.kill(process.pid, 'SIGABRT'));\n",
+    "ruby": "\nat_exit { Process.kill('ABRT', Process.pid) }\n",
+    "php": "\nregister_shutdown_function(function () { exit(3); });\n",
+    "lua": "\nKEEP = setmetatable({}, {__gc = function() os.exit(3) end})\n",
+}
+
+
+@pytest.mark.parametrize("language", sorted(ADDERS))
+def test_call_case_forgeries_score_zero(engine: Engine, language: str) -> None:
+    items = forgeries.for_language(language, "unit")
+    requests = [calls_request(language, f.render(name="add"), CALLS, LIMITS) for f in items]
+    requests.append(calls_request(language, ADDERS[language] + CRASH_AFTER[language], CALLS,
+                                  LIMITS))
+    results = engine.execute_batch(requests, concurrency=2)
+    _all_zero(results, [*_ids(items), f"{language}_right_then_crash"])
+    crashed = results[-1]
+    assert [c.got for c in crashed.calls][:1] == ["5"], crashed  # it did answer right
+    honest = engine.execute(calls_request(language, ADDERS[language], CALLS, LIMITS))
+    assert score(honest) == 1.0 and honest.verdict == "passed", honest
+
+
+@pytest.mark.parametrize("language", ["ruby", "php", "lua"])
+def test_forgeries_score_zero_through_the_call_cases_checker(
+    sandbox: Sandbox, language: str
+) -> None:
+    env = load_environment({"source": "tasks", "tasks": [
+        {"id": "add", "prompt": "Write add(a, b).", "reference": ADDERS[language],
+         "calls": [c.model_dump(include={"function", "args", "expected"}) for c in CALLS]}],
+        "rubric": {"components": [{"name": "calls", "checker": "call_cases",
+                                   "params": {"language": language}}]}}, sandbox=sandbox)
+    task = env.tasks[0]
+    items = forgeries.for_language(language, "unit")
+    scores = env.score([task] * (len(items) + 1),
+                       [f"```\n{f.render(name='add')}\n```" for f in items] + [ADDERS[language]])
+    assert {f.id: s.total for f, s in zip(items, scores, strict=False) if s.total} == {}
+    assert scores[-1].total == 1.0 and scores[-1].info["verdict"] == "passed"

@@ -6,9 +6,12 @@ from collections.abc import Callable
 
 import pytest
 
-from workers.sandbox import languages
+from workers.sandbox import Engine, languages
 from workers.sandbox.languages import Language, ToolchainMissing
-from workers.sandbox.spec import ExecutionResult, Status
+from workers.sandbox.scoring import calls_request, score, values_equal
+from workers.sandbox.spec import CallCase, ExecutionResult, Status
+
+from .programs import ADDERS
 
 # Each program reads one integer and prints twice its value.
 DOUBLERS = {
@@ -30,6 +33,9 @@ DOUBLERS = {
             " Scanner s = new Scanner(System.in); System.out.println(s.nextInt() * 2); } }\n",
     "go": "package main\nimport \"fmt\"\n"
           "func main(){ var n int; fmt.Scan(&n); fmt.Println(n * 2) }\n",
+    "ruby": "n = gets.to_i\nputs n * 2\n",
+    "php": "<?php\n$n = intval(trim(fgets(STDIN)));\necho $n * 2, \"\\n\";\n",
+    "lua": "local n = io.read('n')\nprint(math.tointeger(n * 2))\n",
 }
 
 BROKEN = {
@@ -123,6 +129,9 @@ EXIT_VS_SIGNAL = [
      "#include <signal.h>\nint main(void){ raise(SIGINT); return 0; }\n", 2),
     ("bash", "exit 130\n", "kill -TERM $$\n", 15),
     ("javascript", "process.exit(130);\n", "process.kill(process.pid, 'SIGTERM');\n", 15),
+    ("ruby", "exit 130\n", "Process.kill('TERM', Process.pid)\nsleep 5\n", 15),
+    ("php", "<?php exit(130);\n", "<?php\nwhile (true) { usleep(1000); }\n", None),
+    ("lua", "os.exit(130)\n", "os.execute('kill -TERM $PPID')\nwhile true do end\n", None),
 ]
 
 
@@ -135,6 +144,8 @@ def test_exit_status_129_to_192_is_not_mistaken_for_a_signal(
     exited = run(language, exits)
     assert (exited.status, exited.exit_code, exited.signal) == (Status.RE, 130, None)
     assert exited.message == "exit code 130"
+    if signal_no is None:  # no portable way for the program to signal itself
+        return
     died = run(language, killed)
     assert (died.status, died.exit_code, died.signal) == (Status.RE, None, signal_no)
     assert died.message == f"killed by signal {signal_no}"
@@ -145,3 +156,35 @@ def test_a_forked_child_exiting_does_not_end_the_run(run: Callable[..., Executio
             "os.wait()\ntime.sleep(0.05)\nprint('parent finished')\nsys.exit(5)\n")
     result = run("python", code)
     assert (result.stdout, result.exit_code) == ("parent finished\n", 5)
+
+
+ADD_CALLS = [
+    CallCase(function="add", args=[2, 3], expected=5),
+    CallCase(function="add", args=[[1, "x"], [2.5]], expected=[1, "x", 2.5]),
+    CallCase(function="add", args=[0.1, 0.2], expected=0.3, comparison="tolerant"),
+    CallCase(function="add", args=[1, 1], expected=3),  # wrong on purpose: 2 != 3
+]
+
+
+@pytest.mark.parametrize("language", sorted(ADDERS))
+def test_call_cases_are_graded_by_value_by_the_supervisor(engine: Engine, language: str) -> None:
+    _require(language)
+    result = engine.execute(calls_request(language, ADDERS[language], ADD_CALLS))
+    assert [c.passed for c in result.calls] == [True, True, True, False], result
+    assert result.calls[3].got == "2" and result.calls[3].error == "wrong result"
+    assert score(result) == 0.75 and result.verdict == "failed"
+    assert result.verdict_detail == "add: wrong result (returned 2)"
+    missing = engine.execute(calls_request(language, ADDERS[language],
+                                           [CallCase(function="sub", args=[1, 1], expected=0)]))
+    assert not missing.calls[0].passed and "raise" in missing.calls[0].error
+
+
+def test_values_are_compared_on_plain_data() -> None:
+    assert values_equal(1, 1.0) and values_equal([1, (2, 3)], [1, [2, 3]])
+    assert not values_equal(True, 1) and not values_equal(1, True)
+    assert not values_equal("1", 1) and not values_equal(None, 0)
+    assert values_equal({"a": [1]}, {"a": [1]}) and not values_equal({"a": 1}, {"b": 1})
+    assert not values_equal([1, 2], [1, 2, 3])
+    assert values_equal(0.1 + 0.2, 0.3, tolerant=True) and not values_equal(0.1 + 0.2, 0.3)
+    assert values_equal(float("nan"), float("nan")) and not values_equal(float("nan"), 1.0)
+    assert not values_equal({1, 2}, [1, 2])  # a set is not a list

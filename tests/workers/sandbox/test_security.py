@@ -406,6 +406,8 @@ def test_killed_sandboxes_leave_no_zombies_or_cgroups() -> None:
     end = time.monotonic() + 10
     while (_zombie_children() or _empty_cgroups_of_this_process()) and time.monotonic() < end:
         time.sleep(0.05)  # teardown runs on a background thread
-    assert [(pid, Path(f"/proc/{pid}/stat").read_text()[:40]) for pid in _zombie_children()
-            ] == []
+    from workers.sandbox import process as sandbox_process
+
+    assert [(pid, Path(f"/proc/{pid}/stat").read_text()[:40], pid in sandbox_process._tracked)
+            for pid in _zombie_children()] == []
     assert _empty_cgroups_of_this_process() == []  # every finished execution's cgroup is gone

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from workers.envs.base import Component, Environment, EnvTask, Message, Reply, Rubric
 from workers.envs.builtins.problems import PROBLEMS, fenced, prompt_for, repair_prompt_for
-from workers.envs.checkers import Sandbox, code_request, unit_tests
+from workers.envs.checkers import Sandbox, code_request, grader_key, unit_tests
 from workers.envs.spec import CodeParams, CodeRepairParams
 from workers.envs.splits import eval_ids
 from workers.sandbox.scoring import score
@@ -36,7 +36,8 @@ class CodeEnvironment(Environment):
                  *, repair: bool = False) -> None:
         self.sandbox = sandbox or Sandbox()
         self.limits = params.limits
-        rubric = Rubric((Component("tests", 1.0, unit_tests(self.sandbox, params.limits),
+        rubric = Rubric((Component("tests", 1.0, unit_tests(self.sandbox, params.limits,
+                                                         grader_key(self.name)),
                                    "unit_tests", {"limits": params.limits.model_dump()}),))
         turns = params.max_turns if isinstance(params, CodeRepairParams) else 1
         super().__init__(tasks=_tasks(params, repair), rubric=rubric,

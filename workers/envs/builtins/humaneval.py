@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 from workers.envs.base import Component, Environment, EnvTask, Rubric
-from workers.envs.checkers import Sandbox, unit_tests
+from workers.envs.checkers import Sandbox, grader_key, unit_tests
 from workers.envs.spec import HumanEvalParams
 from workers.envs.splits import eval_ids
 
@@ -47,7 +47,8 @@ class HumanEvalEnvironment(Environment):
             for r in rows
         ]
         self.sandbox = sandbox or Sandbox()
-        rubric = Rubric((Component("passed", 1.0, unit_tests(self.sandbox, params.limits),
+        rubric = Rubric((Component("passed", 1.0, unit_tests(self.sandbox, params.limits,
+                                                          grader_key(self.name)),
                                    "unit_tests", {"limits": params.limits.model_dump()}),))
         super().__init__(tasks=tasks, rubric=rubric, params=params.model_dump(mode="json"))
 

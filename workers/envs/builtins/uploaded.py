@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from workers.envs import mathcheck
 from workers.envs.base import Environment, EnvTask, Message, Reply, Rubric
 from workers.envs.builtins.code import FEEDBACK
-from workers.envs.checkers import Sandbox, build_component
+from workers.envs.checker_params import JsonFieldParams
+from workers.envs.checkers import (
+    Sandbox,
+    build_component,
+    grader_key,
+    json_answers,
+    numeric_answers,
+)
 from workers.envs.spec import TaskRecord, TasksEnvSpec
 from workers.envs.tools import build_tools
 
-CODE_CHECKERS = ("unit_tests", "stdio_cases")
+CODE_CHECKERS = ("unit_tests", "stdio_cases", "call_cases")
+ANSWER_CHECKERS = ("lcs_ratio", "edit_distance", "numeric", "json_field")
+"""Partial-credit checkers that compare with each task's `answer`."""
+
+
+def _checkers_of(kind: str, params: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The checkers a component runs: itself, or a weighted component's parts."""
+    if kind == "weighted":
+        return [(str(p.get("checker")), p.get("params") or {})
+                for p in params.get("checkers", [])]
+    return [(kind, params)]
 
 
 def to_env_task(record: TaskRecord) -> EnvTask:
@@ -20,6 +38,8 @@ def to_env_task(record: TaskRecord) -> EnvTask:
         metadata["entry_point"] = record.entry_point
     if record.cases:
         metadata["cases"] = [c.model_dump() for c in record.cases]
+    if record.calls:
+        metadata["calls"] = [c.model_dump() for c in record.calls]
     return EnvTask(id=record.id, prompt=record.prompt, answer=record.answer,
                    reference=record.reference if record.reference is not None else record.answer,
                    tests=record.tests, split=record.split, difficulty=record.difficulty,
@@ -33,7 +53,8 @@ class TasksEnvironment(Environment):
     def __init__(self, spec: TasksEnvSpec, records: Sequence[TaskRecord],
                  sandbox: Sandbox | None = None) -> None:
         self.sandbox = sandbox or Sandbox()
-        components = tuple(build_component(c, self.sandbox, spec.limits)
+        key = grader_key(self.name)
+        components = tuple(build_component(c, self.sandbox, spec.limits, key)
                            for c in spec.rubric.components)
         self._code = [c for c in components if c.kind in CODE_CHECKERS]
         self._answer_checked = any(c.kind in ("math_equiv", "exact_match", "contains")
@@ -51,20 +72,29 @@ class TasksEnvironment(Environment):
         """Each task has what its rubric's checkers read; say which do not."""
         needs = {"unit_tests": lambda t: t.tests is not None,
                  "stdio_cases": lambda t: bool(t.metadata.get("cases")),
+                 "call_cases": lambda t: bool(t.metadata.get("calls")),
                  "math_equiv": lambda t: t.answer is not None,
                  "exact_match": lambda t: t.answer is not None,
                  "contains": lambda t: t.answer is not None}
-        field = {"unit_tests": "tests", "stdio_cases": "cases", "math_equiv": "answer",
+        field = {"unit_tests": "tests", "stdio_cases": "cases", "call_cases": "calls",
+                 "math_equiv": "answer",
                  "exact_match": "answer", "contains": "answer"}
+        for kind in ANSWER_CHECKERS:
+            needs[kind], field[kind] = (lambda t: t.answer is not None), "answer"
         for comp in self.rubric.components:
-            check = needs.get(comp.kind)
-            if check is None:
-                continue
-            bad = [t.id for t in self.tasks if not check(t)]
-            if bad:
-                return (f"component {comp.name!r} ({comp.kind}) reads each task's "
-                        f"'{field[comp.kind]}', missing in tasks {bad[:5]}"
-                        + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+            for kind, params in _checkers_of(comp.kind, comp.params):
+                check = needs.get(kind)
+                if check is None:
+                    continue
+                bad = [t.id for t in self.tasks if not check(t)]
+                if bad:
+                    return (f"component {comp.name!r} ({kind}) reads each task's "
+                            f"'{field[kind]}', missing in tasks {bad[:5]}"
+                            + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+                if kind == "numeric":
+                    numeric_answers(self.tasks)  # raises, naming a non-numeric answer
+                elif kind == "json_field":
+                    json_answers(self.tasks, JsonFieldParams.model_validate(params))
         return None
 
     def respond(self, task: EnvTask, conversation: Sequence[Message]) -> Reply:
@@ -84,6 +114,10 @@ class TasksEnvironment(Environment):
         out = ["I don't know."]
         if self._code:
             out.append("```python\npass\n```")
+        if self.rubric.graded_total > 0:
+            # Under partial credit, copying the prompt is the cheapest way to earn something
+            # (string tasks share characters with their prompt): QC bounds what it earns.
+            out.append(task.prompt)
         return out
 
     def wrong_answers(self, task: EnvTask) -> list[str]:

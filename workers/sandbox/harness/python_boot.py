@@ -8,7 +8,9 @@
 #   drive  the grader side, in its own sandbox under its own uid: run the task's trusted
 #          prelude and its tests with the candidate's functions bound to proxies that call
 #          across the link, compare on plain data here, and report the verdict on the feedback
-#          pipe in a record carrying the verdict key (which the candidate never sees).
+#          pipe in a record carrying the verdict key (which the candidate never sees);
+#   zygote the same driver for many executions of one grader key: it forks a fresh copy of
+#          itself per execution (see _zygote), which costs far less than a new interpreter.
 #
 # Records on the feedback pipe are framed (magic, 4-byte length, payload), so nothing a program
 # prints can be taken for one, and a record cannot be glued onto another. In run and serve mode
@@ -44,6 +46,9 @@ def _boot(ctl_fd, feedback_fd, link_in, link_out):
     mode = msg.get("mode", "run")
     if mode == "drive":
         _drive(msg, feedback_fd, link_in, link_out)
+        return
+    if mode == "zygote":
+        _zygote(link_in)
         return
     for fd in (link_in, link_out):
         if fd >= 0 and mode != "serve":
@@ -268,6 +273,57 @@ def _drive(msg, feedback_fd, link_in, link_out):
         verdict("failed", f"{type(exc).__name__} in the tests{_test_line(exc)}{_last_call(last)}")
     else:
         verdict("passed")
+    posix._exit(0)
+
+
+def _zygote(sock_fd):
+    """A driver that forks: each request on the socket (marshal data, with the execution's
+    link fds and a verdict pipe passed as SCM_RIGHTS) gets a fresh copy of this process, which
+    drives that one execution and exits, so no execution sees another's state. The parent only
+    forks; it never runs test code. Only executions of one grader key (one environment) share a
+    zygote, since its copies share its sandbox."""
+    import _signal
+    import _socket
+
+    sock = _socket.socket(fileno=sock_fd)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        try:
+            data, ancdata, _, _ = sock.recvmsg(1 << 22, _socket.CMSG_SPACE(4 * 4))
+        except OSError:
+            break
+        if not data:
+            break
+        fds = []
+        for level, kind, payload in ancdata:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [int.from_bytes(payload[i:i + 4], "little")
+                        for i in range(0, len(payload) - len(payload) % 4, 4)]
+        msg = marshal.loads(data)
+        if "kill" in msg:
+            try:  # noqa: SIM105 - contextlib is not worth its import time here
+                posix.kill(int(msg["kill"]), 9)
+            except OSError:
+                pass
+            continue
+        if len(fds) != 3:
+            for fd in fds:
+                posix.close(fd)
+            continue
+        pid = posix.fork()
+        if pid == 0:
+            sock.close()
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+            # Nobody reads the zygote's stdout: a test that prints must not fill the pipe.
+            null = posix.open("/dev/null", posix.O_WRONLY)
+            posix.dup2(null, 1)
+            posix.dup2(null, 2)
+            posix.close(null)
+            link_in, link_out, verdict_fd = fds
+            _record(verdict_fd, f"PID {posix.getpid()}".encode())
+            _drive(msg, verdict_fd, link_in, link_out)
+        for fd in fds:
+            posix.close(fd)
     posix._exit(0)
 
 

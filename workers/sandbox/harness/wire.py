@@ -14,7 +14,8 @@
 #   {"$b": "<hex>"} bytes, {"$f": "nan" | "inf" | "-inf"} float, {"$c": [re, im]} complex,
 #   {"$u": null} JavaScript undefined (decoded as None here).
 # A JSON object without exactly one known tag is malformed. Frames on the pipe are a 4-byte
-# big-endian length followed by that many bytes of ASCII JSON (WIRE_MAX bytes at most).
+# big-endian length followed by that many bytes of JSON (ASCII from Python and Node; other call
+# servers may send UTF-8), WIRE_MAX bytes at most.
 
 WIRE_MAX = 16 << 20
 WIRE_DEPTH = 200
@@ -79,14 +80,14 @@ def loads(data):
         import _json
 
         _scanner = _json.make_scanner(_Context())
-    text = data.decode("ascii") if isinstance(data, (bytes, bytearray)) else data
+    text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
     try:
         value, end = _scanner(text, 0)
     except WireError:
         raise
     except StopIteration as exc:
         raise WireError("not a JSON document") from exc
-    except (ValueError, TypeError, RecursionError, MemoryError) as exc:
+    except (ValueError, TypeError, RecursionError, MemoryError, UnicodeError) as exc:
         raise WireError(f"malformed wire value: {type(exc).__name__}") from exc
     if text[end:].strip():
         raise WireError("trailing data after the wire value")

@@ -106,7 +106,7 @@ class Command(BaseCommand):
         try:
             self._wait_healthy(base_url, procs)
             run = self._demo_run(base_url, user_token, team)
-            self._announce(base_url, password, run, logs)
+            self._announce(base_url, password, run, logs, user_token)
             if run["status"] != "succeeded" and opts["exit_after_demo"]:
                 raise CommandError(f"demo run ended {run['status']}: {run['error']}")
             if not opts["skip_pipeline"]:
@@ -301,11 +301,15 @@ class Command(BaseCommand):
         label = names.get(ident, "run") if kind == "run" else kind.replace("_", " ")
         return f"{label} {ident[:8] if kind in ('run', 'report') else ident[:12]}"
 
-    def _announce(self, base_url: str, password: str, run: dict[str, Any], logs: Path) -> None:
+    def _announce(self, base_url: str, password: str, run: dict[str, Any], logs: Path,
+                  token: str) -> None:
         team = "demo"
         lines = [
             "",
             f"Crucible is running at {base_url}/  (login: admin / {password})",
+            f"  API token for scripts (admin's, shown once): export CRUCIBLE_TOKEN={token}"
+            f" CRUCIBLE_API_URL={base_url}",
+            "    (more: python manage.py token create --user admin --name <label>)",
             f"  demo run {run['id']}: {run['status']}"
             + (f" — {run['error']}" if run["error"] else ""),
             f"  run page: {base_url}/t/{team}/runs/{run['id']}/",
