@@ -9,6 +9,7 @@ filesystem Celery transport, the in-memory channel layer and an object store in
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -40,6 +41,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "channels",
+    "axes",
     "apps.core",
     "apps.teams",
     "apps.projects",
@@ -63,6 +65,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Last, as django-axes requires: it turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes first: it refuses a login attempt while its username+address is locked out.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 # Content-Security-Policy (django-csp: Django 5.2 has no built-in CSP; 6.0 adds one). Scripts
@@ -169,7 +179,13 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# The cache holds the API's rate-limit counters: shared through Redis by every web process
+# in production; in-process in the embedded default (one web process).
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": REDIS_URL, "KEY_PREFIX": "crucible"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Object store (dataset records, checkpoints, reports).
 OBJECT_STORE_URL = crucible_env.object_store_url()
@@ -195,7 +211,37 @@ CRUCIBLE = {
     "SANDBOX_MAX_BATCH": env.int("CRUCIBLE_SANDBOX_MAX_BATCH", default=256),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
+    # What runs may make workers reach (workers/egress.py; workers read the same variables):
+    # hosts and CIDRs for endpoint base_urls, absolute roots for "path:" model directories.
+    "ENDPOINT_ALLOW": env.str("CRUCIBLE_ENDPOINT_ALLOW",
+                              default="127.0.0.0/8,::1/128,localhost"),
+    "MODEL_PATH_ROOTS": env.str("CRUCIBLE_MODEL_PATH_ROOTS", default=""),
+    # Teams one person may create (operators' commands and superusers are not limited).
+    "TEAMS_PER_USER": env.int("CRUCIBLE_TEAMS_PER_USER", default=20),
+    # Deepest JSON nesting a request body, upload line or websocket frame may have.
+    "MAX_JSON_DEPTH": env.int("CRUCIBLE_MAX_JSON_DEPTH", default=64),
+    # API rate limits (DRF throttles, apps/core/throttles.py): "<count>/<sec|min|hour|day>".
+    "THROTTLE_RATES": {
+        "user": env.str("CRUCIBLE_THROTTLE_USER", default="1200/min"),
+        "worker": env.str("CRUCIBLE_THROTTLE_WORKER", default="12000/min"),
+        "anon": env.str("CRUCIBLE_THROTTLE_ANON", default="120/min"),
+        "auth_failure": env.str("CRUCIBLE_THROTTLE_AUTH_FAILURE", default="20/min"),
+    },
+    # Proxies in front of the web processes that append to X-Forwarded-For (0: trust none,
+    # the client address is REMOTE_ADDR). Rate limits and login lockouts key on it.
+    "TRUSTED_PROXIES": env.int("CRUCIBLE_TRUSTED_PROXIES", default=0),
 }
+
+# --- Password logins (django-axes): a username+address pair is locked out after
+# CRUCIBLE_LOGIN_FAILURE_LIMIT failures for CRUCIBLE_LOGIN_LOCKOUT_MINUTES (the right
+# password included), answered 429 with Retry-After. Attempts are kept in the database.
+AXES_FAILURE_LIMIT = env.int("CRUCIBLE_LOGIN_FAILURE_LIMIT", default=10)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("CRUCIBLE_LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "apps.core.throttles.axes_client_ip"
+AXES_LOCKOUT_CALLABLE = "apps.teams.lockout.lockout_response"
+AXES_VERBOSE = False
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=64 * 1024 * 1024)
 
 REST_FRAMEWORK = {
@@ -203,7 +249,7 @@ REST_FRAMEWORK = {
         "apps.teams.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.core.permissions.AuthenticatedOrThrottled"],
     "DEFAULT_PAGINATION_CLASS": "apps.core.pagination.CursorPagination",
     "DEFAULT_PARSER_CLASSES": [
         "apps.core.parsers.FastJSONParser",
@@ -222,6 +268,11 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "apps.core.throttles.TokenRateThrottle",
+        "apps.core.throttles.WorkerRateThrottle",
+        "apps.core.throttles.AnonIPRateThrottle",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -234,6 +285,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.core.schema.add_error_responses",
+    ],
     # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
     "ENUM_NAME_OVERRIDES": {
         "RunKindEnum": "apps.runs.models.RunKind",
@@ -241,8 +296,14 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# --- Production hardening: on whenever DEBUG is off and TLS terminates in front of us.
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# --- Production hardening.
+# Trust a forwarded-protocol header only when the operator says a proxy in front of every
+# web process sets it (and strips it from clients): otherwise any client could claim HTTPS.
+# SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto means "the proxy sends X-Forwarded-Proto: https".
+_proxy_header = env.str("SECURE_PROXY_SSL_HEADER", default="").strip()
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_header.upper().replace("-", "_"), "https") if _proxy_header else None
+)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)

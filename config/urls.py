@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import SimpleRouter
 
 from apps.core import views as core_views
+from apps.core.audit_api import AuditLogViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentVersionViewSet, EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
@@ -18,7 +19,10 @@ from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
 from apps.sandbox.api import ExecutionViewSet, WorkerExecutionViewSet
+from apps.teams import views as team_views
 from apps.teams.api import (
+    InvitationAcceptView,
+    InvitationViewSet,
     MembershipViewSet,
     MyTeamsViewSet,
     PersonalTokenViewSet,
@@ -41,6 +45,7 @@ router.register(r"teams", MyTeamsViewSet, basename="my-teams")
 router.register(r"tokens", PersonalTokenViewSet, basename="personal-token")
 router.register(rf"{TEAM}/members", MembershipViewSet, basename="member")
 router.register(rf"{TEAM}/worker-tokens", WorkerTokenViewSet, basename="worker-token")
+router.register(rf"{TEAM}/invitations", InvitationViewSet, basename="invitation")
 router.register(rf"{TEAM}/projects", ProjectViewSet, basename="project")
 router.register(rf"{TEAM}/datasets", DatasetViewSet, basename="dataset")
 router.register(rf"{TEAM}/datasets/(?P<dataset>[-a-zA-Z0-9_]+)/versions", DatasetVersionViewSet,
@@ -51,6 +56,7 @@ router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions"
 router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
+router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 
 worker = WorkerRunViewSet.as_view
 worker_urls = [
@@ -73,6 +79,7 @@ worker_urls = [
 
 api_v1 = [
     path("me", core_views.MeView.as_view(), name="me"),
+    path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
     path("worker/", include(worker_urls)),
@@ -95,10 +102,12 @@ urlpatterns = [
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
     path("healthz", core_views.healthz, name="healthz"),
+    path("invite/", team_views.accept_invitation, name="invite-accept"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
 ]
 
+handler400 = "apps.core.errors.bad_request"
 handler404 = "apps.core.errors.not_found"
 handler500 = "apps.core.errors.server_error"

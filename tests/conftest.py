@@ -30,6 +30,18 @@ def object_store(tmp_path, settings):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(autouse=True)
+def isolated_cache(settings):  # noqa: ANN001, ANN201
+    """Each test gets its own cache namespace, so one test's rate-limit counters (every
+    test client calls from 127.0.0.1) never throttle the next. Keys expire by themselves;
+    nothing is flushed (on Redis the database is shared with the broker)."""
+    import uuid
+
+    default = settings.CACHES["default"]
+    settings.CACHES = {**settings.CACHES,
+                       "default": {**default, "KEY_PREFIX": f"test-{uuid.uuid4().hex[:12]}"}}
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hashing(settings):  # noqa: ANN001, ANN201
     """Users are made per test; the production hasher costs ~1 s each on a shared CPU."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

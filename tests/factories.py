@@ -91,3 +91,16 @@ def make_train_run(project: Project, **overrides: Any) -> Run:
                 "base_model": "preset", **overrides}
     plan = plan_run(team=project.team, **document)
     return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
+
+
+def put_run_object(run: Run | dict[str, Any], name: str, data: bytes = b"x") -> str:
+    """Write ``data`` under the run's own object prefix (where a worker of that run writes)
+    and return its URI: the only place the worker API accepts a run's reports from."""
+    from apps.core.storage import store
+    from apps.runs.objects import run_prefix
+
+    if isinstance(run, dict):
+        prefix = run["object_prefix"]
+    else:
+        prefix = run_prefix(team_id=run.team_id, run_id=run.pk)
+    return store().put_bytes(f"{prefix}/{name}", data)

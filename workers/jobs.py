@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workers import egress
 from workers.client import WorkerSession
-from workers.storage import ObjectStore, default_store
+from workers.storage import ObjectStore, default_store, run_key
 
 SAMPLE_BATCH = 500
 
@@ -91,7 +92,7 @@ def run_qc(session: WorkerSession) -> None:
     qc = QcSpec.model_validate(session.run["config"].get("qc") or {})
     session.log_event(f"QC of {_label(env)} started", data={"config": qc.model_dump()})
     report = run_qc_spec(env["spec"], qc, resolve_dataset=dataset_resolver(env, store))
-    uri = store.put_bytes(f"runs/{session.run_id}/qc-report.json", _dump(report))
+    uri = store.put_bytes(run_key(session.run, "qc-report.json"), _dump(report))
     summary = report.get("summary") or {}
     _metrics(session, 0, {
         "qc/tasks": summary.get("tasks"), "qc/quarantined": summary.get("quarantined"),
@@ -169,7 +170,19 @@ def _model_dir(session: WorkerSession, env: dict[str, Any], store: ObjectStore,
         local = hold.enter_context(ModelCache(_var_dir() / "models").use(store, path)) / "hf"
         session.log_event(f"model {path} unpacked to {local}", kind="artifact")
         return str(local), {"kind": "checkpoint", "uri": path}
+    try:
+        egress.check_model_path(path, egress.model_roots_from_env())
+    except egress.EgressRefused as exc:
+        raise JobError(str(exc)) from exc
     return path, {"kind": "path", "path": path}
+
+
+def check_endpoint(url: str) -> None:
+    """This worker's CRUCIBLE_ENDPOINT_ALLOW, with the host resolved, right before use."""
+    try:
+        egress.endpoint_allow_from_env().check(url, resolve=True)
+    except egress.EgressRefused as exc:
+        raise JobError(str(exc)) from exc
 
 
 EVAL_FIELDS = ("split", "samples_per_task", "k", "limit", "concurrency", "sampling")
@@ -197,6 +210,7 @@ def run_eval(session: WorkerSession) -> None:
         "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
         "include_samples": True, "exclude": env.get("quarantined_ids") or ()}
     if cfg.get("policy"):
+        check_endpoint(spec.policy.base_url)
         named = {"kind": "endpoint", "base_url": spec.policy.base_url}
         session.log_event(f"evaluating endpoint policy on {_label(env)}", data=named)
         report = evaluate(loaded, EndpointPolicy(spec.policy), **kwargs)
@@ -219,9 +233,8 @@ def run_eval(session: WorkerSession) -> None:
     report["policy"]["source"] = named
     prompts = {t.id: t.prompt for t in loaded.tasks}
     samples = report.pop("samples", None) or []
-    key = f"runs/{session.run_id}"
-    uri = store.put_bytes(f"{key}/eval-report.json", _dump(report))
-    store.put_bytes(f"{key}/eval-report.html", render_html(report).encode())
+    uri = store.put_bytes(run_key(session.run, "eval-report.json"), _dump(report))
+    store.put_bytes(run_key(session.run, "eval-report.html"), render_html(report).encode())
     summary = report["summary"]
     values: dict[str, Any] = {"eval/mean_reward": summary.get("mean_reward"),
                               "eval/tasks": summary.get("tasks"),
@@ -283,13 +296,17 @@ def run_synthesize(session: WorkerSession) -> None:
     store = default_store()
     cfg = session.run["config"]
     config = parse_config(cfg["synthesis"])
+    for generator in config.generators:
+        endpoint = getattr(generator, "endpoint", None)
+        if endpoint is not None:
+            check_endpoint(endpoint.base_url)
     total = sum(g.count for g in config.generators)
     session.log_event(f"synthesis '{config.name}' started: {total} candidates planned",
                       data={"config": config.public_dict()})
     progress = _Progress(session, total)
     batch = synthesize(config, progress)
     progress.flush()
-    key = f"runs/{session.run_id}/synthesis"
+    key = run_key(session.run, "synthesis")
     records_uri = store.put_bytes(f"{key}/records.jsonl", batch.jsonl())
     rejected_uri = store.put_bytes(
         f"{key}/rejected.jsonl",

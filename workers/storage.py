@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 from urllib.parse import unquote, urlparse
 
 
@@ -188,8 +188,17 @@ def default_store() -> LocalStore | S3Store:
     return open_store(url)
 
 
+def run_key(run: Mapping[str, Any], name: str) -> str:
+    """The key of an object a run writes: under the prefix the API hands the run at claim
+    (``object_prefix``, ``teams/<team id>/runs/<run id>``), the only place the API accepts
+    the run's reports from. A run document made outside the API (engine tests, the CLI)
+    has no prefix and writes under ``runs/<id>``."""
+    prefix = run.get("object_prefix") or f"runs/{run['id']}"
+    return f"{prefix}/{name}"
+
+
 def read_text(store: ObjectStore, uri: str) -> str:
     return store.get_bytes(uri).decode()
 
 
-__all__ = ["LocalStore", "ObjectStore", "S3Store", "default_store", "open_store"]
+__all__ = ["LocalStore", "ObjectStore", "S3Store", "default_store", "open_store", "run_key"]

@@ -25,11 +25,11 @@ from typing import Any
 import httpx
 
 from config.celery import app, worker_init, worker_process_init
-from workers import jobs, threads
+from workers import egress, jobs, threads
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
 from workers.model_cache import ModelCache, fetch_tar
 from workers.profile.engine import Stopped, run_profile
-from workers.storage import ObjectStore, default_store
+from workers.storage import ObjectStore, default_store, run_key
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class RlApiSink:
     def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
         self._check()
         level = level if level in ("debug", "info", "warning", "error") else "info"
-        self.session.log_event(message, level=level, data=_json_safe(data or {}))
+        self.session.log_event(_json_safe(message), level=level, data=_json_safe(data or {}))
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Rows are ``{"prompt", "completion", "reward"?, "reward_components"?}``."""
@@ -160,7 +160,7 @@ class RlApiSink:
                         tar.add(child, arcname=child.name)
                 else:
                     tar.add(folder, arcname="hf")
-            return self.store.put_file(f"runs/{self.session.run_id}/checkpoints/{name}.tar",
+            return self.store.put_file(run_key(self.session.run, f"checkpoints/{name}.tar"),
                                        Path(tmp.name))
 
 
@@ -168,16 +168,20 @@ SAMPLE_BATCH = 500
 
 
 def _json_safe(value: Any) -> Any:
-    """Strict JSON: NaN and infinities become null, unknown objects their str()."""
+    """Strict JSON: NaN and infinities become null, unknown objects their str(), NUL
+    characters U+FFFD."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {_json_safe(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if value is None or isinstance(value, str | int | bool):
+    if isinstance(value, str):
+        # The API refuses NUL (PostgreSQL cannot store it); a model may well emit one.
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if value is None or isinstance(value, int | bool):
         return value
-    return str(value)
+    return _json_safe(str(value))
 
 
 def _var_dir() -> Path:
@@ -221,6 +225,13 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
         local = hold.enter_context(cached) / "hf"
         session.log_event(f"base model {model.path} unpacked to {local}", kind="artifact")
         model = model.model_copy(update={"path": str(local)})
+    elif model.source == "path":
+        # The launch checked the path against the web's allow-list; this worker's own
+        # CRUCIBLE_MODEL_PATH_ROOTS decides what it reads (symlinks resolved here).
+        try:
+            egress.check_model_path(str(model.path), egress.model_roots_from_env())
+        except egress.EgressRefused as exc:
+            raise jobs.JobError(str(exc)) from exc
     spec = spec.model_copy(update={
         "model": model,
         "checkpoint": spec.checkpoint.model_copy(update={"dir": str(root)}),

@@ -8,6 +8,18 @@ from apps.core.actor import Actor
 from apps.core.models import AuditLog
 
 
+def record_many(*, actor: Actor | None, rows: list[dict[str, Any]]) -> None:
+    """One audit row per item of a batch write (e.g. a batch of sandbox executions), in
+    one INSERT. Each row is ``{"action", "team_id", "target_type", "target_id", "data"}``."""
+    AuditLog.objects.bulk_create(
+        AuditLog(team_id=r["team_id"], actor=actor.user if actor else None,
+                 actor_label=actor.label if actor else "system", action=r["action"],
+                 target_type=r.get("target_type", ""), target_id=str(r.get("target_id", "")),
+                 data=r.get("data") or {})
+        for r in rows
+    )
+
+
 def record(
     *,
     actor: Actor | None,

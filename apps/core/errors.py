@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
@@ -31,7 +32,20 @@ def _first_message(errors: Any) -> str:
     return str(errors)
 
 
+def _too_big_message() -> str:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return (f"The request body is larger than {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); "
+            "send less per request, or upload a dataset as a JSONL file (multipart field "
+            "'file'), which streams to disk instead.")
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"code": "payload_too_large", "message": _too_big_message()},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if isinstance(exc, SuspiciousOperation):  # e.g. too many form fields
+        return Response({"code": "bad_request", "message": str(exc) or "Bad request."},
+                        status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, DomainError):
         body: dict[str, Any] = {"code": exc.code, "message": exc.message}
         if exc.details is not None:
@@ -64,6 +78,20 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status_code)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
+    """Django's 400 (a SuspiciousOperation outside a DRF view, an oversize body read by
+    middleware) in the JSON error shape on API paths."""
+    if request.path.startswith("/api/"):
+        if isinstance(exception, RequestDataTooBig):
+            return _json_error(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "payload_too_large",
+                               _too_big_message())
+        return _json_error(status.HTTP_400_BAD_REQUEST, "bad_request",
+                           str(exception or "") or "Bad request.")
+    from django.views.defaults import bad_request as default
+
+    return default(request, exception)
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201

@@ -111,6 +111,9 @@ class WorkerViewSet(viewsets.GenericViewSet):
     worker_scoped: ClassVar[bool] = True
     pagination_class = None
     filter_backends: ClassVar[list] = []
+    # No OPTIONS metadata: these views have no single serializer to describe, and DRF's
+    # metadata would fail looking for one (a 500); OPTIONS is simply not allowed (405).
+    metadata_class = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -7,18 +7,22 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
+from apps.core.parsers import FastJSONParser
 from apps.core.viewsets import TeamScopedViewSet
 from apps.datasets import records as rec
 from apps.datasets import selectors, services
 from apps.datasets.diff import DEFAULT_KEYS
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.projects.selectors import project_by_slug
+
+MAX_OFFSET = 2**63 - 1  # record counts are BIGINT-sized; beyond that no record exists
 
 
 class DatasetVersionSerializer(serializers.ModelSerializer):
@@ -34,7 +38,8 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
 
 class DatasetSerializer(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug", read_only=True)
-    current_version = DatasetVersionSerializer(read_only=True)
+    current_version = DatasetVersionSerializer(read_only=True, allow_null=True,
+                                               help_text="null until a version is uploaded")
 
     class Meta:
         model = Dataset
@@ -45,13 +50,15 @@ class DatasetSerializer(serializers.ModelSerializer):
 class DatasetCreateSerializer(serializers.Serializer):
     slug = serializers.SlugField(max_length=64)
     project = serializers.SlugField(max_length=64)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(max_length=limits.DESCRIPTION, required=False,
+                                        allow_blank=True, default="")
 
 
 class VersionUploadSerializer(serializers.Serializer):
     records = serializers.ListField(child=serializers.JSONField(), required=False)
     file = serializers.FileField(required=False)
-    parents = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    parents = serializers.ListField(child=serializers.CharField(max_length=limits.REF),
+                                    required=False, default=list, max_length=64)
     message = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     set_current = serializers.BooleanField(required=False, default=True)
 
@@ -65,11 +72,12 @@ class VersionUploadSerializer(serializers.Serializer):
 
 
 class SetCurrentSerializer(serializers.Serializer):
-    version = serializers.CharField(help_text="digest or v<number>")
+    version = serializers.CharField(max_length=limits.REF, help_text="digest or v<number>")
 
 
 class RollbackSerializer(serializers.Serializer):
-    version = serializers.CharField(help_text="digest or v<number> of an earlier version")
+    version = serializers.CharField(max_length=limits.REF,
+                                    help_text="digest or v<number> of an earlier version")
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 
@@ -177,7 +185,7 @@ class DatasetViewSet(TeamScopedViewSet):
 class DatasetVersionViewSet(TeamScopedViewSet):
     queryset = DatasetVersion.objects.select_related("dataset").prefetch_related("parents")
     serializer_class = DatasetVersionSerializer
-    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    parser_classes = [FastJSONParser, MultiPartParser, FormParser]
     lookup_field = "digest"
     lookup_url_kwarg = "version"
     ordering_fields = ["number", "created_at"]
@@ -241,10 +249,15 @@ class DatasetVersionViewSet(TeamScopedViewSet):
             offset = int(request.query_params.get("offset", 0))
             limit = int(request.query_params.get("limit", 50))
         except ValueError as exc:
-            raise InvalidInput("offset and limit must be integers.") from exc
-        if offset < 0 or not 1 <= limit <= 1000:
-            raise InvalidInput("offset must be >= 0 and limit between 1 and 1000.")
-        rows = selectors.read_records(obj, offset=offset, limit=limit)
+            raise InvalidInput("offset and limit must be integers.",
+                               details={"offset": ["integer"], "limit": ["integer"]}) from exc
+        if not 0 <= offset <= MAX_OFFSET or not 1 <= limit <= 1000:
+            raise InvalidInput(f"offset must be between 0 and {MAX_OFFSET} and limit between 1 "
+                               "and 1000.", details={"offset": [str(offset)[:30]],
+                                                     "limit": [str(limit)[:30]]})
+        # Past the last record there is nothing to read (and no file to scan).
+        rows = (selectors.read_records(obj, offset=offset, limit=limit)
+                if offset < obj.record_count else [])
         return Response({"offset": offset, "limit": limit, "total": obj.record_count,
                          "records": rows})
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from apps.core import jsonsafe
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
 
 
@@ -122,8 +123,8 @@ def parse_jsonl(stream: IO[bytes]) -> Iterator[Any]:
         if not line:
             continue
         try:
-            yield json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            yield jsonsafe.loads(line)
+        except jsonsafe.InvalidJSON as exc:
             raise InvalidInput(
                 f"Line {number} is not valid JSON: {exc}", details={"file": [f"line {number}"]}
             ) from exc

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Model
 
-from apps.core import audit
+from apps.core import audit, limits
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, InvalidInput
 from apps.core.storage import store
@@ -26,6 +26,7 @@ from apps.teams.models import Team
 def dataset_create(
     *, actor: Actor, team: Team, project: Project, slug: str, description: str = ""
 ) -> Dataset:
+    limits.check_text(description, field="description", limit=limits.DESCRIPTION)
     if Dataset.objects.filter(team=team, slug=slug).exists():
         raise Conflict(f"Dataset '{slug}' already exists in team '{team.slug}'.")
     dataset = Dataset.objects.create(

@@ -6,8 +6,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import NotFound
 from apps.core.idempotency import idempotent
+from apps.core.serializers import StrictSerializer
 from apps.core.viewsets import TeamScopedViewSet
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
@@ -38,12 +40,12 @@ class EnvironmentVersionSerializer(serializers.ModelSerializer):
         return services.blocked_reason(obj)
 
 
-class VersionRunSerializer(serializers.Serializer):
+class VersionRunSerializer(StrictSerializer):
     """A QC or eval run of this version (the runs API's launch, with the pin filled in)."""
 
     config = serializers.DictField(required=False, default=dict)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    pool = serializers.CharField(required=False, allow_null=True, default=None)
+    pool = serializers.CharField(required=False, allow_null=True, default=None, max_length=16)
     priority = serializers.IntegerField(required=False, default=0, min_value=-100,
                                         max_value=100)
     base_model = serializers.CharField(required=False, allow_null=True, default=None,
@@ -74,7 +76,8 @@ class EnvironmentSerializer(serializers.ModelSerializer):
 class EnvironmentCreateSerializer(serializers.Serializer):
     slug = serializers.SlugField(max_length=64)
     project = serializers.SlugField(max_length=64)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(max_length=limits.DESCRIPTION, required=False,
+                                        allow_blank=True, default="")
 
 
 class EnvironmentVersionCreateSerializer(serializers.Serializer):
@@ -184,7 +187,7 @@ class EnvironmentVersionViewSet(TeamScopedViewSet):
         return idempotent(request, lambda: self._launch(request, environment, version, "eval"))
 
     @extend_schema(request=None, responses=EvalReportRowSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a bounded plain list
     def evals(self, request: Request, team: str, environment: str, version: str) -> Response:
         """The version's eval reports (succeeded eval runs), newest first."""
         rows = selectors.eval_reports(self._version(environment, version))

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from apps.core.exceptions import InvalidInput
@@ -34,7 +33,8 @@ def resolve_version(*, team: Team, ref: str) -> EnvironmentVersion:
 def eval_reports(version: EnvironmentVersion, limit: int = 50) -> list[dict[str, Any]]:
     """The version's evaluations, newest first: each succeeded eval run with its report's
     policy and summary (the full report is the run's report)."""
-    from apps.core.storage import store
+    from apps.core.exceptions import DomainError
+    from apps.runs import objects
     from apps.runs.models import Run, RunStatus
 
     runs = (Run.objects.filter(team_id=version.team_id, kind="eval",
@@ -44,9 +44,9 @@ def eval_reports(version: EnvironmentVersion, limit: int = 50) -> list[dict[str,
     rows = []
     for run in runs:
         try:
-            report = json.loads(store().get_bytes(run.report_uri))
-        except (OSError, ValueError) as exc:
-            report = {"error": f"report unreadable: {exc}"}
+            report = objects.read_json(run, run.report_uri)
+        except DomainError as exc:
+            report = {"error": f"report unreadable: {exc.message}"}
         rows.append({"run": str(run.pk), "name": run.name, "created_at": run.created_at,
                      "report_uri": run.report_uri, "policy": report.get("policy"),
                      "split": report.get("split"), "k": report.get("k"),

@@ -7,7 +7,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
-from apps.core import audit
+from apps.core import audit, limits
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, InvalidInput
 from apps.datasets.records import canonical_line
@@ -28,6 +28,7 @@ def spec_digest(spec: dict[str, Any]) -> str:
 def environment_create(
     *, actor: Actor, team: Team, project: Project, slug: str, description: str = ""
 ) -> Environment:
+    limits.check_text(description, field="description", limit=limits.DESCRIPTION)
     if Environment.objects.filter(team=team, slug=slug).exists():
         raise Conflict(f"Environment '{slug}' already exists in team '{team.slug}'.")
     env = Environment.objects.create(team=team, project=project, slug=slug,
@@ -80,6 +81,7 @@ def parse_spec(spec: Any) -> dict[str, Any]:
     environments written differently get one digest. Errors name every bad field."""
     if not isinstance(spec, dict) or not spec:
         raise InvalidInput("spec must be a non-empty JSON object.", details={"spec": ["object"]})
+    limits.check_json(spec, field="spec", limit=limits.SPEC_BYTES)
     try:
         parsed = parse_environment_spec(spec)
     except EnvSpecError as exc:

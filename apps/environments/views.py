@@ -22,9 +22,9 @@ from django.views.decorators.http import require_http_methods
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError, InvalidInput
 from apps.core.pages import page_context, team_for_page
-from apps.core.storage import store
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion
+from apps.runs import objects as run_objects
 from apps.runs import services as run_services
 from apps.runs.models import Pool, Run, RunStatus
 from apps.runs.validation import plan_run
@@ -286,9 +286,9 @@ def _eval_reports(version: EnvironmentVersion) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         try:
-            report = json.loads(store().get_bytes(run.report_uri))
-        except (OSError, ValueError, DomainError) as exc:
-            report = {"error": f"report unreadable: {exc}"}
+            report = run_objects.read_json(run, run.report_uri)
+        except DomainError as exc:
+            report = {"error": f"report unreadable: {exc.message}"}
         rows.append({"run": run, "report": eval_view(report),
                      "evaluated": _evaluated(run, report)})
     return rows

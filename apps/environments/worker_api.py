@@ -8,16 +8,21 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.core.viewsets import WorkerViewSet
 from apps.environments import services
 from apps.runs.models import Run
+from apps.runs.objects import check_reported
 from apps.runs.selectors import run_for_worker
 from apps.runs.services import check_lease
 
 
 class QcReportSerializer(serializers.Serializer):
     report = serializers.DictField(help_text="the QC engine's crucible.qc/1 report")
+
+    def validate_report(self, value: dict) -> dict:
+        return limits.check_json(value, field="report", limit=limits.REPORT_BYTES)
     uri = serializers.CharField(max_length=1000, help_text="the full report in the object store")
 
 
@@ -41,6 +46,7 @@ class WorkerQcViewSet(WorkerViewSet):
                                details={"run": [obj.kind]})
         data = QcReportSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        check_reported(obj, data.validated_data["uri"])
         version = services.record_qc_report(
             actor=self.actor, version=obj.environment_version,
             report=data.validated_data["report"], run_id=str(obj.pk),

@@ -5,12 +5,17 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.viewsets import TeamScopedViewSet
 from apps.projects import services
 from apps.projects.models import Project
 
 
 class ProjectSerializer(serializers.ModelSerializer):
+    name = serializers.CharField(max_length=limits.NAME, required=False, allow_blank=True)
+    description = serializers.CharField(max_length=limits.DESCRIPTION, required=False,
+                                        allow_blank=True)
+
     class Meta:
         model = Project
         fields = ["slug", "name", "description", "created_at"]
@@ -18,8 +23,9 @@ class ProjectSerializer(serializers.ModelSerializer):
 
 
 class ProjectUpdateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, required=False)
-    description = serializers.CharField(required=False, allow_blank=True)
+    name = serializers.CharField(max_length=limits.NAME, required=False)
+    description = serializers.CharField(max_length=limits.DESCRIPTION, required=False,
+                                        allow_blank=True)
 
 
 class ProjectViewSet(TeamScopedViewSet):

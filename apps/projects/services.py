@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from apps.core import audit
+from apps.core import audit, limits
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict
 from apps.projects.models import Project
@@ -13,6 +13,7 @@ from apps.teams.models import Team
 def project_create(
     *, actor: Actor, team: Team, slug: str, name: str = "", description: str = ""
 ) -> Project:
+    limits.check_text(description, field="description", limit=limits.DESCRIPTION)
     if Project.objects.filter(team=team, slug=slug).exists():
         raise Conflict(f"Project '{slug}' already exists in team '{team.slug}'.")
     project = Project.objects.create(
@@ -25,6 +26,8 @@ def project_create(
 
 @transaction.atomic
 def project_update(*, actor: Actor, project: Project, **fields: str) -> Project:
+    if "description" in fields:
+        limits.check_text(fields["description"], field="description", limit=limits.DESCRIPTION)
     for name, value in fields.items():
         setattr(project, name, value)
     project.save(update_fields=list(fields))

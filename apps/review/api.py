@@ -11,6 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import TeamScopedViewSet
@@ -95,6 +96,9 @@ class BatchCreateSerializer(serializers.Serializer):
         required=False, default=dict,
         help_text="from the engine: generator config, seed, parents (dataset references), "
                   "stage statistics, rejection reasons, distinct-n")
+
+    def validate_manifest(self, value: dict) -> dict:
+        return limits.check_json(value, field="manifest", limit=limits.MANIFEST_BYTES)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     run = serializers.UUIDField(required=False, allow_null=True, default=None,
                                 help_text="the run that generated the records")

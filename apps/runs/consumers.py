@@ -16,12 +16,40 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from apps.core import jsonsafe
 from apps.core.events import run_group, team_group
 from apps.runs.models import Run
 from apps.runs.stream import messages_after
 from apps.teams.models import Membership
 
 CLOSE_NOT_FOUND = 4404
+CLOSE_UNSUPPORTED_DATA = 1003  # RFC 6455: a binary frame where only text is accepted
+CLOSE_INVALID_PAYLOAD = 1007  # RFC 6455: text that is not what the endpoint accepts
+
+
+class JsonFramesConsumer(AsyncJsonWebsocketConsumer):
+    """Text frames of JSON only. Anything else gets an error message naming the problem and
+    a close frame with the RFC 6455 code for it, instead of an exception that drops the
+    connection without one."""
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None,
+                      **kwargs: Any) -> None:
+        if text_data is None:
+            await self._refuse(CLOSE_UNSUPPORTED_DATA, "binary_frame",
+                               "This stream accepts JSON text frames only, e.g. "
+                               '{"type": "ping"}; a binary frame is not accepted.')
+            return
+        try:
+            content = jsonsafe.loads(text_data)
+        except jsonsafe.InvalidJSON as exc:
+            await self._refuse(CLOSE_INVALID_PAYLOAD, "invalid_json",
+                               f"Frames must be JSON text, e.g. {{\"type\": \"ping\"}}: {exc}")
+            return
+        await self.receive_json(content, **kwargs)
+
+    async def _refuse(self, code: int, error: str, message: str) -> None:
+        await self.send_json({"type": "error", "code": error, "message": message[:500]})
+        await self.close(code=code)
 
 
 def _membership_team_id(user: Any, team_slug: str) -> int | None:
@@ -31,7 +59,7 @@ def _membership_team_id(user: Any, team_slug: str) -> int | None:
     return row["team_id"] if row else None
 
 
-class RunStreamConsumer(AsyncJsonWebsocketConsumer):
+class RunStreamConsumer(JsonFramesConsumer):
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
         self.run_id = await database_sync_to_async(self._authorize)(kwargs["team"], kwargs["run"])
@@ -88,7 +116,7 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "pong", "last_seq": self.last_seq})
 
 
-class TeamRunsConsumer(AsyncJsonWebsocketConsumer):
+class TeamRunsConsumer(JsonFramesConsumer):
     """Status changes of a team's runs, for the live runs table (no replay: the page
     reloads the table on reconnect)."""
 

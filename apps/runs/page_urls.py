@@ -14,4 +14,5 @@ urlpatterns = [
     path("runs/<str:run>/samples/", views.run_samples, name="run-page-samples"),
     path("runs/<str:run>/parts/", views.run_parts, name="run-page-parts"),
     path("team/", team_views.team_page, name="team-page"),
+    path("audit/", team_views.audit_page, name="team-audit"),
 ]

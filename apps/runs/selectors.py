@@ -1,16 +1,15 @@
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from django.db.models import Max, QuerySet
 
 from apps.core.exceptions import DomainError, InvalidInput, NotFound
-from apps.core.storage import store
 from apps.datasets.models import DatasetVersion
 from apps.environments.models import EnvironmentVersion
 from apps.metrics.models import MetricBatch, MetricSeries
+from apps.runs import objects
 from apps.runs.models import Checkpoint, Run
 from apps.teams.models import Team
 
@@ -39,9 +38,8 @@ def run_for_worker(*, team_id: int | None, run: str, related: tuple[str, ...] = 
 
 
 def report(run: Run) -> dict[str, Any]:
-    if not run.report_uri:
-        raise NotFound(f"Run {run.pk} has no report (yet).")
-    return json.loads(store().get_bytes(run.report_uri))
+    """The run's report, read through the run row (see :mod:`apps.runs.objects`)."""
+    return objects.read_json(run, run.report_uri)
 
 
 def report_or_none(run: Run) -> dict[str, Any] | None:
@@ -63,7 +61,7 @@ def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
     kind, _, rest = ref.partition(":")
     found: Checkpoint | None = None
     if kind == "checkpoint" and rest.isdigit():
-        found = Checkpoint.objects.filter(team=team, pk=int(rest)).first()
+        found = Checkpoint.objects.select_related("run").filter(team=team, pk=int(rest)).first()
     elif kind == "run":
         run_part, _, step = rest.partition("@")
         try:
@@ -76,7 +74,7 @@ def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
         if step and not step.isdigit():
             raise InvalidInput(f"base_model '{ref[:120]}': the step after '@' must be a whole "
                                "number.", details={"base_model": [ref[:120]]})
-        rows = Checkpoint.objects.filter(team=team, run_id=run_id)
+        rows = Checkpoint.objects.select_related("run").filter(team=team, run_id=run_id)
         found = (rows.filter(step=int(step)) if step else
                  rows.filter(pruned_at__isnull=True).order_by("-step")).first()
     if found is None:
@@ -88,11 +86,14 @@ def resolve_checkpoint(*, team: Team, ref: str) -> Checkpoint:
             f"{found.step}) was pruned by its run's checkpoint.keep; its object is deleted. "
             "Pick a kept checkpoint (GET …/runs/<id>/checkpoints).",
             details={"base_model": [ref[:120]]})
-    if not found.uri.startswith(store().url + "/"):
+    # The URI must be one the checkpoint's own run wrote (its team's and run's prefix): a row
+    # that points anywhere else, e.g. at another team's objects, is never pinned.
+    if found.team_id != team.pk or not objects.owns(found.run, found.uri):
         raise InvalidInput(
-            f"Checkpoint {found.pk} (run {found.run_id}, step {found.step}) is not in the "
-            f"object store, so no worker can fetch it: {found.uri[:200]}",
-            details={"base_model": [ref[:120]]},
+            f"Checkpoint {found.pk} (run {found.run_id}, step {found.step}) does not lie under "
+            f"its run's own objects in the object store, so it cannot be used: "
+            f"{found.uri[:200]}",
+            code="uri_outside_run", details={"base_model": [ref[:120]]},
         )
     return found
 
@@ -150,6 +151,8 @@ def worker_view(run: Run) -> dict[str, Any]:
         "config": run.config,
         "lease_id": run.lease_id,
         "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
+        # Every object the run reports must lie under this key prefix of the object store.
+        "object_prefix": objects.prefix_of(run),
         "datasets": {
             pin.alias: {
                 "dataset": pin.dataset_version.dataset.slug,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from apps.core.serializers import StrictSerializer
 from apps.runs.models import Checkpoint, Pool, Run, RunAttempt, RunEvent, Sample
 
 
@@ -61,7 +62,7 @@ class RunSerializer(serializers.ModelSerializer):
                 "uri": ckpt.uri}
 
 
-class RunCreateSerializer(serializers.Serializer):
+class RunCreateSerializer(StrictSerializer):
     project = serializers.SlugField()
     kind = serializers.CharField(max_length=16)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")

@@ -15,13 +15,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.core import audit, events
+from apps.core import audit, events, limits
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
 from apps.core.storage import store
 from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
-from apps.runs import dispatch
+from apps.runs import dispatch, objects
 from apps.runs.models import (
     ACTIVE_STATUSES,
     AttemptOutcome,
@@ -359,6 +359,8 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
             raise InvalidInput(f"events[{i}].level must be one of {sorted(EVENT_LEVELS)}.")
         if not isinstance(row.get("data", {}), dict):
             raise InvalidInput(f"events[{i}].data must be an object.")
+        limits.check_json(row.get("data") or {}, field=f"events[{i}].data",
+                          limit=limits.SMALL_JSON_BYTES)
         row["message"] = row["message"][:MAX_MESSAGE]
         row["kind"] = str(row.get("kind", "log"))[:32]
     with transaction.atomic():
@@ -368,12 +370,13 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
 
 
 def add_checkpoint(
-    *, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any],
+    *, actor: Actor, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any],
     resumable: bool = False, keep: int | None = None,
 ) -> tuple[Checkpoint, bool]:
-    """Record a checkpoint; with ``keep``, then prune the run's resumable checkpoints in the
-    object store down to the newest ``keep`` (see ``prune_checkpoints``). A retried call
-    (same step and URI) records nothing new but prunes again, which changes nothing."""
+    """Record a checkpoint the worker uploaded under the run's prefix (once per step; the
+    same step again with the same URI is a retry and records nothing new); with ``keep``,
+    then prune the run's resumable checkpoints in the object store down to the newest
+    ``keep`` (see ``prune_checkpoints``; a retry prunes again, which changes nothing)."""
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
@@ -383,12 +386,16 @@ def add_checkpoint(
                 raise Conflict(f"Checkpoint at step {step} already exists with another URI.")
             ckpt, created = existing, False
         else:
+            objects.check_reported(run, uri)
             ckpt = Checkpoint.objects.create(run=run, team_id=run.team_id, step=step, uri=uri,
                                              metrics=metrics, resumable=resumable)
             lineage.edge_create(team_id=run.team_id, source=run, target=ckpt,
                                 relation="produced")
             _append_events(run, [{"kind": "checkpoint", "message": f"checkpoint at step {step}",
                                   "data": {"step": step, "uri": uri}}])
+            audit.record(actor=actor, action="run.checkpoint", team_id=run.team_id,
+                         target_type="checkpoint", target_id=ckpt.pk,
+                         data={"run": str(run.pk), "step": step, "uri": uri})
             created = True
         if keep is not None:
             prune_checkpoints(run=run, keep=keep, locked=True)
@@ -433,30 +440,32 @@ def prune_checkpoints(*, run: Run, keep: int, locked: bool = False) -> list[Chec
             "message": f"checkpoint at step {c.step} pruned (checkpoint.keep = {keep})",
             "data": {"step": c.step, "uri": c.uri, "keep": keep, "kept_for_lineage": kept},
         } for c in pruned])
-        uris = [c.uri for c in pruned]
-        run_id = run.pk
-        transaction.on_commit(lambda: _delete_objects(run_id, uris))
+        audit.record(actor=Actor.system(), action="run.checkpoints.prune",
+                     team_id=run.team_id, target_type="run", target_id=run.pk,
+                     data={"steps": [c.step for c in pruned], "keep": keep})
+        # Only objects under the run's own prefixes are deleted: a row from before URIs were
+        # confined may point anywhere, and pruning must never reach another run's objects.
+        own = [c.uri for c in pruned if objects.owns(run, c.uri)]
+        for c in pruned:
+            if c.uri not in own:
+                log.warning("pruned checkpoint %s is not under run %s's objects; its object is "
+                            "left alone", c.uri, run.pk)
+        transaction.on_commit(lambda: _delete_objects(own))
     return pruned
 
 
-def _delete_objects(run_id: object, uris: list[str]) -> None:
-    """Delete pruned checkpoint objects, only under the run's own ``runs/<id>/`` keys: a
-    worker may register any URI, and pruning must never reach another run's (or team's)
-    objects. A failure leaves an orphan object (space, not data: its row already says
-    pruned), logged for the operator."""
-    own = f"{store().url}/runs/{run_id}/"
+def _delete_objects(uris: list[str]) -> None:
+    """Delete pruned checkpoint objects (already confined to their run's prefixes). A
+    failure leaves an orphan object (space, not data: its row already says pruned), logged
+    for the operator."""
     for uri in uris:
-        if not uri.startswith(own):
-            log.warning("pruned checkpoint %s is not under %s; its object is left alone", uri,
-                        own)
-            continue
         try:
             store().delete(uri)
         except Exception:  # noqa: BLE001 - one failed delete must not stop the others
             log.warning("could not delete pruned checkpoint object %s", uri, exc_info=True)
 
 
-def add_samples(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
+def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
@@ -468,20 +477,26 @@ def add_samples(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
                    finish_reason=r.get("finish_reason") or "")
             for r in rows
         )
+        steps = [r["step"] for r in rows]
+        audit.record(actor=actor, action="run.samples", team_id=run.team_id, target_type="run",
+                     target_id=run.pk, data={"count": len(rows), "first_step": min(steps),
+                                             "last_step": max(steps)})
     return len(rows)
 
 
-def set_report(*, run: Run, lease_id: str, uri: str) -> Run:
-    if not uri.startswith(store().url + "/"):
-        raise InvalidInput(f"Report URI must be in the object store ({store().url}/…).",
-                           details={"uri": [uri[:200]]})
+def set_report(*, actor: Actor, run: Run, lease_id: str, uri: str) -> Run:
+    """Point the run at the report its worker uploaded under the run's prefix."""
     with transaction.atomic():
         run = _lock(run)
         check_lease(run, lease_id)
+        objects.check_reported(run, uri)
+        previous = run.report_uri
         run.report_uri = uri
         run.save(update_fields=["report_uri"])
         lineage.edge_create(team_id=run.team_id, source=run,
                             target=(ArtifactType.REPORT, str(run.pk)), relation="reported")
         _append_events(run, [{"kind": "artifact", "message": "report stored",
                               "data": {"uri": uri}}])
+        audit.record(actor=actor, action="run.report", team_id=run.team_id, target_type="run",
+                     target_id=run.pk, data={"uri": uri, "previous": previous})
     return run

@@ -10,7 +10,9 @@ from typing import Any
 from django.conf import settings
 from pydantic import ValidationError
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput
+from apps.core.storage import store
 from apps.datasets.models import DatasetVersion
 from apps.datasets.selectors import read_records
 from apps.datasets.selectors import resolve_version as resolve_dataset
@@ -22,6 +24,7 @@ from apps.runs.models import Checkpoint, Pool
 from apps.runs.selectors import resolve_checkpoint
 from apps.runs.specs import KINDS, KindSpec, available_kinds
 from apps.teams.models import Team
+from workers import egress
 
 MAX_ATTEMPTS_LIMIT = 20
 MAX_TAGS = 16
@@ -92,6 +95,46 @@ def _qc_reason(report: dict[str, Any]) -> str:
             if isinstance(value, str) and value.strip():
                 return value.strip()[:300]
     return "see the version's qc_report"
+
+
+def _endpoints(kind: str, config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, base_url) of every endpoint a run's config makes its worker call."""
+    found = []
+    policy = config.get("policy")
+    if isinstance(policy, dict) and isinstance(policy.get("base_url"), str):
+        found.append(("config.policy.base_url", policy["base_url"]))
+    synthesis = config.get("synthesis")
+    generators = synthesis.get("generators") if isinstance(synthesis, dict) else None
+    for i, gen in enumerate(generators or []):
+        endpoint = gen.get("endpoint") if isinstance(gen, dict) else None
+        if isinstance(endpoint, dict) and isinstance(endpoint.get("base_url"), str):
+            found.append((f"config.synthesis.generators[{i}].endpoint.base_url",
+                          endpoint["base_url"]))
+    return found
+
+
+def check_egress(config: dict[str, Any], kind: str) -> None:
+    """Refuse endpoints and model directories outside the operator's allow-lists
+    (CRUCIBLE_ENDPOINT_ALLOW, CRUCIBLE_MODEL_PATH_ROOTS), naming the field and the rule;
+    the worker checks again, resolved, before it connects or loads."""
+    allow = egress.EndpointAllow.parse(settings.CRUCIBLE["ENDPOINT_ALLOW"])
+    for where, url in _endpoints(kind, config):
+        try:
+            allow.check(url, resolve=False)
+        except egress.EgressRefused as exc:
+            raise InvalidInput(f"{where}: {exc}", code="not_allowed",
+                               details={where: [str(exc)]}) from exc
+    model = config.get("model")
+    if isinstance(model, dict) and model.get("source") == "path":
+        path = str(model.get("path") or "")
+        if path.startswith(store().url + "/"):
+            return  # a pinned checkpoint object, checked against its run's prefix
+        try:
+            egress.check_model_path(path, egress.parse_roots(
+                settings.CRUCIBLE["MODEL_PATH_ROOTS"]))
+        except egress.EgressRefused as exc:
+            raise InvalidInput(f"base_model: {exc}", code="not_allowed",
+                               details={"base_model": [str(exc)]}) from exc
 
 
 def check_qc(versions: list[EnvironmentVersion], kind: str, gate: str, key: str) -> None:
@@ -188,8 +231,10 @@ def plan_run(
             details={"kind": [f"unavailable kind '{kind}'"]},
         )
     spec = KINDS[kind]
+    limits.check_text(name or "", field="name", limit=limits.NAME)
     if not isinstance(config, dict):
         raise InvalidInput("config must be a JSON object.", details={"config": ["object"]})
+    limits.check_json(config, field="config", limit=limits.CONFIG_BYTES)
     base_checkpoint, base_described = None, None
     if base_model:
         if not spec.base_model:
@@ -230,6 +275,7 @@ def plan_run(
         _check_training_datasets(parsed, pinned)
 
     normalized = parsed.model_dump(mode="json")
+    check_egress(normalized, kind)
     wanted_alias = normalized.get("dataset")
     if kind == "profile":
         if wanted_alias is None:

@@ -13,6 +13,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.viewsets import WorkerViewSet
@@ -30,8 +31,9 @@ class ClaimSerializer(serializers.Serializer):
 
 
 class StatusSerializer(serializers.Serializer):
-    status = serializers.CharField()
-    error = serializers.CharField(required=False, allow_blank=True, default="")
+    status = serializers.CharField(max_length=32)
+    error = serializers.CharField(max_length=limits.MESSAGE, required=False, allow_blank=True,
+                                  default="")
     # With status failed: the error may pass on another attempt; queue the run again if it
     # has attempts left.
     retry = serializers.BooleanField(required=False, default=False)
@@ -52,11 +54,16 @@ class CheckpointCreateSerializer(serializers.Serializer):
         help_text="then keep only the newest `keep` resumable checkpoints in the object store "
                   "(and any that lineage points to); the rest are pruned")
 
+    def validate_metrics(self, value: dict) -> dict:
+        return limits.check_json(value, field="metrics", limit=limits.SMALL_JSON_BYTES)
+
 
 class SampleRowSerializer(serializers.Serializer):
     step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
-    prompt = serializers.CharField(allow_blank=True, trim_whitespace=False)
-    completion = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    prompt = serializers.CharField(allow_blank=True, trim_whitespace=False,
+                                   max_length=limits.SAMPLE_TEXT)
+    completion = serializers.CharField(allow_blank=True, trim_whitespace=False,
+                                       max_length=limits.SAMPLE_TEXT)
     reward = serializers.FloatField(required=False, allow_null=True, default=None)
     reward_components = serializers.DictField(child=serializers.FloatField(), required=False,
                                               default=dict)
@@ -65,6 +72,10 @@ class SampleRowSerializer(serializers.Serializer):
                                               min_value=0, max_value=MAX_STEP)
     finish_reason = serializers.CharField(required=False, allow_blank=True, default="",
                                           max_length=32)
+
+    def validate_reward_components(self, value: dict) -> dict:
+        return limits.check_json(value, field="reward_components",
+                                 limit=limits.SMALL_JSON_BYTES)
 
 
 class ArtifactSerializer(serializers.Serializer):
@@ -141,7 +152,8 @@ class WorkerRunViewSet(WorkerViewSet):
     def checkpoints(self, request: Request, run: str) -> Response:
         data = CheckpointCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        ckpt, created = services.add_checkpoint(run=self._run(run), lease_id=self.lease_id,
+        ckpt, created = services.add_checkpoint(actor=self.actor, run=self._run(run),
+                                                lease_id=self.lease_id,
                                                 **data.validated_data)
         return Response(CheckpointSerializer(ckpt).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -160,7 +172,7 @@ class WorkerRunViewSet(WorkerViewSet):
         obj = self._run(run)
 
         def handler() -> Response:
-            count = services.add_samples(run=obj, lease_id=self.lease_id,
+            count = services.add_samples(actor=self.actor, run=obj, lease_id=self.lease_id,
                                          rows=list(data.validated_data))
             return Response({"stored": count}, status=status.HTTP_201_CREATED)
 
@@ -170,7 +182,7 @@ class WorkerRunViewSet(WorkerViewSet):
     def artifacts(self, request: Request, run: str) -> Response:
         data = ArtifactSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        obj = services.set_report(run=self._run(run), lease_id=self.lease_id,
+        obj = services.set_report(actor=self.actor, run=self._run(run), lease_id=self.lease_id,
                                   uri=data.validated_data["uri"])
         return Response({"report_uri": obj.report_uri})
 

@@ -129,7 +129,7 @@ class WorkerExecutionViewSet(WorkerViewSet):
         except ValueError as exc:
             raise NotFound(f"No execution '{execution}'.") from exc
         row = services.start(execution_id=execution_id, worker=self._start_worker(),
-                             team_id=self.principal.team_id)
+                             team_id=self.principal.team_id, actor=self.actor)
         return Response({"id": str(row.pk), "request": row.request})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
@@ -152,7 +152,8 @@ class WorkerExecutionViewSet(WorkerViewSet):
             raise InvalidInput("result must be an object.")
 
         def handler() -> Response:
-            done = services.finish(execution=row, result=result, error=str(error))
+            done = services.finish(execution=row, result=result, error=str(error)[:10_000],
+                                   actor=self.actor)
             return Response({"status": done.status})
 
         return idempotent(request, handler)

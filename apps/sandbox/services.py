@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from apps.core import audit
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, DomainError, InvalidInput, NotFound
 from apps.sandbox.models import ACTIVE, Execution, ExecutionStatus
@@ -64,11 +66,20 @@ def submit(*, actor: Actor, team: Team, requests: list[ExecutionRequest]) -> lis
                       request=r.model_dump(mode="json"))
             for r in requests
         )
+        audit.record_many(actor=actor, rows=[
+            {"action": "sandbox.execution.submit", "team_id": team.pk,
+             "target_type": "execution", "target_id": row.pk,
+             "data": {"language": row.language, "batch": str(batch) if batch else None,
+                      "code_sha256": hashlib.sha256(
+                          str(row.request.get("code", "")).encode()).hexdigest(),
+                      "code_bytes": len(str(row.request.get("code", "")).encode())}}
+            for row in rows])
         _enqueue([str(r.pk) for r in rows])
     return rows
 
 
-def start(*, execution_id: object, worker: str, team_id: int | None) -> Execution:
+def start(*, execution_id: object, worker: str, team_id: int | None,
+          actor: Actor | None = None) -> Execution:
     with transaction.atomic():
         qs = Execution.objects.select_for_update().filter(pk=execution_id)
         if team_id is not None:
@@ -87,10 +98,14 @@ def start(*, execution_id: object, worker: str, team_id: int | None) -> Executio
         execution.started_at = now
         execution.lease_expires_at = now + timedelta(seconds=budget)
         execution.save(update_fields=["status", "worker", "started_at", "lease_expires_at"])
+        audit.record(actor=actor, action="sandbox.execution.start", team_id=execution.team_id,
+                     target_type="execution", target_id=execution.pk,
+                     data={"worker": execution.worker})
     return execution
 
 
-def finish(*, execution: Execution, result: dict[str, Any] | None, error: str = "") -> Execution:
+def finish(*, execution: Execution, result: dict[str, Any] | None, error: str = "",
+           actor: Actor | None = None) -> Execution:
     with transaction.atomic():
         execution = Execution.objects.select_for_update().get(pk=execution.pk)
         if execution.status != ExecutionStatus.RUNNING:
@@ -101,12 +116,26 @@ def finish(*, execution: Execution, result: dict[str, Any] | None, error: str = 
         execution.error = error[:10_000]
         execution.finished_at = timezone.now()
         execution.save(update_fields=["status", "result", "error", "finished_at"])
+        verdict = (result or {}).get("status") if isinstance(result, dict) else None
+        audit.record(actor=actor, action="sandbox.execution.finish", team_id=execution.team_id,
+                     target_type="execution", target_id=execution.pk,
+                     data={"status": execution.status, "result": verdict,
+                           "error": execution.error[:200]})
     return execution
 
 
 def sweep_lost() -> int:
     """Executions whose worker vanished: error, so they stop counting against the quota."""
-    return Execution.objects.filter(
-        status=ExecutionStatus.RUNNING, lease_expires_at__lt=timezone.now()
-    ).update(status=ExecutionStatus.ERROR, error="the sandbox worker was lost",
-             finished_at=timezone.now())
+    with transaction.atomic():
+        lost = list(Execution.objects.select_for_update().filter(
+            status=ExecutionStatus.RUNNING, lease_expires_at__lt=timezone.now()
+        ).values_list("pk", "team_id"))
+        if not lost:
+            return 0
+        Execution.objects.filter(pk__in=[pk for pk, _ in lost]).update(
+            status=ExecutionStatus.ERROR, error="the sandbox worker was lost",
+            finished_at=timezone.now())
+        audit.record_many(actor=Actor.system(), rows=[
+            {"action": "sandbox.execution.lost", "team_id": team_id, "target_type": "execution",
+             "target_id": pk} for pk, team_id in lost])
+    return len(lost)

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apps.core.actor import Actor
 from apps.core.exceptions import Forbidden, NotFound
+from apps.core.permissions import AuthenticatedOrThrottled
+from apps.core.throttles import AuthFailureThrottle, client_ip
 from apps.core.viewsets import TeamScopedViewSet
 from apps.teams import selectors, services
 from apps.teams.authentication import WorkerPrincipal
-from apps.teams.models import ApiToken, Membership, Role, Team, TokenKind
+from apps.teams.models import ApiToken, Invitation, Membership, Role, Team, TokenKind
 from apps.teams.serializers import (
-    MembershipCreateSerializer,
+    InvitationAcceptedSerializer,
+    InvitationAcceptSerializer,
+    InvitationCreatedSerializer,
+    InvitationCreateSerializer,
+    InvitationSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
     TeamCreateSerializer,
@@ -27,6 +35,13 @@ from apps.teams.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
+
+
+def secret_response(data: dict) -> Response:
+    """A 201 carrying a secret shown once: no cache (browser, proxy) may keep a copy."""
+    response = Response(data, status=status.HTTP_201_CREATED)
+    add_never_cache_headers(response)
+    return response
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -40,7 +55,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
                 "description": "A personal (crc_…) or worker (crw_…) API token."}
 
 
-class UserOnly(IsAuthenticated):
+class UserOnly(AuthenticatedOrThrottled):
     """Authenticated as a person (session or personal token), not as a worker."""
 
     def has_permission(self, request: Request, view: object) -> bool:
@@ -93,29 +108,23 @@ class TeamViewSet(TeamScopedViewSet):
 
 
 class MembershipViewSet(TeamScopedViewSet):
-    method_roles = {"POST": Role.ADMIN, "PATCH": Role.ADMIN, "DELETE": Role.ADMIN}
+    """The team's members. People join through invitations (``…/invitations``), never by
+    an admin naming a username, so no team URL says whether a username exists."""
+
+    method_roles = {"PATCH": Role.ADMIN, "DELETE": Role.ADMIN}
     queryset = Membership.objects.select_related("user")
     serializer_class = MembershipSerializer
     lookup_field = "user__username"
     lookup_url_kwarg = "username"
     ordering = "created_at"
-    pagination_class = None
+    ordering_fields = ["created_at"]
 
     def list(self, request: Request, team: str) -> Response:
-        rows = self.get_queryset().order_by("created_at")
-        return Response({"results": MembershipSerializer(rows, many=True).data})
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(MembershipSerializer(page, many=True).data)
 
     def retrieve(self, request: Request, team: str, username: str) -> Response:
         return Response(MembershipSerializer(self.get_object()).data)
-
-    @extend_schema(request=MembershipCreateSerializer, responses={201: MembershipSerializer})
-    def create(self, request: Request, team: str) -> Response:
-        data = MembershipCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        membership = services.membership_add(
-            actor=self.actor, team=self.team, **data.validated_data
-        )
-        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)
     def partial_update(self, request: Request, team: str, username: str) -> Response:
@@ -129,6 +138,67 @@ class MembershipViewSet(TeamScopedViewSet):
     def destroy(self, request: Request, team: str, username: str) -> Response:
         services.membership_remove(actor=self.actor, membership=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationViewSet(TeamScopedViewSet):
+    """Invite codes to join the team, for its admins: create (the code is shown once),
+    list, revoke."""
+
+    method_roles = {m: Role.ADMIN for m in ("GET", "HEAD", "OPTIONS", "POST", "DELETE")}
+    queryset = Invitation.objects.select_related("team", "created_by")
+    serializer_class = InvitationSerializer
+    lookup_field = "prefix"
+    ordering = "-created_at"
+
+    def list(self, request: Request, team: str) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(InvitationSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, prefix: str) -> Response:
+        return Response(InvitationSerializer(self.get_object()).data)
+
+    @extend_schema(request=InvitationCreateSerializer,
+                   responses={201: InvitationCreatedSerializer})
+    def create(self, request: Request, team: str) -> Response:
+        data = InvitationCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        invitation, code = services.invitation_create(
+            actor=self.actor, team=self.team, role=values["role"],
+            hours=values["expires_in_hours"], max_uses=values["max_uses"])
+        invitation.code = code
+        return secret_response(InvitationCreatedSerializer(invitation).data)
+
+    def destroy(self, request: Request, team: str, prefix: str) -> Response:
+        services.invitation_revoke(actor=self.actor, invitation=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationAcceptView(APIView):
+    """``POST /api/v1/invitations/accept {"code": "cri_…"}``: join the code's team."""
+
+    permission_classes = [UserOnly]
+
+    @extend_schema(request=InvitationAcceptSerializer,
+                   responses={201: InvitationAcceptedSerializer})
+    def post(self, request: Request) -> Response:
+        data = InvitationAcceptSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = accept_throttled(request, data.validated_data["code"])
+        return Response({"team": membership.team.slug, "role": membership.role},
+                        status=status.HTTP_201_CREATED)
+
+
+def accept_throttled(request: HttpRequest | Request, code: str) -> Membership:
+    """Accept a code behind the per-address limit on guesses (shared with bearer tokens):
+    a wrong code counts as a guess, and past the limit no code is checked (429)."""
+    failures = AuthFailureThrottle(client_ip(request))
+    failures.check()
+    try:
+        return services.invitation_accept(actor=Actor.of_user(request.user), code=code)
+    except services.InvalidInvitation:
+        failures.record_failure()
+        raise
 
 
 class WorkerTokenViewSet(TeamScopedViewSet):
@@ -155,7 +225,7 @@ class WorkerTokenViewSet(TeamScopedViewSet):
             actor=self.actor, team=self.team, **data.validated_data
         )
         token.token = raw
-        return Response(TokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+        return secret_response(TokenCreatedSerializer(token).data)
 
     def destroy(self, request: Request, team: str, prefix: str) -> Response:
         services.token_revoke(actor=self.actor, token=self.get_object())
@@ -192,7 +262,7 @@ class PersonalTokenViewSet(viewsets.GenericViewSet):
             actor=Actor.of_user(request.user), user=request.user, **data.validated_data
         )
         token.token = raw
-        return Response(TokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+        return secret_response(TokenCreatedSerializer(token).data)
 
     def destroy(self, request: Request, prefix: str) -> Response:
         token = self.get_queryset().filter(prefix=prefix).first()

@@ -12,12 +12,18 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from apps.core.throttles import AuthFailureThrottle, client_ip
 from apps.teams import tokens
 from apps.teams.models import ApiToken, TokenKind
 
 # Write last_used_at at most this often per token: a worker posting metrics every
 # second must not turn every request into an extra UPDATE.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class TokenGuess(exceptions.AuthenticationFailed):
+    """A token nobody issued (malformed, unknown, wrong secret): these count toward the
+    per-address limit; a revoked or expired token proves its holder once had it."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +53,10 @@ def verify_token(raw: str) -> ApiToken:
     Shared by the HTTP authentication below and the websocket middleware."""
     prefix = tokens.parse_prefix(raw)
     if prefix is None:
-        raise exceptions.AuthenticationFailed("Malformed token: expected crc_… or crw_….")
+        raise TokenGuess("Malformed token: expected crc_… or crw_….")
     token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
     if token is None or not tokens.matches(raw, token.key_hash):
-        raise exceptions.AuthenticationFailed("Invalid token.")
+        raise TokenGuess("Invalid token.")
     if token.revoked_at is not None:
         raise exceptions.AuthenticationFailed("Token has been revoked.")
     if token.expires_at is not None and token.expires_at <= timezone.now():
@@ -64,6 +70,17 @@ def verify_token(raw: str) -> ApiToken:
     return token
 
 
+def verify_throttled(raw: str, ip: str) -> ApiToken:
+    """:func:`verify_token` behind the per-address limit on guesses (429 past it)."""
+    failures = AuthFailureThrottle(ip)
+    failures.check()
+    try:
+        return verify_token(raw)
+    except TokenGuess:
+        failures.record_failure()
+        raise
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -74,7 +91,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() != self.keyword.lower():
             return None
-        token = verify_token(raw.strip())
+        token = verify_throttled(raw.strip(), client_ip(request))
         if token.kind == TokenKind.WORKER:
             return WorkerPrincipal(token), token
         return token.user, token

@@ -25,6 +25,11 @@ class Team(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)
+    # Who created it: the per-user team quota (CRUCIBLE_TEAMS_PER_USER) counts these.
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"
     )
@@ -104,3 +109,32 @@ class ApiToken(models.Model):
     def is_active(self) -> bool:
         now = timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class Invitation(models.Model):
+    """An invite code to join a team with a role, made by an admin and handed over by any
+    channel (chat, e-mail). People join by presenting the code, so adding a member never
+    takes (or reveals) a username. Only a SHA-256 of the code is stored; it is shown once.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    prefix = models.CharField(max_length=16, unique=True)
+    code_hash = models.CharField(max_length=64)
+    max_uses = models.PositiveSmallIntegerField(default=1)
+    uses = models.PositiveSmallIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"invitation {self.prefix} to {self.team_id} ({self.role})"
+
+    @property
+    def is_usable(self) -> bool:
+        return (self.revoked_at is None and self.uses < self.max_uses
+                and self.expires_at > timezone.now())

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.teams.models import ApiToken, Membership, Role, Team
+from apps.teams.models import ApiToken, Invitation, Membership, Role, Team
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -35,9 +35,42 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class MembershipCreateSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
+class InvitationSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)
+    usable = serializers.BooleanField(source="is_usable", read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["prefix", "team", "role", "max_uses", "uses", "created_by", "created_at",
+                  "expires_at", "revoked_at", "usable"]
+        read_only_fields = fields
+
+
+class InvitationCreatedSerializer(InvitationSerializer):
+    """The only response that ever contains the code."""
+
+    code = serializers.CharField(read_only=True, help_text="cri_…; give it to the invitee")
+
+    class Meta(InvitationSerializer.Meta):
+        fields = [*InvitationSerializer.Meta.fields, "code"]
+        read_only_fields = fields
+
+
+class InvitationCreateSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+    expires_in_hours = serializers.IntegerField(min_value=1, max_value=24 * 30, default=24 * 7)
+    max_uses = serializers.IntegerField(min_value=1, max_value=100, default=1)
+
+
+class InvitationAcceptSerializer(serializers.Serializer):
+    code = serializers.CharField(max_length=200)
+
+
+class InvitationAcceptedSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    role = serializers.CharField()
 
 
 class MembershipUpdateSerializer(serializers.Serializer):
@@ -45,7 +78,9 @@ class MembershipUpdateSerializer(serializers.Serializer):
 
 
 class TokenSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                        help_text="null: a personal token, or an operator's "
+                                                  "worker token for every team")
     active = serializers.BooleanField(source="is_active", read_only=True)
 
     class Meta:

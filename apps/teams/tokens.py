@@ -12,6 +12,7 @@ import secrets
 
 PERSONAL_SCHEME = "crc"
 WORKER_SCHEME = "crw"
+INVITE_SCHEME = "cri"  # team invitation codes: never accepted as credentials
 
 
 def generate(scheme: str) -> tuple[str, str, str]:
@@ -28,6 +29,13 @@ def hash_token(token: str) -> str:
 def parse_prefix(token: str) -> str | None:
     parts = token.split("_", 2)
     if len(parts) != 3 or parts[0] not in (PERSONAL_SCHEME, WORKER_SCHEME) or not parts[1]:
+        return None
+    return parts[1]
+
+
+def parse_invite_prefix(code: str) -> str | None:
+    parts = code.split("_", 2)
+    if len(parts) != 3 or parts[0] != INVITE_SCHEME or not parts[1] or not parts[2]:
         return None
     return parts[1]
 

@@ -9,16 +9,22 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
+from rest_framework.exceptions import Throttled
 
+from apps.core import selectors as audit_selectors
 from apps.core.actor import Actor
+from apps.core.audit_api import filters_from
 from apps.core.exceptions import DomainError
-from apps.core.pages import team_for_page
+from apps.core.pages import page_context, team_for_page
 from apps.teams import selectors, services
-from apps.teams.models import ApiToken, Membership, Role, TokenKind, role_at_least
+from apps.teams.api import accept_throttled
+from apps.teams.models import ApiToken, Invitation, Membership, Role, TokenKind, role_at_least
 
 
 def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,  # noqa: ANN001
-          form_errors=None) -> HttpResponse:
+          form_errors=None, new_invite=None) -> HttpResponse:
     is_admin = role_at_least(membership.role, Role.ADMIN)
     context = {
         "team": team, "membership": membership, "section": "team",
@@ -33,6 +39,10 @@ def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
                           .select_related("created_by").order_by("-created_at")
                           if is_admin else []),
         "new_token": new_token, "form_errors": form_errors or {},
+        "invitations": (Invitation.objects.filter(team=team, revoked_at__isnull=True)
+                        .select_related("created_by").order_by("-created_at")[:50]
+                        if is_admin else []),
+        "new_invite": new_invite,
     }
     return render(request, "teams/team.html", context, status=status)
 
@@ -46,7 +56,8 @@ def team_page(request: HttpRequest, team: str) -> HttpResponse:
         return _page(request, team_obj, membership)
     op = request.POST.get("op", "")
     handlers = {"token-create": _token_create, "token-revoke": _token_revoke,
-                "member-add": _member_add, "member-change": _member_change}
+                "invite-create": _invite_create, "invite-revoke": _invite_revoke,
+                "member-change": _member_change}
     if op not in handlers:
         return _page(request, team_obj, membership, status=400,
                      form_errors={"op": f"Unknown operation '{op[:40]}'."})
@@ -73,8 +84,10 @@ def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  
         token, raw = services.personal_token_create(actor=actor, user=request.user, name=name)
     else:
         token, raw = services.worker_token_create(actor=actor, team=team_obj, name=name)
-    return _page(request, team_obj, membership, new_token={"token": token, "secret": raw},
-                 status=201)
+    response = _page(request, team_obj, membership, new_token={"token": token, "secret": raw},
+                     status=201)
+    add_never_cache_headers(response)  # the page holds a secret shown once
+    return response
 
 
 def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
@@ -91,22 +104,62 @@ def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  
     return redirect("team-page", team=team_obj.slug)
 
 
-def _member_add(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+def _invite_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+    """An invite code, shown once on the response page (never cached)."""
     if not role_at_least(membership.role, Role.ADMIN):
-        raise Http404("Only team admins manage members.")
-    username = (request.POST.get("username") or "").strip()
+        raise Http404("Only team admins invite members.")
     role = request.POST.get("role") or Role.MEMBER
-    if role not in Role.values or not username:
-        return _page(request, team_obj, membership, status=400,
-                     form_errors={"member": "Give a username and one of the roles."})
     try:
-        services.membership_add(actor=Actor.of_user(request.user), team=team_obj,
-                                username=username, role=role)
+        uses = int(request.POST.get("max_uses") or 1)
+        hours = int(request.POST.get("expires_in_hours") or services.INVITE_HOURS_DEFAULT)
+        invitation, code = services.invitation_create(
+            actor=Actor.of_user(request.user), team=team_obj, role=role, hours=hours,
+            max_uses=uses)
+    except ValueError:
+        return _page(request, team_obj, membership, status=400,
+                     form_errors={"invite": "Uses and hours must be whole numbers."})
     except DomainError as exc:
         return _page(request, team_obj, membership, status=exc.status_code,
-                     form_errors={"member": exc.message})
-    messages.success(request, f"{username} added as {role}.")
+                     form_errors={"invite": exc.message})
+    response = _page(request, team_obj, membership, status=201,
+                     new_invite={"invitation": invitation, "code": code,
+                                 "url": request.build_absolute_uri(reverse("invite-accept"))})
+    add_never_cache_headers(response)
+    return response
+
+
+def _invite_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+    if not role_at_least(membership.role, Role.ADMIN):
+        raise Http404("Only team admins manage invitations.")
+    invitation = Invitation.objects.filter(team=team_obj,
+                                           prefix=request.POST.get("prefix", "")).first()
+    if invitation is None:
+        raise Http404("No such invitation.")
+    services.invitation_revoke(actor=Actor.of_user(request.user), invitation=invitation)
+    messages.success(request, f"Invitation {invitation.prefix}… revoked.")
     return redirect("team-page", team=team_obj.slug)
+
+
+@login_required
+def accept_invitation(request: HttpRequest) -> HttpResponse:
+    """``/invite/``: a person pastes the code an admin gave them and joins that team."""
+    error, status, wait = "", 200, 0
+    if request.method == "POST":
+        try:
+            joined = accept_throttled(request, (request.POST.get("code") or "")[:200])
+        except DomainError as exc:
+            error, status = exc.message, exc.status_code
+        except Throttled as exc:
+            error, status, wait = str(exc.detail), 429, int(exc.wait or 60)
+        else:
+            messages.success(request, f"You joined {joined.team.name} as {joined.role}.")
+            return redirect("team-runs", team=joined.team.slug)
+    response = render(request, "teams/accept_invite.html",
+                      {"error": error, "teams": selectors.teams_for_user(request.user)
+                       .order_by("slug")}, status=status)
+    if status == 429:
+        response["Retry-After"] = str(max(1, wait))
+    return response
 
 
 def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
@@ -133,3 +186,36 @@ def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse: 
     if username == request.user.get_username() and request.POST.get("remove"):
         return redirect("home")
     return redirect("team-page", team=team_obj.slug)
+
+
+AUDIT_PAGE_SIZE = 50
+
+
+@login_required
+def audit_page(request: HttpRequest, team: str) -> HttpResponse:
+    """The team's audit log for its admins (the same rows and filters as
+    ``GET /api/v1/teams/<team>/audit-log``), newest first, 50 a page (``?before=<id>``)."""
+    team_obj, membership = team_for_page(request, team)
+    if not role_at_least(membership.role, Role.ADMIN):
+        raise Http404("Only team admins read the audit log.")
+    error = ""
+    try:
+        filters = filters_from(request.GET)
+    except DomainError as exc:
+        filters, error = {}, exc.message
+    rows = audit_selectors.audit_log(team_id=team_obj.pk, **filters)
+    before = request.GET.get("before", "")
+    if before.isdigit() and len(before) < 19:
+        rows = rows.filter(id__lt=int(before))
+    page = list(rows[:AUDIT_PAGE_SIZE + 1])
+    older = None
+    if len(page) > AUDIT_PAGE_SIZE:
+        page = page[:AUDIT_PAGE_SIZE]
+        query = request.GET.copy()
+        query["before"] = str(page[-1].pk)
+        older = query.urlencode()
+    context = page_context(request, team_obj, membership, section="team", rows=page,
+                           older=older, error=error,
+                           values={k: request.GET.get(k, "") for k in
+                                   ("actor", "action", "object", "since", "until")})
+    return render(request, "teams/audit.html", context, status=400 if error else 200)

@@ -11,7 +11,7 @@ from apps.core.actor import Actor
 from apps.environments import services as env_services
 from apps.runs.models import Checkpoint, RunEvent
 from tests.apps.test_worker_api import RUNS, W, claim
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 
 @pytest.fixture
@@ -42,8 +42,7 @@ def post(worker, running, object_store, django_capture_on_commit_callbacks):  # 
 
     def record(step: int, *, keep: int | None = 2, resumable: bool = True,
                key: str | None = None) -> str:
-        uri = object_store.put_bytes(key or f"runs/{run.pk}/checkpoints/step-{step:06d}.tar",
-                                     b"state %d" % step)
+        uri = put_run_object(run, key or f"checkpoints/step-{step:06d}.tar", b"state %d" % step)
         body = {"step": step, "uri": uri, "resumable": resumable}
         if keep is not None:
             body["keep"] = keep
@@ -75,8 +74,7 @@ def test_keep_prunes_older_checkpoint_objects_but_keeps_their_rows(worker, runni
     offered = worker.get(f"{W}/runs/{run.pk}").json()["checkpoints"]
     assert [c["step"] for c in offered] == [3, 4]
     # The final export (not resumable) is never pruned, even past keep.
-    final = post(5, resumable=False,
-                  key=f"runs/{run.pk}/checkpoints/final.tar")
+    final = post(5, resumable=False, key="checkpoints/final.tar")
     post(6)
     assert _live(run) == [4, 5, 6] and object_store.exists(final)
     # Without keep nothing is pruned (other run kinds, older workers).
@@ -123,10 +121,13 @@ def test_pruning_never_deletes_objects_outside_the_runs_own_keys(worker, running
                                                                  object_store, post):
     run, lease = running
     other = make_run(project)
-    foreign = object_store.put_bytes(f"runs/{other.pk}/checkpoints/step-000001.tar", b"theirs")
+    foreign = put_run_object(other, "checkpoints/step-000001.tar", b"theirs")
     r = worker.post(f"{W}/runs/{run.pk}/checkpoints",
                     {"step": 1, "uri": foreign, "resumable": True}, format="json", **lease)
-    assert r.status_code == 201
+    assert r.status_code == 400 and r.json()["code"] == "uri_outside_run"
+    # A row from before URIs were confined may still point there: pruning leaves it alone.
+    Checkpoint.objects.create(run=run, team_id=run.team_id, step=1, uri=foreign,
+                              resumable=True)
     for step in (2, 3):
         post(step, keep=1)
     # Marked pruned (nothing may start from it through this run), but the object stays.

@@ -13,6 +13,7 @@ from django.db import close_old_connections
 from apps.datasets.models import DatasetVersion
 from apps.metrics.models import MetricPoint
 from apps.runs.models import Run, RunEvent
+from tests.factories import put_run_object
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession
 
 RECORDS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(6)]
@@ -167,12 +168,13 @@ def test_worker_session_end_to_end(api, pool, qa, object_store):
     event = RunEvent.objects.get(run_id=run["id"], seq=logged["seqs"][0])
     assert (event.message, event.level, event.data) == ("halfway", "warning", {"seen": 3})
 
-    ckpt = session.add_checkpoint(5, "file:///ckpt/5", {"loss": 0.2})
+    ckpt = session.add_checkpoint(5, put_run_object(session.run, "checkpoints/5.tar"),
+                                  {"loss": 0.2})
     assert ckpt["step"] == 5
     assert session.add_samples([{"step": 5, "prompt": "p", "completion": "c"}]) == {"stored": 1}
 
     report = {"records": 6, "fields": {}}
-    uri = object_store.put_bytes(f"reports/{run['id']}/profile.json", json.dumps(report).encode())
+    uri = put_run_object(session.run, "profile.json", json.dumps(report).encode())
     assert session.set_report(uri) == {"report_uri": uri}
     assert session.set_status("succeeded") == {"status": "succeeded"}
     assert api.run_report("acme", run["id"]) == report

@@ -16,15 +16,15 @@ from django.urls import resolve
 from rest_framework.test import APIClient
 
 from apps.core.actor import Actor
-from apps.core.storage import store
 from apps.datasets.models import Dataset
 from apps.environments import services as environment_services
 from apps.runs.models import Checkpoint, Run
+from apps.teams import services as team_services
 from apps.teams.models import ApiToken, Membership, Role
 from apps.teams.services import worker_token_create
 from tests.apps.test_urlconf import Route, team_pages, team_routes, worker_routes
 from tests.conftest import client_for_token
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 TEAM_ROUTES = team_routes()
 TEAM_PAGES = team_pages()
@@ -44,7 +44,15 @@ STRICT_BODIES = {
     "execution-batch": {"requests": [{"language": "python", "code": "print('pwned')"}]},
     "environment-version-list": {"spec": {"source": "builtin", "name": "arithmetic"}},
     "environment-version-evaluate": {"base_model": "preset"},
+    # Launches refuse unknown fields, so they get exactly a launch document.
+    "run-list": {"project": "main", "kind": "profile", "config": {},
+                 "datasets": ["acme-secret-ds"]},
+    "run-preview": {"project": "main", "kind": "profile", "config": {},
+                    "datasets": ["acme-secret-ds"]},
+    "environment-version-qc": {},
 }
+#: Team pages only admins may open (others get the page's 404, as outsiders do).
+ADMIN_PAGES = {"team-audit"}
 #: Columns legitimately written by a refused request (authentication bookkeeping).
 VOLATILE = {"apitoken": {"last_used_at"}, "user": {"last_login"}}
 
@@ -59,6 +67,7 @@ class World:
     environment_slug: str
     environment_digest: str
     worker_prefix: str
+    invitation_prefix: str
     execution_id: str | None
     batch_id: str | None
     item_id: str | None
@@ -72,7 +81,8 @@ class World:
             "environment": self.environment_slug,
             "run": str(self.run.pk),
             "username": "mia",
-            "prefix": self.worker_prefix,
+            "prefix": (self.invitation_prefix if (route.name or "").startswith("invitation")
+                       else self.worker_prefix),
             "execution": self.execution_id,
             "batch": self.batch_id,
             "item": self.item_id,
@@ -120,11 +130,12 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
         actor=Actor.system(), environment=env, spec={"image": "acme/secret:1"}
     )
     run = make_run(project, dataset)
-    report_uri = store().put_bytes(f"reports/{run.pk}.json", b'{"text": "acme-secret-report"}')
+    report_uri = put_run_object(run, "report.json", b'{"text": "acme-secret-report"}')
     Run.objects.filter(pk=run.pk).update(report_uri=report_uri)
-    Checkpoint.objects.create(run=run, team=team, step=1, uri=store().put_bytes(
-        f"runs/{run.pk}/checkpoints/step-1.tar", b"acme-secret-weights"))
+    Checkpoint.objects.create(run=run, team=team, step=1, uri=put_run_object(
+        run, "checkpoints/step-1.tar", b"acme-secret-weights"))
     token, _ = worker_token_create(actor=Actor.system(), team=team, name="acme-pool")
+    invitation, _ = team_services.invitation_create(actor=Actor.system(), team=team)
     execution_id = None
     if apps.is_installed("apps.sandbox"):  # a sandbox execution, where that app exists
         execution = apps.get_model("sandbox", "Execution").objects.create(
@@ -144,11 +155,13 @@ def world(team, project, owner, member) -> World:  # noqa: ANN001
     return World(
         run=run, dataset=dataset, dataset_digest=version.digest,
         environment_slug=env.slug, environment_digest=env_version.digest,
-        worker_prefix=token.prefix, execution_id=execution_id, batch_id=batch_id,
+        worker_prefix=token.prefix, invitation_prefix=invitation.prefix,
+        execution_id=execution_id, batch_id=batch_id,
         item_id=item_id,
         secrets=(*((batch_id, "acme-secret-batch-record") if batch_id else ()),
                  str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
-                 token.prefix, "acme-secret-prompt", "acme-secret-report", "mia", "olivia"),
+                 token.prefix, invitation.prefix, "acme-secret-prompt", "acme-secret-report",
+                 "mia", "olivia"),
     )
 
 
@@ -459,9 +472,10 @@ def test_there_are_team_pages_to_check():
 
 
 @pytest.mark.parametrize("route", TEAM_PAGES, ids=lambda r: r.name)
-def test_team_page_is_404_for_outsider_and_200_for_member(route, world, outsider, viewer):
+def test_team_page_is_404_for_outsider_and_200_for_member(route, world, outsider, viewer,
+                                                         owner):
     url = world.url(route)
-    mine = _session(viewer).get(url)
+    mine = _session(owner if route.name in ADMIN_PAGES else viewer).get(url)
     assert mine.status_code == 200, (route, mine.status_code)
     before = snapshot()
     theirs = _session(outsider).get(url)

@@ -18,7 +18,7 @@ from apps.lineage import services as lineage
 from apps.runs import dashboard
 from apps.runs.models import Checkpoint, Run, RunStatus, Sample
 from apps.teams.models import ApiToken, Membership, Role, TokenKind
-from tests.factories import DatasetFactory, make_run, make_train_run, make_version
+from tests.factories import DatasetFactory, make_run, make_train_run, make_version, put_run_object
 
 PAGE = "/t/acme/"
 TEAM = "/t/acme/team/"
@@ -337,8 +337,8 @@ def test_compare_page_diffs_configs(member, qa, project):
 def test_compare_page_puts_reports_side_by_side(member, qa, project, object_store):
     runs = [make_run(project, qa, name=n) for n in ("base", "worse", "better")]
     for run, accuracy in zip(runs, (0.8, 0.6, 0.9), strict=True):
-        uri = object_store.put_bytes(f"reports/{run.pk}.json",
-                                     json.dumps({"eval": {"accuracy": accuracy}}).encode())
+        uri = put_run_object(run, "report.json",
+                             json.dumps({"eval": {"accuracy": accuracy}}).encode())
         Run.objects.filter(pk=run.pk).update(report_uri=uri)
     query = "&".join(f"run={r.pk}" for r in runs)
     html = browser_for(member).get(f"/t/acme/compare/?{query}").content.decode()
@@ -424,13 +424,20 @@ def test_worker_tokens_are_for_admins(member, admin):
 
 
 def test_members_and_roles(owner, admin, member, make_caller):
-    make_caller(None, username="newbie")
+    newbie = make_caller(None, username="newbie")
     client = browser_for(admin)
-    add = {"op": "member-add", "role": "viewer"}
-    assert client.post(TEAM, {**add, "username": "newbie"}).status_code == 302
+    invited = client.post(TEAM, {"op": "invite-create", "role": "viewer"})
+    assert invited.status_code == 201 and "no-store" in invited["Cache-Control"]
+    code = re.search(r'value="(cri_[^"]+)"', invited.content.decode()).group(1)
+    joined = browser_for(newbie).post("/invite/", {"code": code})
+    assert joined.status_code == 302 and joined["Location"] == "/t/acme/"
     assert Membership.objects.get(user__username="newbie").role == Role.VIEWER
-    missing = client.post(TEAM, {**add, "username": "ghost"})
-    assert missing.status_code == 404 and b"No user" in missing.content
+    # The code is used up; a second person gets the same answer as for a made-up code.
+    other = make_caller(None, username="other")
+    used = browser_for(other).post("/invite/", {"code": code})
+    made_up = browser_for(other).post("/invite/", {"code": "cri_0000_nope"})
+    assert used.status_code == made_up.status_code == 404
+    assert b"not valid" in used.content and b"not valid" in made_up.content
     change = {"op": "member-change", "username": "newbie"}
     client.post(TEAM, {**change, "role": "member"})
     assert Membership.objects.get(user__username="newbie").role == Role.MEMBER
@@ -442,4 +449,4 @@ def test_members_and_roles(owner, admin, member, make_caller):
     client.post(TEAM, {**change, "remove": "1"})
     assert not Membership.objects.filter(user__username="newbie").exists()
     html = browser_for(member).get("/t/acme/team/").content.decode()
-    assert "olivia" in html and "Add a member" not in html
+    assert "olivia" in html and "Invite someone" not in html

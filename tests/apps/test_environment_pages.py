@@ -10,12 +10,12 @@ import pytest
 from django.test import Client
 
 from apps.core.actor import Actor
-from apps.core.storage import store
 from apps.environments import services
 from apps.environments.views import eval_view, qc_view, spec_summary
 from apps.runs import services as run_services
 from apps.runs.models import Run, RunStatus
 from apps.runs.validation import plan_run
+from tests.factories import put_run_object
 
 ARITH = {"env": {"source": "builtin", "name": "arithmetic", "params": {"eval_size": 4}}}
 PAGE = "/t/acme/environments/arith/v1/"
@@ -76,7 +76,7 @@ def _eval_run(project, version, report: dict) -> Run:  # noqa: ANN001
                     name="base-eval", base_model="preset",
                     environment=f"arith@v{version.number}")
     run = run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
-    uri = store().put_bytes(f"runs/{run.pk}/eval-report.json", json.dumps(report).encode())
+    uri = put_run_object(run, "eval-report.json", json.dumps(report).encode())
     Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, report_uri=uri)
     return run
 

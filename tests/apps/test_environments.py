@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from apps.core.storage import store
 from apps.environments.models import EnvironmentVersion
 from apps.runs.models import Run
+from tests.factories import put_run_object
 
 ENVS = "/api/v1/teams/acme/environments"
 RUNS = "/api/v1/teams/acme/runs"
@@ -122,8 +122,12 @@ def test_qc_run_report_sets_the_status_and_a_blocked_version_is_refused_for_trai
     claimed = worker.get(f"{W}/runs/{run['id']}", **lease).json()
     assert claimed["environments"][0]["digest"] == digest
 
-    r = worker.post(f"{W}/runs/{run['id']}/qc",
-                    {"report": _qc_report(False), "uri": "file:///x/qc.json"},
+    outside = worker.post(f"{W}/runs/{run['id']}/qc",
+                          {"report": _qc_report(False), "uri": "file:///x/qc.json"},
+                          format="json", **lease)
+    assert outside.status_code == 400 and outside.json()["code"] == "uri_outside_run"
+    qc_uri = put_run_object(claimed, "qc-report.json", b"{}")
+    r = worker.post(f"{W}/runs/{run['id']}/qc", {"report": _qc_report(False), "uri": qc_uri},
                     format="json", **lease)
     assert r.status_code == 200 and r.json()["qc_status"] == "failed", r.content
     version = member.client.get(f"{env}/v1").json()
@@ -141,8 +145,9 @@ def test_qc_run_report_sets_the_status_and_a_blocked_version_is_refused_for_trai
     # QC again (a qc run may pin a failed version) and pass: training may use it.
     again = member.client.post(f"{env}/v1/qc", {"pool": "cpu"}, format="json").json()
     lease = _claim(worker, again["id"], "cpu")
+    again_uri = put_run_object(Run.objects.get(pk=again["id"]), "qc-report.json", b"{}")
     r = worker.post(f"{W}/runs/{again['id']}/qc",
-                    {"report": _qc_report(True), "uri": "file:///x/qc.json"},
+                    {"report": _qc_report(True), "uri": again_uri},
                     format="json", **lease)
     assert r.json()["qc_status"] == "passed"
     ok = member.client.post(RUNS, {"project": "main", "kind": "train", "config": {},
@@ -153,10 +158,11 @@ def test_qc_run_report_sets_the_status_and_a_blocked_version_is_refused_for_trai
 def test_qc_report_endpoint_needs_the_lease_and_a_qc_run(member, worker, env):
     register(member, env, ARITH)
     run = member.client.post(f"{env}/v1/qc", {}, format="json").json()
-    body = {"report": _qc_report(True), "uri": "file:///x"}
+    uri = put_run_object(Run.objects.get(pk=run["id"]), "qc-report.json", b"{}")
+    body = {"report": _qc_report(True), "uri": uri}
     assert worker.post(f"{W}/runs/{run['id']}/qc", body, format="json").status_code == 409
     lease = _claim(worker, run["id"], "sandbox")
-    bad = worker.post(f"{W}/runs/{run['id']}/qc", {"report": {"x": 1}, "uri": "u"},
+    bad = worker.post(f"{W}/runs/{run['id']}/qc", {"report": {"x": 1}, "uri": uri},
                       format="json", **lease)
     assert bad.status_code == 400 and "passed" in bad.json()["message"]
     assert member.client.get(f"{env}/v1").json()["qc_status"] == "pending"
@@ -198,7 +204,8 @@ def test_eval_reports_are_listed_per_version(member, worker, env):
     lease = _claim(worker, run["id"], "cpu")
     report = {"schema": "crucible.eval/1", "policy": {"name": "policy"}, "split": "eval",
               "k": [1], "summary": {"tasks": 4, "mean_reward": 0.25, "pass_at": {"1": 0.25}}}
-    uri = store().put_bytes(f"runs/{run['id']}/eval-report.json", json.dumps(report).encode())
+    uri = put_run_object(Run.objects.get(pk=run["id"]), "eval-report.json",
+                         json.dumps(report).encode())
     assert worker.post(f"{W}/runs/{run['id']}/artifacts", {"kind": "report", "uri": uri},
                        format="json", **lease).status_code == 200
     assert member.client.get(f"{env}/v1/evals").json() == []  # not succeeded yet

@@ -11,7 +11,7 @@ from apps.core.actor import Actor
 from apps.environments import services as env_services
 from apps.lineage.models import LineageEdge
 from apps.runs.models import Checkpoint, Run, RunEnvironment
-from tests.factories import DatasetFactory, make_version
+from tests.factories import DatasetFactory, make_version, put_run_object
 
 RUNS = "/api/v1/teams/acme/runs"
 W = "/api/v1/worker"
@@ -156,12 +156,12 @@ def test_max_attempts_is_validated(member, project):
 def _run_with_checkpoints(member, worker, object_store, steps=(2, 4)):  # noqa: ANN001, ANN201
     """A train run (claimed, running) with checkpoints stored in the object store."""
     run_id = train(member.client).json()["id"]
-    lease = worker.post(f"{W}/claim", {"pool": "gpu", "worker_id": "w", "run_id": run_id},
-                        format="json").json()["lease_id"]
-    headers = {"HTTP_X_CRUCIBLE_LEASE": lease}
+    claimed = worker.post(f"{W}/claim", {"pool": "gpu", "worker_id": "w", "run_id": run_id},
+                          format="json").json()
+    headers = {"HTTP_X_CRUCIBLE_LEASE": claimed["lease_id"]}
     worker.post(f"{W}/runs/{run_id}/status", {"status": "running"}, format="json", **headers)
     for step in steps:
-        uri = object_store.put_bytes(f"runs/{run_id}/checkpoints/step-{step:06d}.tar", b"tar")
+        uri = put_run_object(claimed, f"checkpoints/step-{step:06d}.tar", b"tar")
         r = worker.post(f"{W}/runs/{run_id}/checkpoints", {"step": step, "uri": uri},
                         format="json", **headers)
         assert r.status_code == 201, r.content
@@ -234,13 +234,18 @@ def test_checkpoints_of_other_teams_are_unknown(member, worker, object_store, pr
 
 def test_checkpoint_outside_the_object_store_is_refused(member, worker, object_store, project):
     parent, headers = _run_with_checkpoints(member, worker, object_store, steps=())
-    worker.post(f"{W}/runs/{parent}/checkpoints", {"step": 1, "uri": "file:///elsewhere/x"},
-                format="json", **headers)
+    r = worker.post(f"{W}/runs/{parent}/checkpoints", {"step": 1, "uri": "file:///elsewhere/x"},
+                    format="json", **headers)
+    assert r.status_code == 400 and r.json()["code"] == "uri_outside_run"
+    # A row from before URIs were confined is not followed either.
+    Checkpoint.objects.create(run_id=parent, team=project.team, step=1, uri="file:///elsewhere/x")
     r = train(member.client, base_model=f"run:{parent}")
-    assert r.status_code == 400 and "not in the object store" in r.json()["message"]
+    assert r.status_code == 400 and r.json()["code"] == "uri_outside_run", r.content
+    assert "does not lie under its run's own objects" in r.json()["message"]
 
 
-def test_base_model_preset_path_and_conflicts(member, project):
+def test_base_model_preset_path_and_conflicts(member, project, settings):
+    settings.CRUCIBLE = {**settings.CRUCIBLE, "MODEL_PATH_ROOTS": "/models"}
     preset = train(member.client, base_model="preset").json()
     assert preset["config"]["model"]["source"] == "preset" and preset["base_model"] is None
     path = train(member.client, base_model="/models/qwen3-moe",
@@ -312,9 +317,10 @@ def test_lineage_graph_links_inputs_run_checkpoints_and_derived_runs(member, wor
                                                                      object_store, envs, sft):
     r = train(member.client, environments=["arith@v2"], datasets=["sft"], config=WARM)
     parent = r.json()["id"]
-    lease = worker.post(f"{W}/claim", {"pool": "gpu", "worker_id": "w", "run_id": parent},
-                        format="json").json()["lease_id"]
-    uri = object_store.put_bytes(f"runs/{parent}/checkpoints/step-000001.tar", b"tar")
+    claimed = worker.post(f"{W}/claim", {"pool": "gpu", "worker_id": "w", "run_id": parent},
+                          format="json").json()
+    lease = claimed["lease_id"]
+    uri = put_run_object(claimed, "checkpoints/step-000001.tar", b"tar")
     ckpt = worker.post(f"{W}/runs/{parent}/checkpoints", {"step": 1, "uri": uri},
                        format="json", HTTP_X_CRUCIBLE_LEASE=lease).json()
     child = train(member.client, base_model=f"checkpoint:{ckpt['id']}").json()["id"]

@@ -105,7 +105,8 @@ def test_member_can_write(member, run):
 def _admin_only(team: Team) -> list[tuple[str, str, dict]]:
     token = ApiToken.objects.get(kind=TokenKind.WORKER, team=team)
     return [
-        ("post", "/api/v1/teams/acme/members", {"username": "newbie", "role": "viewer"}),
+        ("post", "/api/v1/teams/acme/invitations", {"role": "viewer"}),
+        ("get", "/api/v1/teams/acme/invitations", {}),
         ("patch", "/api/v1/teams/acme/members/victor", {"role": "admin"}),
         ("delete", "/api/v1/teams/acme/members/victor", {}),
         ("get", "/api/v1/teams/acme/worker-tokens", {}),
@@ -151,11 +152,19 @@ def test_members_can_list_members(member, viewer):
     assert member.client.get("/api/v1/teams/acme/members/victor").json()["role"] == "viewer"
 
 
-def test_admin_manages_members_and_worker_tokens(admin, viewer, team, team_worker_token):
-    UserFactory(username="newbie")
+def _invite(client, role="member"):  # noqa: ANN001, ANN201
+    r = client.post("/api/v1/teams/acme/invitations", {"role": role}, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()["code"]
+
+
+def test_admin_manages_members_and_worker_tokens(admin, viewer, team, team_worker_token,
+                                                 make_caller):
+    newbie = make_caller(None, username="newbie")
     c = admin.client
-    assert c.post("/api/v1/teams/acme/members", {"username": "newbie", "role": "member"},
-                  format="json").status_code == 201
+    accepted = newbie.client.post("/api/v1/invitations/accept", {"code": _invite(c)},
+                                  format="json")
+    assert accepted.status_code == 201 and accepted.json() == {"team": "acme", "role": "member"}
     assert role_of(team, "newbie") == "member"
     assert c.patch("/api/v1/teams/acme/members/newbie", {"role": "admin"},
                    format="json").json()["role"] == "admin"
@@ -175,28 +184,29 @@ def test_admin_manages_members_and_worker_tokens(admin, viewer, team, team_worke
                    format="json").json()["name"] == "Acme Corp"
 
 
-def test_adding_members_validates_input(admin, member):
+def test_members_are_not_added_by_username(admin, member):
+    """Adding by username would answer whether the username exists: people join by code."""
     c = admin.client
-    assert c.post("/api/v1/teams/acme/members", {"username": "ghost"},
-                  format="json").status_code == 404
-    assert c.post("/api/v1/teams/acme/members", {"username": "mia"},
-                  format="json").status_code == 409
-    bad_role = c.post("/api/v1/teams/acme/members", {"username": "mia", "role": "god"},
-                      format="json")
+    for body in ({"username": "ghost"}, {"username": "mia"}):
+        assert c.post("/api/v1/teams/acme/members", body, format="json").status_code == 405
+    bad_role = c.post("/api/v1/teams/acme/invitations", {"role": "god"}, format="json")
     assert bad_role.status_code == 400 and "role" in bad_role.json()["errors"]
+    again = member.client.post("/api/v1/invitations/accept", {"code": _invite(c)},
+                               format="json")
+    assert again.status_code == 409 and again.json()["code"] == "already_member"
 
 
 # --- ownership --------------------------------------------------------------------------
 
 
-def test_only_owners_grant_owner(owner, admin, member, team):
+def test_only_owners_grant_owner(owner, admin, member, team, make_caller):
     UserFactory(username="newbie")
     before = AuditLog.objects.count()
     granted = admin.client.patch("/api/v1/teams/acme/members/mia", {"role": "owner"},
                                  format="json")
     assert granted.status_code == 403 and granted.json()["code"] == "forbidden"
-    added = admin.client.post("/api/v1/teams/acme/members",
-                              {"username": "newbie", "role": "owner"}, format="json")
+    added = admin.client.post("/api/v1/teams/acme/invitations", {"role": "owner"},
+                              format="json")
     assert added.status_code == 403
     assert admin.client.patch("/api/v1/teams/acme/members/adam", {"role": "owner"},
                               format="json").status_code == 403  # not even to oneself
@@ -207,10 +217,11 @@ def test_only_owners_grant_owner(owner, admin, member, team):
     assert owner.client.patch("/api/v1/teams/acme/members/mia", {"role": "owner"},
                               format="json").status_code == 200
     assert role_of(team, "mia") == "owner"
-    assert owner.client.post("/api/v1/teams/acme/members",
-                             {"username": "newbie", "role": "owner"},
-                             format="json").status_code == 201
-    assert role_of(team, "newbie") == "owner"
+    newbie = make_caller(None, username="newbie2")
+    assert newbie.client.post("/api/v1/invitations/accept",
+                              {"code": _invite(owner.client, "owner")},
+                              format="json").status_code == 201
+    assert role_of(team, "newbie2") == "owner"
 
 
 def test_admins_cannot_demote_or_remove_owners(owner, admin, make_caller, team):
@@ -479,15 +490,17 @@ def test_worker_token_expiry_in_the_past_is_400(admin):
 # --- audit ------------------------------------------------------------------------------
 
 
-def test_membership_changes_are_audited(owner, admin, team):
-    UserFactory(username="newbie")
-    admin.client.post("/api/v1/teams/acme/members", {"username": "newbie", "role": "viewer"},
-                      format="json")
+def test_membership_changes_are_audited(owner, admin, team, make_caller):
+    newbie = make_caller(None, username="newbie")
+    code = _invite(admin.client, "viewer")
+    newbie.client.post("/api/v1/invitations/accept", {"code": code}, format="json")
+    prefix = code.split("_")[1]
     admin.client.patch("/api/v1/teams/acme/members/newbie", {"role": "member"}, format="json")
     admin.client.delete("/api/v1/teams/acme/members/newbie")
     rows = AuditLog.objects.filter(team=team, target_type="user").order_by("pk")
     assert [(r.action, r.actor.username, r.actor_label, r.target_id, r.data) for r in rows] == [
-        ("membership.add", "adam", "adam", "newbie", {"role": "viewer"}),
+        ("membership.add", "newbie", "newbie", "newbie", {"role": "viewer",
+                                                          "invitation": prefix}),
         ("membership.role", "adam", "adam", "newbie", {"from": "viewer", "to": "member"}),
         ("membership.remove", "adam", "adam", "newbie", {}),
     ]

@@ -26,7 +26,7 @@ from apps.environments import views as environment_views
 from apps.review import views as review_views
 from apps.runs import views as run_views
 from apps.teams import views as team_views
-from apps.teams.api import MyTeamsViewSet, PersonalTokenViewSet
+from apps.teams.api import InvitationAcceptView, MyTeamsViewSet, PersonalTokenViewSet
 
 API_PREFIX = "api/v1/"
 WORKER_PREFIX = "api/v1/worker/"
@@ -34,6 +34,8 @@ WORKER_PREFIX = "api/v1/worker/"
 #: The only /api/v1/ views that are neither team-scoped nor worker-only: (url name, class).
 ALLOWED_UNSCOPED = {
     ("me", MeView),
+    # Joining a team by invite code: the code names the team; the caller acts as themself.
+    ("invitation-accept", InvitationAcceptView),
     ("my-teams-list", MyTeamsViewSet),
     ("personal-token-list", PersonalTokenViewSet),
     ("personal-token-detail", PersonalTokenViewSet),
@@ -59,6 +61,7 @@ TEAM_PAGES = {
     ("dataset-records-page", dataset_views.dataset_records),
     ("dataset-upload-page", dataset_views.dataset_upload),
     ("team-page", team_views.team_page),
+    ("team-audit", team_views.audit_page),
     ("team-environments", environment_views.environment_list),
     ("environment-page", environment_views.environment_detail),
     ("environment-version-page", environment_views.version_detail),

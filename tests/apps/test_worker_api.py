@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.models import Checkpoint, Run, RunEvent, Sample
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 W = "/api/v1/worker"
 RUNS = "/api/v1/teams/acme/runs"
@@ -552,14 +552,15 @@ def test_too_many_events_is_413(worker, claimed, settings):
 def test_checkpoints_dedupe_by_step_and_uri(worker, running, member, qa):
     run, lease = running
     url = f"{W}/runs/{run.pk}/checkpoints"
-    body = {"step": 100, "uri": "s3://ckpt/run/100", "metrics": {"loss": 0.5}}
+    uri_100 = put_run_object(run, "checkpoints/step-100.tar")
+    body = {"step": 100, "uri": uri_100, "metrics": {"loss": 0.5}}
     first = worker.post(url, body, format="json", **lease)
     assert first.status_code == 201, first.content
     assert first.json()["step"] == 100 and first.json()["run"] == str(run.pk)
     same = worker.post(url, body, format="json", **lease)
     assert same.status_code == 200 and same.json()["id"] == first.json()["id"]
-    other = worker.post(url, {"step": 100, "uri": "s3://ckpt/run/100-b"}, format="json",
-                        **lease)
+    other = worker.post(url, {"step": 100, "uri": put_run_object(run, "checkpoints/b.tar")},
+                        format="json", **lease)
     assert other.status_code == 409 and other.json()["code"] == "conflict"
     assert Checkpoint.objects.filter(run=run).count() == 1
     assert RunEvent.objects.filter(run=run, kind="checkpoint").count() == 1
@@ -567,7 +568,8 @@ def test_checkpoints_dedupe_by_step_and_uri(worker, running, member, qa):
     huge = worker.post(url, {"step": 2**64, "uri": "x"}, format="json", **lease)
     assert huge.status_code == 400 and "step" in huge.json()["errors"]
 
-    worker.post(url, {"step": 50, "uri": "s3://ckpt/run/50"}, format="json", **lease)
+    worker.post(url, {"step": 50, "uri": put_run_object(run, "checkpoints/step-50.tar")},
+                format="json", **lease)
     listed = member.client.get(f"{RUNS}/{run.pk}/checkpoints").json()["results"]
     assert [c["step"] for c in listed] == [50, 100]
     assert listed[1]["metrics"] == {"loss": 0.5}
@@ -624,8 +626,7 @@ def test_samples_are_stored_and_listed(worker, running, member):
 def test_report_artifact_round_trip(worker, running, member, object_store):
     run, lease = running
     report = {"records": 5, "fields": {"prompt": {"distinct": 5}}, "note": "ünïcode"}
-    uri = object_store.put_bytes(f"reports/{run.pk}/profile.json",
-                                 json.dumps(report).encode())
+    uri = put_run_object(run, "profile.json", json.dumps(report).encode())
     assert member.client.get(f"{RUNS}/{run.pk}/report").status_code == 404
     r = worker.post(f"{W}/runs/{run.pk}/artifacts", {"kind": "report", "uri": uri},
                     format="json", **lease)

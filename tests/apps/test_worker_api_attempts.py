@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.models import Checkpoint, Run, RunEvent
-from tests.factories import DatasetFactory, make_run, make_version
+from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 from workers.client import CrucibleClient
 
 W = "/api/v1/worker"
@@ -116,14 +116,15 @@ def test_cancel_refuses_the_worker_and_keeps_checkpoints(worker, member, project
     run = make_run(project, qa)
     _, lease = claim(worker, run)
     worker.post(f"{W}/runs/{run.pk}/status", {"status": "running"}, format="json", **lease)
-    ckpt = worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 3, "uri": "s3://b/ckpt/3"},
+    uri_3 = put_run_object(run, "checkpoints/step-3.tar")
+    ckpt = worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 3, "uri": uri_3},
                        format="json", **lease)
     assert ckpt.status_code == 201
 
     assert member.client.post(f"{RUNS}/{run.pk}/cancel").json()["status"] == "canceled"
     for path, body in (("metrics", {"seq": 1, "points": [{"name": "x", "step": 4,
                                                           "value": 1}]}),
-                       ("checkpoints", {"step": 4, "uri": "s3://b/ckpt/4"}),
+                       ("checkpoints", {"step": 4, "uri": put_run_object(run, "c/4.tar")}),
                        ("heartbeat", None)):
         r = worker.post(f"{W}/runs/{run.pk}/{path}", body, format="json", **lease)
         assert r.status_code == 409 and r.json()["code"] == "run_not_active", path
@@ -136,7 +137,7 @@ def test_cancel_refuses_the_worker_and_keeps_checkpoints(worker, member, project
     # Resumed, the next worker is told where to continue from.
     member.client.post(f"{RUNS}/{run.pk}/resume")
     body, _ = claim(worker, run, worker_id="w2")
-    assert body["checkpoints"] == [{"step": 3, "uri": "s3://b/ckpt/3"}]
+    assert body["checkpoints"] == [{"step": 3, "uri": uri_3}]
 
 
 def test_claim_of_a_retry_carries_metric_watermarks(worker, project, qa):

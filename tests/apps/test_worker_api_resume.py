@@ -97,7 +97,7 @@ def test_checkpoints_go_to_the_store_and_a_retry_resumes_from_the_last(
         ("loss", 1)]
 
     rows = list(Checkpoint.objects.filter(run_id=run["id"]).order_by("step"))
-    prefix = f"{object_store.url}/runs/{run['id']}/checkpoints"
+    prefix = f"{object_store.url}/{session.run['object_prefix']}/checkpoints"
     assert [(c.step, c.uri, c.metrics) for c in rows] == [
         (2, f"{prefix}/step-000002.tar", {"loss": 0.5}),
         (4, f"{prefix}/step-000004.tar", {"loss": 0.25}),

@@ -10,14 +10,19 @@ from pathlib import Path
 import pytest
 
 from apps.core.actor import Actor
-from apps.core.storage import store
 from apps.environments import services
 from apps.runs import services as run_services
 from apps.runs.models import Run, RunStatus
 from apps.runs.validation import plan_run
 from apps.teams.models import Role
 from tests.apps.test_environment_pages import EVAL_REPORT, QC_REPORT
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.factories import (
+    MembershipFactory,
+    ProjectFactory,
+    TeamFactory,
+    UserFactory,
+    put_run_object,
+)
 
 pytestmark = pytest.mark.slow
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -43,21 +48,20 @@ def test_version_page_with_qc_and_eval_reports(asgi_server, browser):
                                                                     "k": [1, 4]},
                     name="tiny-moe base", base_model="preset", environment="sums@v1")
     run = run_services.create_run(actor=actor, team_id=team.pk, plan=plan)
-    uri = store().put_bytes(f"runs/{run.pk}/eval-report.json", json.dumps(EVAL_REPORT).encode())
+    uri = put_run_object(run, "eval-report.json", json.dumps(EVAL_REPORT).encode())
     Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, report_uri=uri)
     # A second evaluation, of a training run's checkpoint: its report names the checkpoint.
     from apps.runs.models import Checkpoint
     from tests.factories import make_train_run
 
     trained = make_train_run(project, name="sft-grpo-sums")
-    ckpt_uri = store().put_bytes(f"runs/{trained.pk}/checkpoints/final.tar", b"weights")
+    ckpt_uri = put_run_object(trained, "checkpoints/final.tar", b"weights")
     Checkpoint.objects.create(run=trained, team=team, step=5, uri=ckpt_uri)
     plan = plan_run(team=team, project="math", kind="eval", config={"samples_per_task": 4,
                                                                     "k": [1, 4]},
                     name="trained", base_model=f"run:{trained.pk}", environment="sums@v1")
     of_ckpt = run_services.create_run(actor=actor, team_id=team.pk, plan=plan)
-    uri2 = store().put_bytes(f"runs/{of_ckpt.pk}/eval-report.json",
-                             json.dumps(EVAL_REPORT).encode())
+    uri2 = put_run_object(of_ckpt, "eval-report.json", json.dumps(EVAL_REPORT).encode())
     Run.objects.filter(pk=of_ckpt.pk).update(status=RunStatus.SUCCEEDED, report_uri=uri2)
     # QC reported after that evaluation and blocked the version.
     services.record_qc_report(actor=Actor.system(), version=version, report=QC_REPORT,

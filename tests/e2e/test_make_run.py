@@ -45,7 +45,8 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
     assert "login: admin / " in out
     assert ": succeeded" in out
     assert (tmp_path / "var" / "crucible.sqlite3").exists()
-    assert any((tmp_path / "var" / "objects" / "reports").rglob("profile.json"))
+    # Each run writes under its own prefix, teams/<team id>/runs/<run id>/.
+    assert any((tmp_path / "var" / "objects" / "teams").glob("*/runs/*/profile.json"))
 
     # The pipeline demo, every stage through the API and the worker.
     assert re.search(r"\d+ verified records, \d+ rejected → review batch [0-9a-f-]{36}", out)

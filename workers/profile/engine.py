@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from workers.profile.spec import ProfileConfig
 from workers.profile.stats import Profile
-from workers.storage import ObjectStore
+from workers.storage import ObjectStore, run_key
 
 
 class Sink(Protocol):
@@ -71,7 +71,7 @@ def run_profile(
                              total=pinned["record_count"])
     report["dataset"] = {k: pinned[k] for k in ("dataset", "digest", "number")}
     body = json.dumps(report, indent=2, sort_keys=True).encode()
-    uri = store.put_bytes(f"reports/{run['id']}/profile.json", body)
+    uri = store.put_bytes(run_key(run, "profile.json"), body)
     sink.event(f"profile done: {report['records']} records, {len(report['fields'])} fields, "
                f"{report['duplicate_records']} duplicates", {"uri": uri})
     return report, uri
