@@ -53,7 +53,7 @@ DEMO_TRAIN = {
     "rollout": {"group_size": 8, "max_new_tokens": 3},
     "sft": {"steps": 120, "batch_size": 32},
     "trainer": {"steps": 60, "prompts_per_step": 8, "micro_batch_size": 32, "zero_stage": 0,
-                "lr": 5e-4, "eval_every": 10, "eval_samples": 4},
+                "lr": 5e-4, "eval_every": 10, "eval_samples": 8},
     "checkpoint": {"every": 0},
 }
 # The reviewed synthesis batch joins the SFT warm start: its records' expression and exact
