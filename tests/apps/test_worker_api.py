@@ -697,10 +697,9 @@ def test_metrics_columns_carry_wall_times_on_both_read_paths(worker, running, me
 
 
 def test_checkpoint_download_goes_through_the_api(worker, running, member, make_caller):
-    from apps.core.storage import store
 
     run, lease = running
-    uri = store().put_bytes(f"runs/{run.pk}/checkpoints/step-5.tar", b"weights")
+    uri = put_run_object(run, "checkpoints/step-5.tar", b"weights")
     r = worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 5, "uri": uri, "metrics": {}},
                     format="json", **lease)
     assert r.status_code in (200, 201), r.content
@@ -733,7 +732,7 @@ def test_checkpoint_download_on_s3_is_a_signed_redirect(worker, running, member,
         settings.OBJECT_STORE_URL = "s3://ckpts/crucible"
         store.cache_clear()
         run, lease = running
-        uri = store().put_bytes(f"runs/{run.pk}/checkpoints/final.tar", b"s3 weights")
+        uri = put_run_object(run, "checkpoints/final.tar", b"s3 weights")
         worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 9, "uri": uri, "metrics": {}},
                     format="json", **lease)
         got = member.client.get(f"{RUNS}/{run.pk}/checkpoints/9/download")

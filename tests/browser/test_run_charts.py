@@ -12,11 +12,16 @@ from pathlib import Path
 import pytest
 
 from apps.core.actor import Actor
-from apps.core.storage import store
 from apps.runs.models import Run
 from apps.teams.models import Role
 from apps.teams.services import worker_token_create
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.factories import (
+    MembershipFactory,
+    ProjectFactory,
+    TeamFactory,
+    UserFactory,
+    put_run_object,
+)
 from workers.client import CrucibleClient
 
 pytestmark = pytest.mark.slow
@@ -174,7 +179,7 @@ def test_run_page_charts_summary_and_live_header(asgi_server, browser, lab):
             f".dataset.points === '{STEPS + 1}'", timeout=WAIT)
         page.wait_for_function("() => document.getElementById('summary-progress')"
                                ".textContent.includes('step 50/50')", timeout=WAIT)
-        uri = store().put_bytes(f"runs/{run.pk}/checkpoints/final.tar", b"checkpoint bytes")
+        uri = put_run_object(run, "checkpoints/final.tar", b"checkpoint bytes")
         session.add_checkpoint(STEPS, uri, {"eval/reward_mean": 0.55, "loss": 1e-8,
                                             **{f"m{i}": i for i in range(50)}})
         session.set_status("succeeded")

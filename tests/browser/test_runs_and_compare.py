@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from apps.core.actor import Actor
-from apps.core.storage import store
 from apps.runs.models import Run
 from apps.teams.models import Role
 from apps.teams.services import worker_token_create
@@ -24,6 +23,7 @@ from tests.factories import (
     UserFactory,
     make_run,
     make_version,
+    put_run_object,
 )
 from workers.client import CrucibleClient
 
@@ -60,8 +60,7 @@ def seeded_runs(lab, asgi_server: str) -> list[Run]:  # noqa: ANN001
             session.set_status("running")
             session.log_metrics([{"name": "reward_mean", "step": s, "value": (i + 1) * s / 10,
                                   "wall_time": 1.7e9 + s} for s in range(10)])
-            uri = store().put_bytes(f"runs/{run.pk}/report.json",
-                                    json.dumps(reports[i]).encode())
+            uri = put_run_object(run, "report.json", json.dumps(reports[i]).encode())
             session.set_report(uri)
             session.set_status("succeeded")
     return runs
