@@ -102,11 +102,8 @@ def _ours(comm: str) -> bool:
     return comm == "perl" and gate.waiter_binary() is None  # the Perl waiter, where in use
 
 
-def sweep() -> int:
-    """Reap untracked zombie children the engine started (see _ours): set-up helpers a bwrap
-    had not reaped when it was killed, and status waiters whose bwrap died first. Only this
-    engine starts them in this process, and live Popens are skipped, so nothing another
-    component waits for is taken."""
+def _orphans() -> dict[int, str]:
+    """Untracked children of this process that the engine started (see _ours), by state."""
     me = os.getpid()
     children: set[int] = set()
     with contextlib.suppress(OSError):
@@ -115,34 +112,74 @@ def sweep() -> int:
                 children.update(int(p) for p in fh.read().split())
     with _tracked_lock:
         children -= _tracked
-    reaped = 0
+    found: dict[int, str] = {}
     for pid in children:
         try:
             with open(f"/proc/{pid}/stat") as fh:
                 comm, _, rest = fh.read().partition("(")[2].rpartition(")")
         except OSError:
             continue
-        if _ours(comm) and rest.split()[0] == "Z":
+        if _ours(comm):
+            found[pid] = rest.split()[0]
+    return found
+
+
+def sweep() -> int:
+    """Reap untracked zombie children the engine started (see _ours): set-up helpers a bwrap
+    had not reaped when it was killed, and status waiters whose bwrap died first. Only this
+    engine starts them in this process, and live Popens are skipped, so nothing another
+    component waits for is taken."""
+    reaped = 0
+    for pid, state in _orphans().items():
+        if state == "Z":
             with contextlib.suppress(ChildProcessError):
                 reaped += bool(os.waitpid(pid, os.WNOHANG)[0])
     return reaped
 
 
 _SWEEP_EVERY_S = 1.0
+_TRAILING_FOR_S = 60.0
 _last_sweep = [0.0]
+_last_request = [0.0]
+_trailing = [False]
 
 
 def _sweep_now_and_then() -> None:
     """Sweep at most once a second from teardown: listing every thread's children costs more
     than the rest of a teardown, and the zombies it looks for are rare; one that keeps a
-    cgroup from being removed is swept at once (Cgroup.remove's on_busy)."""
+    cgroup from being removed is swept at once (Cgroup.remove's on_busy). Trailing sweeps
+    follow the last teardown, so an orphan still dying when it ran (a waiter a killed bwrap
+    had just forked, dying of its parent-death signal) is not left a zombie."""
     now = time.monotonic()
     with _tracked_lock:
         due = now - _last_sweep[0] >= _SWEEP_EVERY_S
         if due:
             _last_sweep[0] = now
+        _last_request[0] = now
+        start_trailing = not _trailing[0]
+        _trailing[0] = True
     if due:
         sweep()
+    if start_trailing:
+        threading.Thread(target=_trailing_sweeps, name="sandbox-sweep", daemon=True).start()
+
+
+def _trailing_sweeps() -> None:
+    """Sweep once a second until a sweep at least a second after the last teardown finds no
+    orphan of ours left; give up on one that lingers _TRAILING_FOR_S (the next teardown
+    starts watching again)."""
+    while True:
+        time.sleep(_SWEEP_EVERY_S)
+        swept_at = time.monotonic()
+        with _tracked_lock:
+            _last_sweep[0] = swept_at
+        sweep()
+        left = _orphans()
+        with _tracked_lock:
+            since = swept_at - _last_request[0]
+            if (not left and since >= _SWEEP_EVERY_S) or since > _TRAILING_FOR_S:
+                _trailing[0] = False
+                return
 
 
 def reap(pids: set[int], timeout: float = 2.0) -> set[int]:
