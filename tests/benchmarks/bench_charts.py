@@ -73,6 +73,9 @@ def setup_django() -> None:
     VAR.mkdir(parents=True)
     os.environ["CRUCIBLE_VAR_DIR"] = str(VAR)
     os.environ["CRUCIBLE_MAX_DOWNSAMPLE_POINTS"] = str(max(POINTS, 5000))
+    # Writing 500,000 points through the service takes minutes on a loaded host: the fixture's
+    # lease must outlive it (nothing heartbeats here).
+    os.environ["CRUCIBLE_LEASE_SECONDS"] = "3600"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's loop shares this thread
     import django
