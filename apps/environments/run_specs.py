@@ -1,7 +1,7 @@
 """Config schemas of the run kinds around environments: ``qc``, ``eval`` and ``synthesize``.
 
 Pure pydantic composed from the engines' pure spec modules, so a launch is validated (errors
-naming the field) without importing an engine. The worker side (``workers/jobs.py``) reads
+naming the field) without importing an engine. The worker side (``workers/adapters/``) reads
 the same documents with the engines' own models.
 """
 

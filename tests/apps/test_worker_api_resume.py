@@ -20,10 +20,11 @@ from django.utils import timezone
 
 from apps.metrics.models import MetricPoint
 from apps.runs.models import Checkpoint, Run, RunEvent
-from workers import tasks
+from workers import adapters
+from workers.adapters import execute, retryable
+from workers.adapters.train import RlApiSink, environment_task, prepare_train
 from workers.client import CrucibleClient, LeaseLost
 from workers.profile.engine import Stopped
-from workers.tasks import RlApiSink, execute, prepare_train, retryable
 
 
 @pytest.fixture
@@ -97,7 +98,7 @@ def test_checkpoints_go_to_the_store_and_a_retry_resumes_from_the_last(
         ("loss", 1)]
 
     rows = list(Checkpoint.objects.filter(run_id=run["id"]).order_by("step"))
-    prefix = f"{object_store.url}/{session.run['object_prefix']}/checkpoints"
+    prefix = f"{object_store.url}/{session.run.object_prefix}/checkpoints"
     assert [(c.step, c.uri, c.metrics) for c in rows] == [
         (2, f"{prefix}/step-000002.tar", {"loss": 0.5}),
         (4, f"{prefix}/step-000004.tar", {"loss": 0.25}),
@@ -176,7 +177,7 @@ def test_execute_asks_for_a_retry_only_when_another_attempt_may_help(
         def engine(session) -> None:  # noqa: ANN001
             raise error
 
-        monkeypatch.setitem(tasks.ENGINES, "train", engine)
+        monkeypatch.setitem(adapters.ADAPTERS, "train", engine)
         run = launch(api)
         assert execute(pool, run["id"], "gpu", "w") == "failed"
         return Run.objects.get(pk=run["id"])
@@ -231,9 +232,9 @@ def test_pinned_environments_become_the_training_task_without_quarantined_tasks(
     env_services.record_qc(actor=system, version=versions[1], passed=True, report={})
     run = launch(api, environments=["add", "mul"])
     session = pool.claim("gpu", "w1", run_id=run["id"])
-    assert session.run["environments"][0]["quarantined_ids"] == ["1+1", "2+2"]
+    assert session.run.environments[0].quarantined_ids == ["1+1", "2+2"]
 
-    task = tasks.environment_task(session, object_store)
+    task = environment_task(session, object_store)
     ids = {e.meta["task_id"] for e in task.train + task.eval}
     assert not {"0:1+1", "0:2+2"} & ids and "0:1+2" in ids
     assert {e.meta["env"] for e in task.eval} == {"0", "1"}

@@ -1,0 +1,121 @@
+"""``eval`` runs: a policy (an endpoint, or a model served here) on the pinned environment
+version; report (JSON and HTML), mean reward and pass@k, per-task answers as samples."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from workers.adapters.common import (
+    SAMPLE_BATCH,
+    check_endpoint,
+    check_model_path,
+    dataset_resolver,
+    dump,
+    finite,
+    in_store,
+    log_metrics,
+    pinned_environment,
+    var_dir,
+)
+from workers.client import WorkerSession
+from workers.envs.spec import EndpointPolicySpec, EvalSpec
+from workers.protocol import PinnedEnvironment
+from workers.storage import ObjectStore, default_store, run_key
+
+EVAL_FIELDS = ("split", "samples_per_task", "k", "limit", "concurrency", "sampling")
+
+
+def model_dir(session: WorkerSession, env: PinnedEnvironment, store: ObjectStore,
+              scratch: Path, hold: contextlib.ExitStack) -> tuple[str, dict[str, Any]]:
+    """A local model folder for the run's ``model`` (preset, directory, or a checkpoint object
+    unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
+    the report names it."""
+    cfg = session.run.config
+    model = cfg.get("model") or {}
+    if model.get("source", "preset") == "preset":
+        from workers.rl.preset import preset_model_dir
+
+        folder = preset_model_dir(env.spec, model, cfg.get("tokenizer"),
+                                  dataset_resolver(env, store), scratch / "preset")
+        return str(folder), {"kind": "preset", "seed": model.get("seed", 0)}
+    path = str(model.get("path") or "")
+    if in_store(store, path):
+        from workers.model_cache import ModelCache
+
+        local = hold.enter_context(ModelCache(var_dir() / "models").use(store, path)) / "hf"
+        session.log_event(f"model {path} unpacked to {local}", kind="artifact")
+        return str(local), {"kind": "checkpoint", "uri": path}
+    check_model_path(path)
+    return path, {"kind": "path", "path": path}
+
+
+def run(session: WorkerSession) -> None:
+    """Evaluate, store the reports, and report metrics, samples and a closing event."""
+    from workers.envs.eval import EndpointPolicy, evaluate, render_html
+    from workers.envs.load import load_environment
+
+    store = default_store()
+    env = pinned_environment(session)
+    cfg = session.run.config
+    loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
+    params = {k: cfg[k] for k in EVAL_FIELDS if k in cfg}
+    # EvalSpec requires a policy; a checkpoint policy's endpoint exists only once it is served
+    # below, so the sampling fields are validated against a stand-in that is never called.
+    stand_in = {"kind": "endpoint", "base_url": "http://127.0.0.1", "model": "policy"}
+    spec = EvalSpec.model_validate({**params, "policy": cfg.get("policy") or stand_in})
+    kwargs: dict[str, Any] = {
+        "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
+        "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
+        "include_samples": True, "exclude": env.quarantined_ids}
+    if cfg.get("policy"):
+        check_endpoint(spec.policy.base_url)
+        named = {"kind": "endpoint", "base_url": spec.policy.base_url}
+        session.log_event(f"evaluating endpoint policy on {env.label}", data=named)
+        report = evaluate(loaded, EndpointPolicy(spec.policy), **kwargs)
+    else:
+        from workers.inference import start_server
+
+        with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
+                contextlib.ExitStack() as hold:
+            folder, named = model_dir(session, env, store, Path(tmp), hold)
+            with start_server(folder, name="policy",
+                              chat_format=cfg.get("chat_format", "auto")) as server:
+                # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
+                # RL engine trained), else its tokenizer's template, else plain lines.
+                named["chat_format"] = server.openai_app.policy.chat_format
+                session.log_event(f"evaluating {named['kind']} policy on {env.label} (served "
+                                  f"here, chat format {named['chat_format']})",
+                                  data={"policy": named})
+                endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
+                report = evaluate(loaded, EndpointPolicy(endpoint), **kwargs)
+    report["policy"]["source"] = named
+    prompts = {t.id: t.prompt for t in loaded.tasks}
+    samples = report.pop("samples", None) or []
+    uri = store.put_bytes(run_key(session.run, "eval-report.json"), dump(report))
+    store.put_bytes(run_key(session.run, "eval-report.html"), render_html(report).encode())
+    summary = report["summary"]
+    values: dict[str, Any] = {"eval/mean_reward": summary.get("mean_reward"),
+                              "eval/tasks": summary.get("tasks"),
+                              "eval/errors": summary.get("errors")}
+    for k, value in (summary.get("pass_at") or {}).items():
+        values[f"eval/pass@{k}"] = value
+    for name, comp in (report.get("components") or {}).items():
+        values[f"eval/{name}"] = comp.get("mean")
+    log_metrics(session, 0, values)
+    rows = [{"step": 0, "prompt": prompts.get(s["task_id"], s["task_id"]),
+             "completion": s.get("final_answer") or "",
+             "reward": s.get("reward"),
+             "reward_components": {k: float(v) for k, v in (s.get("components") or {}).items()
+                                   if isinstance(v, int | float) and math.isfinite(v)}}
+            for s in samples[:int(cfg.get("samples", 50))]]
+    for i in range(0, len(rows), SAMPLE_BATCH):
+        session.add_samples(finite(rows[i:i + SAMPLE_BATCH]))
+    passes = ", ".join(f"pass@{k}={v:.3f}" for k, v in (summary.get("pass_at") or {}).items()
+                       if isinstance(v, int | float))
+    session.log_event(f"eval done on {env.label}: mean reward "
+                      f"{summary.get('mean_reward')}, {passes}", data={"summary": summary})
+    session.set_report(uri)
