@@ -15,7 +15,7 @@ import httpx
 from workers.adapters import eval as eval_adapter
 from workers.adapters import profile, qc, synthesize, train
 from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
-from workers.profile.engine import Stopped
+from workers.reporting import Stopped
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from workers import egress
 from workers.client import WorkerSession
+from workers.model_cache import pack_checkpoint
 from workers.protocol import PinnedEnvironment
-from workers.storage import ObjectStore
+from workers.reporting import Stopped
+from workers.storage import ObjectStore, default_store, run_key
 
 SAMPLE_BATCH = 500  # samples per API call (the API takes at most MAX_SAMPLE_BATCH)
 
@@ -72,11 +75,77 @@ def finite_metrics(values: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def log_metrics(session: WorkerSession, step: int, values: dict[str, Any]) -> None:
-    """One metric batch of the finite values at ``step``; nothing when none is."""
-    points = [{"name": k, "step": step, "value": v} for k, v in finite_metrics(values).items()]
-    if points:
-        session.log_metrics(points)
+class ApiReporter:
+    """The engines' :class:`workers.reporting.Reporter` for a claimed run: every call goes to
+    the API. Non-finite values (a skipped NaN step) are left out of metric batches; events and
+    samples are made strict JSON. Checkpoints are packed into the object store
+    (``<run prefix>/checkpoints/<name>.tar``) so that any worker can resume the run or start
+    another run from them. Every call first checks whether the run was canceled or its lease
+    lost, and raises :class:`Stopped` if so, so an engine stops at its next report."""
+
+    def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
+                 scratch: Path | None = None, keep: int | None = None) -> None:
+        self.session = session
+        self.store = store or default_store()
+        self.scratch = scratch or Path(tempfile.gettempdir())
+        self.keep = keep  # checkpoint.keep, applied in the object store by the API
+        self.checkpoint_steps: set[int] = {c.step for c in session.run.checkpoints}
+
+    def should_stop(self) -> bool:
+        return self.session.should_stop
+
+    def _check(self) -> None:
+        if self.session.should_stop:
+            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self._check()
+        points = [{"name": k, "step": step, "value": v}
+                  for k, v in finite_metrics(metrics).items()]
+        if points:
+            self.session.log_metrics(points)
+
+    def event(self, level: str, message: str, data: dict[str, Any] | None = None, *,
+              kind: str = "log") -> None:
+        self._check()
+        level = level if level in ("debug", "info", "warning", "error") else "info"
+        self.session.log_event(json_safe(message), level=level, kind=kind,
+                               data=json_safe(data or {}))
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Rows are ``{"prompt", "completion", "reward"?, "reward_components"?}``."""
+        self._check()
+        for i in range(0, len(rows), SAMPLE_BATCH):
+            self.session.add_samples([{**json_safe(r), "step": step}
+                                      for r in rows[i:i + SAMPLE_BATCH]])
+
+    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
+        self._check()
+        if step in self.checkpoint_steps:
+            # The final export can land on the step of the last periodic checkpoint, which
+            # holds the same weights; the API keeps one checkpoint per step.
+            self.session.log_event(f"final model at step {step} is checkpoint {step}",
+                                   kind="artifact", data={"step": step})
+            return
+        path = Path(uri)
+        stored = self.upload(path)
+        # A periodic checkpoint (step-N/hf) carries the training state; the final export
+        # only the model. The API prunes periodic ones beyond `keep`, as the engine does on
+        # its local disk.
+        periodic = path.name == "hf"
+        self.session.add_checkpoint(step, stored, {k: v for k, v in metrics.items()
+                                                   if isinstance(v, int | float)
+                                                   and math.isfinite(v)},
+                                    resumable=periodic, keep=self.keep if periodic else None)
+        self.checkpoint_steps.add(step)
+
+    def upload(self, path: Path) -> str:
+        """The checkpoint as one tar object under the run's prefix (``step-N.tar`` for a
+        periodic one, ``final.tar`` for the export)."""
+        name = path.parent.name if path.name == "hf" else path.name
+        return pack_checkpoint(self.store, path,
+                               run_key(self.session.run, f"checkpoints/{name}.tar"),
+                               self.scratch)
 
 
 def pinned_environment(session: WorkerSession) -> PinnedEnvironment:

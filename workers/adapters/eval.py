@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from workers.adapters.common import (
-    SAMPLE_BATCH,
+    ApiReporter,
     check_endpoint,
     check_model_path,
     dataset_resolver,
     dump,
-    finite,
     in_store,
-    log_metrics,
     pinned_environment,
     var_dir,
 )
@@ -29,8 +27,9 @@ from workers.storage import ObjectStore, default_store, run_key
 EVAL_FIELDS = ("split", "samples_per_task", "k", "limit", "concurrency", "sampling")
 
 
-def model_dir(session: WorkerSession, env: PinnedEnvironment, store: ObjectStore,
-              scratch: Path, hold: contextlib.ExitStack) -> tuple[str, dict[str, Any]]:
+def model_dir(session: WorkerSession, reporter: ApiReporter, env: PinnedEnvironment,
+              store: ObjectStore, scratch: Path, hold: contextlib.ExitStack
+              ) -> tuple[str, dict[str, Any]]:
     """A local model folder for the run's ``model`` (preset, directory, or a checkpoint object
     unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
     the report names it."""
@@ -47,7 +46,7 @@ def model_dir(session: WorkerSession, env: PinnedEnvironment, store: ObjectStore
         from workers.model_cache import ModelCache
 
         local = hold.enter_context(ModelCache(var_dir() / "models").use(store, path)) / "hf"
-        session.log_event(f"model {path} unpacked to {local}", kind="artifact")
+        reporter.event("info", f"model {path} unpacked to {local}", kind="artifact")
         return str(local), {"kind": "checkpoint", "uri": path}
     check_model_path(path)
     return path, {"kind": "path", "path": path}
@@ -59,6 +58,7 @@ def run(session: WorkerSession) -> None:
     from workers.envs.load import load_environment
 
     store = default_store()
+    reporter = ApiReporter(session, store)
     env = pinned_environment(session)
     cfg = session.run.config
     loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
@@ -74,22 +74,22 @@ def run(session: WorkerSession) -> None:
     if cfg.get("policy"):
         check_endpoint(spec.policy.base_url)
         named = {"kind": "endpoint", "base_url": spec.policy.base_url}
-        session.log_event(f"evaluating endpoint policy on {env.label}", data=named)
+        reporter.event("info", f"evaluating endpoint policy on {env.label}", named)
         report = evaluate(loaded, EndpointPolicy(spec.policy), **kwargs)
     else:
         from workers.inference import start_server
 
         with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
                 contextlib.ExitStack() as hold:
-            folder, named = model_dir(session, env, store, Path(tmp), hold)
+            folder, named = model_dir(session, reporter, env, store, Path(tmp), hold)
             with start_server(folder, name="policy",
                               chat_format=cfg.get("chat_format", "auto")) as server:
                 # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
                 # RL engine trained), else its tokenizer's template, else plain lines.
                 named["chat_format"] = server.openai_app.policy.chat_format
-                session.log_event(f"evaluating {named['kind']} policy on {env.label} (served "
-                                  f"here, chat format {named['chat_format']})",
-                                  data={"policy": named})
+                reporter.event("info", f"evaluating {named['kind']} policy on {env.label} "
+                               f"(served here, chat format {named['chat_format']})",
+                               {"policy": named})
                 endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
                 report = evaluate(loaded, EndpointPolicy(endpoint), **kwargs)
     report["policy"]["source"] = named
@@ -105,17 +105,16 @@ def run(session: WorkerSession) -> None:
         values[f"eval/pass@{k}"] = value
     for name, comp in (report.get("components") or {}).items():
         values[f"eval/{name}"] = comp.get("mean")
-    log_metrics(session, 0, values)
-    rows = [{"step": 0, "prompt": prompts.get(s["task_id"], s["task_id"]),
+    reporter.log(0, values)
+    rows = [{"prompt": prompts.get(s["task_id"], s["task_id"]),
              "completion": s.get("final_answer") or "",
              "reward": s.get("reward"),
              "reward_components": {k: float(v) for k, v in (s.get("components") or {}).items()
                                    if isinstance(v, int | float) and math.isfinite(v)}}
             for s in samples[:int(cfg.get("samples", 50))]]
-    for i in range(0, len(rows), SAMPLE_BATCH):
-        session.add_samples(finite(rows[i:i + SAMPLE_BATCH]))
+    reporter.samples(0, rows)
     passes = ", ".join(f"pass@{k}={v:.3f}" for k, v in (summary.get("pass_at") or {}).items()
                        if isinstance(v, int | float))
-    session.log_event(f"eval done on {env.label}: mean reward "
-                      f"{summary.get('mean_reward')}, {passes}", data={"summary": summary})
+    reporter.event("info", f"eval done on {env.label}: mean reward "
+                   f"{summary.get('mean_reward')}, {passes}", {"summary": summary})
     session.set_report(uri)

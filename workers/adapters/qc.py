@@ -4,10 +4,10 @@ version's QC status through the API."""
 from __future__ import annotations
 
 from workers.adapters.common import (
+    ApiReporter,
     dataset_resolver,
     dump,
     finite,
-    log_metrics,
     pinned_environment,
 )
 from workers.client import WorkerSession
@@ -21,13 +21,14 @@ def run(session: WorkerSession) -> None:
     from workers.qc.run import run_qc_spec
 
     store = default_store()
+    reporter = ApiReporter(session, store)
     env = pinned_environment(session)
     qc = QcSpec.model_validate(session.run.config.get("qc") or {})
-    session.log_event(f"QC of {env.label} started", data={"config": qc.model_dump()})
+    reporter.event("info", f"QC of {env.label} started", {"config": qc.model_dump()})
     report = run_qc_spec(env.spec, qc, resolve_dataset=dataset_resolver(env, store))
     uri = store.put_bytes(run_key(session.run, "qc-report.json"), dump(report))
     summary = report.get("summary") or {}
-    log_metrics(session, 0, {
+    reporter.log(0, {
         "qc/tasks": summary.get("tasks"), "qc/quarantined": summary.get("quarantined"),
         "qc/quarantine_rate": summary.get("quarantine_rate"),
         "qc/passed": 1.0 if report.get("passed") else 0.0,
@@ -36,11 +37,11 @@ def run(session: WorkerSession) -> None:
     brief = {k: v for k, v in report.items() if k != "tasks"}
     result = session.report_qc(finite(brief), uri)
     if report.get("passed"):
-        session.log_event(f"QC passed: {env.label} is {result['qc_status']} "
-                          f"({summary.get('quarantined', 0)} of {summary.get('tasks', 0)} tasks "
-                          "quarantined)", data={"summary": summary})
+        reporter.event("info", f"QC passed: {env.label} is {result['qc_status']} "
+                       f"({summary.get('quarantined', 0)} of {summary.get('tasks', 0)} tasks "
+                       "quarantined)", {"summary": summary})
     else:
-        session.log_event(f"QC blocked {env.label}: "
-                          + "; ".join(report.get("block_reasons") or []),
-                          level="warning", data={"block_reasons": report.get("block_reasons")})
+        reporter.event("warning", f"QC blocked {env.label}: "
+                       + "; ".join(report.get("block_reasons") or []),
+                       {"block_reasons": report.get("block_reasons")})
     session.set_report(uri)

@@ -3,48 +3,20 @@ batch of ``config.dataset`` (accepted batches become that dataset's versions).""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-from workers.adapters.common import check_endpoint, dump, log_metrics
+from workers.adapters.common import ApiReporter, check_endpoint, dump
 from workers.client import WorkerSession
-from workers.profile.engine import Stopped
 from workers.protocol import BatchHandOver
 from workers.storage import default_store, run_key
 
 REVIEW_FIELDS = ("target_error_rate", "confidence", "sample_seed")
 
 
-class _Progress:
-    """Synthesis progress → ``items_done`` / ``items_total`` metrics, at most once a second
-    (and at the end); checks for cancellation on every report."""
-
-    def __init__(self, session: WorkerSession, total: int, every_s: float = 1.0) -> None:
-        self.session, self.total, self.every_s = session, total, every_s
-        self.stages: dict[str, int] = {}
-        self.step, self.last = 0, 0.0
-
-    def __call__(self, progress: Any) -> None:
-        if self.session.should_stop:
-            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
-        if progress.stage in ("math", "model", "code"):
-            self.stages[progress.stage] = progress.done
-        now = time.monotonic()
-        if progress.stage == "done" or now - self.last >= self.every_s:
-            self.flush()
-            self.last = now
-
-    def flush(self) -> None:
-        self.step += 1
-        log_metrics(self.session, self.step, {"items_done": sum(self.stages.values()),
-                                              "items_total": self.total})
-
-
 def run(session: WorkerSession) -> None:
     """Synthesize, store records and rejects, hand the batch over, store the run report."""
-    from workers.synthesis import parse_config, synthesize
+    from workers.synthesis import ItemProgress, parse_config, synthesize
 
     store = default_store()
+    reporter = ApiReporter(session, store)
     cfg = session.run.config
     config = parse_config(cfg["synthesis"])
     for generator in config.generators:
@@ -52,9 +24,9 @@ def run(session: WorkerSession) -> None:
         if endpoint is not None:
             check_endpoint(endpoint.base_url)
     total = sum(g.count for g in config.generators)
-    session.log_event(f"synthesis '{config.name}' started: {total} candidates planned",
-                      data={"config": config.public_dict()})
-    progress = _Progress(session, total)
+    reporter.event("info", f"synthesis '{config.name}' started: {total} candidates planned",
+                   {"config": config.public_dict()})
+    progress = ItemProgress(reporter, total)
     batch = synthesize(config, progress)
     progress.flush()
     key = run_key(session.run, "synthesis")
@@ -68,16 +40,16 @@ def run(session: WorkerSession) -> None:
         dataset=cfg["dataset"], records=batch.records, manifest=batch.manifest,
         name=cfg.get("batch_name") or config.name,
         **{k: review[k] for k in REVIEW_FIELDS if k in review}))
-    log_metrics(session, progress.step, {"accepted": len(batch.records),
-                                         "rejected": len(batch.rejected)})
+    reporter.log(progress.step, {"accepted": len(batch.records),
+                                 "rejected": len(batch.rejected)})
     report = {"schema": "crucible.synthesize-run/1", "batch": created.get("id"),
               "dataset": cfg["dataset"], "records": len(batch.records),
               "rejected": len(batch.rejected), "records_uri": records_uri,
               "rejected_uri": rejected_uri, "manifest": batch.manifest,
               "timings": batch.timings}
     uri = store.put_bytes(f"{key}/report.json", dump(report))
-    session.log_event(f"synthesis done: {len(batch.records)} of {batch.manifest['candidates']} "
-                      f"candidates verified; review batch {created.get('id')} for dataset "
-                      f"'{cfg['dataset']}'", kind="artifact",
-                      data={"batch": created.get("id"), "records_uri": records_uri})
+    reporter.event("info", f"synthesis done: {len(batch.records)} of "
+                   f"{batch.manifest['candidates']} candidates verified; review batch "
+                   f"{created.get('id')} for dataset '{cfg['dataset']}'",
+                   {"batch": created.get("id"), "records_uri": records_uri}, kind="artifact")
     session.set_report(uri)

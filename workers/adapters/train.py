@@ -5,94 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from workers.adapters.common import (
-    SAMPLE_BATCH,
+    ApiReporter,
     check_model_path,
     dataset_resolver,
     in_store,
-    json_safe,
     var_dir,
 )
 from workers.client import WorkerSession
-from workers.model_cache import ModelCache, fetch_tar, pack_checkpoint
-from workers.profile.engine import Stopped
+from workers.model_cache import ModelCache, fetch_tar
 from workers.rl.resume import local_folder, restore_phases, resume_point
-from workers.storage import ObjectStore, default_store, run_key
-
-
-class RlApiSink:
-    """RL engine sink → API: metrics per step, events, samples, and checkpoints, which it
-    packs into the object store (``runs/<id>/checkpoints/<name>.tar``) so that any worker
-    can resume the run or start another run from them. Non-finite values (a skipped NaN
-    step) are left out of the metric batch; the engine reports them as events. Every call
-    first checks whether the run was canceled or its lease lost, so the engine stops at the
-    next step."""
-
-    def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
-                 scratch: Path | None = None, keep: int | None = None) -> None:
-        self.session = session
-        self.store = store or default_store()
-        self.scratch = scratch or Path(tempfile.gettempdir())
-        self.keep = keep  # checkpoint.keep, applied in the object store by the API
-        self.checkpoint_steps: set[int] = {c.step for c in session.run.checkpoints}
-
-    def _check(self) -> None:
-        if self.session.should_stop:
-            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._check()
-        points = [{"name": k, "step": step, "value": float(v)} for k, v in metrics.items()
-                  if isinstance(v, int | float) and math.isfinite(v)]
-        if points:
-            self.session.log_metrics(points)
-
-    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
-        self._check()
-        level = level if level in ("debug", "info", "warning", "error") else "info"
-        self.session.log_event(json_safe(message), level=level, data=json_safe(data or {}))
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        """Rows are ``{"prompt", "completion", "reward"?, "reward_components"?}``."""
-        self._check()
-        for i in range(0, len(rows), SAMPLE_BATCH):
-            self.session.add_samples([{**json_safe(r), "step": step}
-                                      for r in rows[i:i + SAMPLE_BATCH]])
-
-    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
-        self._check()
-        if step in self.checkpoint_steps:
-            # The final export can land on the step of the last periodic checkpoint, which
-            # holds the same weights; the API keeps one checkpoint per step.
-            self.session.log_event(f"final model at step {step} is checkpoint {step}",
-                                   kind="artifact", data={"step": step})
-            return
-        path = Path(uri)
-        stored = self.upload(path)
-        # A periodic checkpoint (step-N/hf) carries the training state; the final export
-        # only the model. The API prunes periodic ones beyond `keep`, as the engine does on
-        # its local disk.
-        periodic = path.name == "hf"
-        self.session.add_checkpoint(step, stored, {k: v for k, v in metrics.items()
-                                                   if isinstance(v, int | float)
-                                                   and math.isfinite(v)},
-                                    resumable=periodic, keep=self.keep if periodic else None)
-        self.checkpoint_steps.add(step)
-
-    def upload(self, path: Path) -> str:
-        """The checkpoint as one tar object under the run's prefix (``step-N.tar`` for a
-        periodic one, ``final.tar`` for the export)."""
-        name = path.parent.name if path.name == "hf" else path.name
-        return pack_checkpoint(self.store, path,
-                               run_key(self.session.run, f"checkpoints/{name}.tar"),
-                               self.scratch)
+from workers.storage import ObjectStore, default_store
 
 
 def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
@@ -188,7 +116,7 @@ def run(session: WorkerSession) -> None:
             spec, resume = prepare_train(session, store, work, hold)
             task = environment_task(session, store)
             pinned = pinned_datasets(session, store, spec)
-            train(spec, RlApiSink(session, store, work / "upload", keep=spec.checkpoint.keep),
-                  resume=resume, task=task, pinned=pinned)
+            reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep)
+            train(spec, reporter, resume=resume, task=task, pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)

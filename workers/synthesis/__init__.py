@@ -11,7 +11,8 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "Batch": "pipeline", "Progress": "pipeline", "SynthesisError": "pipeline",
+    "Batch": "pipeline", "ItemProgress": "pipeline", "Progress": "pipeline",
+    "SynthesisError": "pipeline",
     "synthesize": "pipeline",
     "SynthesisConfig": "spec", "SpecError": "spec", "parse_config": "spec",
 }
