@@ -20,28 +20,26 @@ from workers.adapters.common import (
     var_dir,
 )
 from workers.client import WorkerSession
-from workers.envs.spec import EndpointPolicySpec, EvalSpec
+from workers.envs.spec import EndpointPolicySpec, EvalRunConfig
 from workers.protocol import PinnedEnvironment
+from workers.rl.spec import ModelSpec, TokenizerSpec
 from workers.storage import ObjectStore, default_store, run_key
 
-EVAL_FIELDS = ("split", "samples_per_task", "k", "limit", "concurrency", "sampling")
 
-
-def model_dir(session: WorkerSession, reporter: ApiReporter, env: PinnedEnvironment,
+def model_dir(cfg: EvalRunConfig, reporter: ApiReporter, env: PinnedEnvironment,
               store: ObjectStore, scratch: Path, hold: contextlib.ExitStack
               ) -> tuple[str, dict[str, Any]]:
     """A local model folder for the run's ``model`` (preset, directory, or a checkpoint object
     unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
     the report names it."""
-    cfg = session.run.config
-    model = cfg.get("model") or {}
-    if model.get("source", "preset") == "preset":
+    model = cfg.model or ModelSpec()
+    if model.source == "preset":
         from workers.rl.preset import preset_model_dir
 
-        folder = preset_model_dir(env.spec, model, cfg.get("tokenizer"),
+        folder = preset_model_dir(env.spec, model, cfg.tokenizer or TokenizerSpec(),
                                   dataset_resolver(env, store), scratch / "preset")
-        return str(folder), {"kind": "preset", "seed": model.get("seed", 0)}
-    path = str(model.get("path") or "")
+        return str(folder), {"kind": "preset", "seed": model.seed}
+    path = str(model.path or "")
     if in_store(store, path):
         from workers.model_cache import ModelCache
 
@@ -60,30 +58,22 @@ def run(session: WorkerSession) -> None:
     store = default_store()
     reporter = ApiReporter(session, store)
     env = pinned_environment(session)
-    cfg = session.run.config
+    cfg = EvalRunConfig.model_validate(session.run.config)
     loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
-    params = {k: cfg[k] for k in EVAL_FIELDS if k in cfg}
-    # EvalSpec requires a policy; a checkpoint policy's endpoint exists only once it is served
-    # below, so the sampling fields are validated against a stand-in that is never called.
-    stand_in = {"kind": "endpoint", "base_url": "http://127.0.0.1", "model": "policy"}
-    spec = EvalSpec.model_validate({**params, "policy": cfg.get("policy") or stand_in})
-    kwargs: dict[str, Any] = {
-        "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
-        "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
-        "include_samples": True, "exclude": env.quarantined_ids}
-    if cfg.get("policy"):
-        check_endpoint(spec.policy.base_url)
-        named = {"kind": "endpoint", "base_url": spec.policy.base_url}
+    kwargs: dict[str, Any] = {**cfg.evaluate_kwargs(), "include_samples": True,
+                              "exclude": env.quarantined_ids}
+    if cfg.policy is not None:
+        check_endpoint(cfg.policy.base_url)
+        named = {"kind": "endpoint", "base_url": cfg.policy.base_url}
         reporter.event("info", f"evaluating endpoint policy on {env.label}", named)
-        report = evaluate(loaded, EndpointPolicy(spec.policy), **kwargs)
+        report = evaluate(loaded, EndpointPolicy(cfg.policy), **kwargs)
     else:
         from workers.inference import start_server
 
         with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
                 contextlib.ExitStack() as hold:
-            folder, named = model_dir(session, reporter, env, store, Path(tmp), hold)
-            with start_server(folder, name="policy",
-                              chat_format=cfg.get("chat_format", "auto")) as server:
+            folder, named = model_dir(cfg, reporter, env, store, Path(tmp), hold)
+            with start_server(folder, name="policy", chat_format=cfg.chat_format) as server:
                 # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
                 # RL engine trained), else its tokenizer's template, else plain lines.
                 named["chat_format"] = server.openai_app.policy.chat_format
@@ -111,7 +101,7 @@ def run(session: WorkerSession) -> None:
              "reward": s.get("reward"),
              "reward_components": {k: float(v) for k, v in (s.get("components") or {}).items()
                                    if isinstance(v, int | float) and math.isfinite(v)}}
-            for s in samples[:int(cfg.get("samples", 50))]]
+            for s in samples[:cfg.samples]]
     reporter.samples(0, rows)
     passes = ", ".join(f"pass@{k}={v:.3f}" for k, v in (summary.get("pass_at") or {}).items()
                        if isinstance(v, int | float))

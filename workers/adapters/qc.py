@@ -11,7 +11,7 @@ from workers.adapters.common import (
     pinned_environment,
 )
 from workers.client import WorkerSession
-from workers.qc.spec import QcSpec
+from workers.qc.spec import QcRunConfig
 from workers.storage import default_store, run_key
 
 
@@ -23,7 +23,7 @@ def run(session: WorkerSession) -> None:
     store = default_store()
     reporter = ApiReporter(session, store)
     env = pinned_environment(session)
-    qc = QcSpec.model_validate(session.run.config.get("qc") or {})
+    qc = QcRunConfig.model_validate(session.run.config).qc
     reporter.event("info", f"QC of {env.label} started", {"config": qc.model_dump()})
     report = run_qc_spec(env.spec, qc, resolve_dataset=dataset_resolver(env, store))
     uri = store.put_bytes(run_key(session.run, "qc-report.json"), dump(report))

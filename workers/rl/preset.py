@@ -16,13 +16,10 @@ from workers.rl.spec import DEFAULT_VOCAB_SIZE, ModelSpec, SpecError, TokenizerS
 from workers.rl.tokenizer import train_bpe
 
 
-def preset_model_dir(env_spec: dict[str, Any], model: dict[str, Any],
-                     tokenizer: dict[str, Any] | None, resolve: Callable[[Any], Any],
-                     target: Path) -> Path:
+def preset_model_dir(env_spec: dict[str, Any], spec: ModelSpec, tok_spec: TokenizerSpec,
+                     resolve: Callable[[Any], Any], target: Path) -> Path:
     """Seeded random weights and a BPE tokenizer trained on the environment's tasks (what a
     train run on it starts from), saved under ``target``."""
-    spec = ModelSpec.model_validate(model)
-    tok_spec = TokenizerSpec.model_validate(tokenizer or {})
     if tok_spec.source != "train":
         raise SpecError("the preset model has no tokenizer of its own: tokenizer.source must "
                         "be 'train'")

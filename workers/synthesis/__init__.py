@@ -14,7 +14,8 @@ _EXPORTS = {
     "Batch": "pipeline", "ItemProgress": "pipeline", "Progress": "pipeline",
     "SynthesisError": "pipeline",
     "synthesize": "pipeline",
-    "SynthesisConfig": "spec", "SpecError": "spec", "parse_config": "spec",
+    "SynthesisConfig": "spec", "SynthesizeRunConfig": "spec", "SpecError": "spec",
+    "parse_config": "spec", "parse_run_config": "spec",
 }
 
 __all__ = sorted(_EXPORTS)
