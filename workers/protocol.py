@@ -21,7 +21,6 @@ PoolName = Literal["gpu", "sandbox", "cpu"]
 EventLevel = Literal["debug", "info", "warning", "error"]
 # Free text a person typed or an engine wrote: surrounding whitespace is not part of it.
 Text = Annotated[str, StringConstraints(strip_whitespace=True)]
-WORKER_STATUSES = ("running", "succeeded", "failed")
 
 
 class _Wire(BaseModel):
@@ -184,7 +183,7 @@ class SampleBatch(BaseModel):
 
 
 class ReportArtifact(BaseModel):
-    kind: Literal["report"] = "report"
+    kind: Literal["report"]
     uri: Text = Field(max_length=1000)
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import timedelta
+from typing import get_args
 
 import pytest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.metrics.models import MetricBatch, MetricPoint
-from apps.runs.models import Checkpoint, Run, RunEvent, Sample
+from apps.runs.models import Checkpoint, Pool, Run, RunEvent, Sample
 from tests.factories import DatasetFactory, make_run, make_version, put_run_object
+from workers.protocol import PoolName
 
 W = "/api/v1/worker"
 RUNS = "/api/v1/teams/acme/runs"
@@ -124,6 +126,11 @@ def test_claiming_an_unknown_run_is_204(worker, run):
 def test_claim_needs_a_valid_pool(worker, run):
     r = worker.post(f"{W}/claim", {"pool": "tpu", "worker_id": "w"}, format="json")
     assert r.status_code == 400 and "pool" in r.json()["errors"]
+
+
+def test_the_protocol_names_the_same_pools_as_the_run_model():
+    """workers.protocol cannot import the model; this keeps its pool names in step."""
+    assert set(get_args(PoolName)) == set(Pool.values)
 
 
 def test_worker_endpoints_need_a_worker_token(member, worker, run):
