@@ -10,8 +10,9 @@ from typing import Any
 
 from workers.profile.spec import ProfileConfig
 from workers.profile.stats import Profile
+from workers.protocol import DatasetPin
 from workers.reporting import Reporter, Stopped
-from workers.storage import ObjectStore, run_key
+from workers.storage import ObjectStore
 
 
 def profile_records(
@@ -47,20 +48,19 @@ def profile_records(
 
 
 def run_profile(
-    *, run: dict[str, Any], store: ObjectStore, sink: Reporter
+    *, config: ProfileConfig, pinned: DatasetPin, store: ObjectStore, key: str, sink: Reporter
 ) -> tuple[dict[str, Any], str]:
-    """Profile the run's pinned dataset; returns (report, report URI)."""
-    config = ProfileConfig.model_validate(run["config"])
-    alias = config.dataset or next(iter(run["datasets"]))
-    pinned = run["datasets"][alias]
-    sink.event("info", f"profiling {pinned['dataset']} v{pinned['number']} "
-               f"({pinned['record_count']} records)",
-               {"digest": pinned["digest"], "uri": pinned["uri"]})
-    report = profile_records(store.open_lines(pinned["uri"]), config, sink,
-                             total=pinned["record_count"])
-    report["dataset"] = {k: pinned[k] for k in ("dataset", "digest", "number")}
+    """Profile one pinned dataset version and store the report at ``key``; returns (report,
+    report URI)."""
+    sink.event("info", f"profiling {pinned.dataset} v{pinned.number} "
+               f"({pinned.record_count} records)",
+               {"digest": pinned.digest, "uri": pinned.uri})
+    report = profile_records(store.open_lines(pinned.uri), config, sink,
+                             total=pinned.record_count)
+    report["dataset"] = {"dataset": pinned.dataset, "digest": pinned.digest,
+                         "number": pinned.number}
     body = json.dumps(report, indent=2, sort_keys=True).encode()
-    uri = store.put_bytes(run_key(run, "profile.json"), body)
+    uri = store.put_bytes(key, body)
     sink.event("info", f"profile done: {report['records']} records, "
                f"{len(report['fields'])} fields, {report['duplicate_records']} duplicates",
                {"uri": uri})
