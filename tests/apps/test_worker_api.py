@@ -652,6 +652,21 @@ def test_report_artifact_round_trip(worker, running, member, object_store):
     assert bad.status_code == 400
 
 
+def test_a_bad_worker_document_names_the_field_as_the_protocol_nests_it(worker, running):
+    """Bodies are validated with workers.protocol; errors keep the one JSON shape."""
+    run, lease = running
+    r = worker.post(f"{W}/runs/{run.pk}/samples",
+                    {"samples": [{"step": 1, "prompt": "p", "completion": "c"},
+                                 {"step": 3, "completion": "no prompt"}]},
+                    format="json", **lease)
+    body = r.json()
+    assert r.status_code == 400 and body["code"] == "invalid"
+    assert list(body["errors"]) == ["samples[1].prompt"]
+    assert body["message"].startswith("samples[1].prompt: ")
+    r = worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 1}, format="json", **lease)
+    assert r.status_code == 400 and list(r.json()["errors"]) == ["uri"]
+
+
 def test_reports_need_the_lease(worker, running):
     run, _ = running
     r = worker.post(f"{W}/runs/{run.pk}/samples",
