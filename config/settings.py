@@ -288,11 +288,13 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.core.schema.add_error_responses",
+        "apps.core.schema.protocol_schemas",
     ],
     # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
     "ENUM_NAME_OVERRIDES": {
         "RunKindEnum": "apps.runs.models.RunKind",
         "TokenKindEnum": "apps.teams.models.TokenKind",
+        "PoolEnum": "apps.runs.models.Pool",
     },
 }
 

@@ -15,6 +15,7 @@ from apps.runs import services as run_services
 from apps.runs.models import Run
 from apps.runs.validation import plan_run
 from apps.teams.models import Membership, Role, Team
+from workers.protocol import ClaimedRun
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -93,13 +94,15 @@ def make_train_run(project: Project, **overrides: Any) -> Run:
     return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
 
 
-def put_run_object(run: Run | dict[str, Any], name: str, data: bytes = b"x") -> str:
+def put_run_object(run: Run | ClaimedRun | dict[str, Any], name: str, data: bytes = b"x") -> str:
     """Write ``data`` under the run's own object prefix (where a worker of that run writes)
     and return its URI: the only place the worker API accepts a run's reports from."""
     from apps.core.storage import store
     from apps.runs.objects import run_prefix
 
-    if isinstance(run, dict):
+    if isinstance(run, ClaimedRun):
+        prefix = run.object_prefix
+    elif isinstance(run, dict):
         prefix = run["object_prefix"]
     else:
         prefix = run_prefix(team_id=run.team_id, run_id=run.pk)

@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import orjson
 
+from workers.protocol import BatchHandOver, ClaimedRun
+
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
@@ -369,7 +371,21 @@ class CrucibleClient:
                             json={"pool": pool, "worker_id": worker_id, "run_id": run_id})
         if body is None:
             return None
-        return WorkerSession(self, body, worker_id)
+        return WorkerSession(self, ClaimedRun.model_validate(body), worker_id)
+
+    def start_execution(self, execution_id: str, worker_id: str) -> dict[str, Any]:
+        """Claim one sandboxed execution (its request, for the sandbox engine)."""
+        return self.request("POST", f"worker/executions/{execution_id}/start",
+                            headers={"X-Crucible-Worker": worker_id})
+
+    def finish_execution(self, execution_id: str, worker_id: str, body: dict[str, Any]) -> Any:
+        """Report an execution's ``{"result"}`` or ``{"error"}`` (retried: idempotent)."""
+        return self.request("POST", f"worker/executions/{execution_id}/result", json=body,
+                            headers={"X-Crucible-Worker": worker_id}, idempotent=True)
+
+    def sweep(self) -> list[str]:
+        """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""
+        return self.request("POST", "worker/sweep")["requeued"]
 
 
 def default_worker_id() -> str:
@@ -389,14 +405,14 @@ class WorkerSession:
     """
 
     client: CrucibleClient
-    run: dict[str, Any]
+    run: ClaimedRun
     worker_id: str
 
     def __post_init__(self) -> None:
-        self.run_id: str = self.run["id"]
-        self.lease_id: str = self.run["lease_id"]
-        self._metric_seq: int = int(self.run.get("metric_seq") or 0)
-        self._replayed: dict[str, int] = dict(self.run.get("metric_steps") or {})
+        self.run_id: str = self.run.id
+        self.lease_id: str = self.run.lease_id
+        self._metric_seq: int = self.run.metric_seq
+        self._replayed: dict[str, int] = dict(self.run.metric_steps)
         self.dropped_points = 0
         self._stop = threading.Event()
         self._lost = threading.Event()
@@ -418,7 +434,7 @@ class WorkerSession:
         """Beat in the background, by default three times per lease period."""
         if interval is None:
             interval = 15.0
-            expires = self.run.get("lease_expires_at")
+            expires = self.run.lease_expires_at
             if expires:
                 left = datetime.fromisoformat(expires) - datetime.now(UTC)
                 interval = max(0.5, min(30.0, left.total_seconds() / 3))
@@ -504,3 +520,12 @@ class WorkerSession:
 
     def set_report(self, uri: str) -> Any:
         return self._post("artifacts", {"kind": "report", "uri": uri}, idempotent=True)
+
+    def report_qc(self, report: dict[str, Any], uri: str) -> dict[str, Any]:
+        """A QC run's result (:class:`workers.protocol.QcReport`); the answer says the
+        version's QC status."""
+        return self._post("qc", {"report": report, "uri": uri}, idempotent=True)
+
+    def hand_over_batch(self, batch: BatchHandOver) -> dict[str, Any]:
+        """A synthesize run's records, to review as a batch of ``batch.dataset``."""
+        return self._post("batches", batch.model_dump(mode="json"), idempotent=True)

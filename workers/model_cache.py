@@ -54,6 +54,24 @@ def fetch_tar(store: ObjectStore, uri: str, target: Path) -> Path:
     return target
 
 
+def pack_checkpoint(store: ObjectStore, path: Path, key: str, scratch: Path) -> str:
+    """Pack a checkpoint into one tar object at ``key`` (the inverse of ``fetch_tar``). A
+    periodic checkpoint (``step-N/hf``) brings its whole folder (DeepSpeed state, RNG,
+    state.json: what a resume needs); the final export is a bare model folder, packed as
+    ``hf/``."""
+    periodic = path.name == "hf"
+    folder = path.parent if periodic else path
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=scratch, suffix=".tar") as tmp:
+        with tarfile.open(tmp.name, "w") as tar:
+            if periodic:
+                for child in sorted(folder.iterdir()):
+                    tar.add(child, arcname=child.name)
+            else:
+                tar.add(folder, arcname="hf")
+        return store.put_file(key, Path(tmp.name))
+
+
 def cache_budget_bytes() -> int:
     raw = os.environ.get("CRUCIBLE_MODEL_CACHE_GB", "").strip()
     try:

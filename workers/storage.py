@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from workers.protocol import ClaimedRun
+
 
 class ObjectStore(Protocol):
     url: str
@@ -188,11 +190,13 @@ def default_store() -> LocalStore | S3Store:
     return open_store(url)
 
 
-def run_key(run: Mapping[str, Any], name: str) -> str:
+def run_key(run: Mapping[str, Any] | ClaimedRun, name: str) -> str:
     """The key of an object a run writes: under the prefix the API hands the run at claim
     (``object_prefix``, ``teams/<team id>/runs/<run id>``), the only place the API accepts
     the run's reports from. A run document made outside the API (engine tests, the CLI)
     has no prefix and writes under ``runs/<id>``."""
+    if isinstance(run, ClaimedRun):
+        return f"{run.object_prefix}/{name}"
     prefix = run.get("object_prefix") or f"runs/{run['id']}"
     return f"{prefix}/{name}"
 

@@ -58,3 +58,36 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any,
                     body["headers"] = retry_after
                 responses[status] = body
     return result
+
+
+def _as_openapi_30(node: Any) -> Any:
+    """One JSON Schema 2020-12 node (what pydantic writes) in OpenAPI 3.0's dialect: an
+    ``anyOf`` with ``{"type": "null"}`` becomes ``nullable``, ``const`` a one-value enum."""
+    if isinstance(node, list):
+        return [_as_openapi_30(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _as_openapi_30(v) for k, v in node.items()}
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    options = node.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options:
+        rest = [o for o in options if o != {"type": "null"}]
+        del node["anyOf"]
+        if len(rest) == 1 and "$ref" not in rest[0]:
+            node = {**rest[0], **node}
+        else:
+            node["anyOf" if len(rest) > 1 else "allOf"] = rest
+        node["nullable"] = True
+    return node
+
+
+def protocol_schemas(result: dict[str, Any], generator: Any, request: Any,
+                     public: bool) -> dict[str, Any]:
+    """drf-spectacular POSTPROCESSING_HOOK: the worker protocol's models
+    (:mod:`workers.protocol`, documented from pydantic) in the document's OpenAPI 3.0.
+    Serializer components hold neither construct, so every component passes through."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for name, schema in schemas.items():
+        schemas[name] = _as_openapi_30(schema)
+    return result

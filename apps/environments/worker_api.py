@@ -4,32 +4,19 @@ the run's lease (workers hold no database access)."""
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core import limits
 from apps.core.exceptions import InvalidInput
+from apps.core.protocol import parse
 from apps.core.viewsets import WorkerViewSet
 from apps.environments import services
 from apps.runs.models import Run
 from apps.runs.objects import check_reported
 from apps.runs.selectors import run_for_worker
 from apps.runs.services import check_lease
-
-
-class QcReportSerializer(serializers.Serializer):
-    report = serializers.DictField(help_text="the QC engine's crucible.qc/1 report")
-
-    def validate_report(self, value: dict) -> dict:
-        return limits.check_json(value, field="report", limit=limits.REPORT_BYTES)
-    uri = serializers.CharField(max_length=1000, help_text="the full report in the object store")
-
-
-class QcResultSerializer(serializers.Serializer):
-    environment = serializers.CharField()
-    digest = serializers.CharField()
-    qc_status = serializers.CharField()
+from workers import protocol
 
 
 class WorkerQcViewSet(WorkerViewSet):
@@ -37,19 +24,18 @@ class WorkerQcViewSet(WorkerViewSet):
         return run_for_worker(team_id=self.principal.team_id, run=run,
                               related=("environment_version__environment",))
 
-    @extend_schema(request=QcReportSerializer, responses=QcResultSerializer)
+    @extend_schema(request=protocol.QcReport, responses=protocol.QcResult)
     def create(self, request: Request, run: str) -> Response:
         obj = self._run(run)
         check_lease(obj, self.lease_id)
         if obj.kind != "qc" or obj.environment_version is None:
             raise InvalidInput(f"Run {obj.pk} is not a QC run of an environment version.",
                                details={"run": [obj.kind]})
-        data = QcReportSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        check_reported(obj, data.validated_data["uri"])
+        body = parse(protocol.QcReport, request.data)
+        limits.check_json(body.report, field="report", limit=limits.REPORT_BYTES)
+        check_reported(obj, body.uri)
         version = services.record_qc_report(
-            actor=self.actor, version=obj.environment_version,
-            report=data.validated_data["report"], run_id=str(obj.pk),
-            report_uri=data.validated_data["uri"])
+            actor=self.actor, version=obj.environment_version, report=body.report,
+            run_id=str(obj.pk), report_uri=body.uri)
         return Response({"environment": version.environment.slug, "digest": version.digest,
                          "qc_status": version.qc_status})

@@ -8,46 +8,44 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
+from apps.core.protocol import parse
 from apps.core.viewsets import WorkerViewSet
 from apps.datasets.models import Dataset
 from apps.review import services
-from apps.review.api import BatchCreateSerializer, BatchSerializer
+from apps.review.api import BatchSerializer
 from apps.review.models import Batch
 from apps.review.selectors import with_counts
 from apps.runs.models import Run
 from apps.runs.selectors import run_for_worker
 from apps.runs.services import check_lease
-
-
-class WorkerBatchSerializer(BatchCreateSerializer):
-    run = None  # the run is the one in the URL
+from workers import protocol
 
 
 class WorkerBatchViewSet(WorkerViewSet):
     def _run(self, run: str) -> Run:
         return run_for_worker(team_id=self.principal.team_id, run=run, related=("team",))
 
-    @extend_schema(request=WorkerBatchSerializer, responses={201: BatchSerializer})
+    @extend_schema(request=protocol.BatchHandOver, responses={201: BatchSerializer})
     def create(self, request: Request, run: str) -> Response:
         obj = self._run(run)
         check_lease(obj, self.lease_id)
         return idempotent(request, lambda: self._create(request, obj))
 
     def _create(self, request: Request, run: Run) -> Response:
-        data = WorkerBatchSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
-        dataset = Dataset.objects.filter(team_id=run.team_id, slug=values["dataset"]).first()
+        body = parse(protocol.BatchHandOver, request.data)
+        limits.check_json(body.manifest, field="manifest", limit=limits.MANIFEST_BYTES)
+        dataset = Dataset.objects.filter(team_id=run.team_id, slug=body.dataset).first()
         if dataset is None:
-            raise InvalidInput(f"No dataset '{values['dataset']}' in the run's team.",
-                               details={"dataset": [values["dataset"]]})
+            raise InvalidInput(f"No dataset '{body.dataset}' in the run's team.",
+                               details={"dataset": [body.dataset]})
         batch = services.batch_create(
-            actor=self.actor, dataset=dataset, records=values["records"],
-            manifest=values["manifest"], trails=values["trails"], run=run,
-            name=values["name"], target_error_rate=values["target_error_rate"],
-            confidence=values["confidence"], sample_seed=values["sample_seed"],
+            actor=self.actor, dataset=dataset, records=body.records, manifest=body.manifest,
+            trails=body.trails, run=run, name=body.name,
+            target_error_rate=body.target_error_rate, confidence=body.confidence,
+            sample_seed=body.sample_seed,
         )
         batch = with_counts(Batch.objects.filter(pk=batch.pk)).get()
         return Response(BatchSerializer(batch).data, status=status.HTTP_201_CREATED)

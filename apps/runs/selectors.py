@@ -12,6 +12,7 @@ from apps.metrics.models import MetricBatch, MetricSeries
 from apps.runs import objects
 from apps.runs.models import Checkpoint, Run
 from apps.teams.models import Team
+from workers.protocol import ClaimedRun, PinnedEnvironment
 
 
 def runs_with_relations(queryset: QuerySet[Run]) -> QuerySet[Run]:
@@ -119,7 +120,7 @@ def _digests(value: Any) -> set[str]:
     return set()
 
 
-def _worker_environment(run: Run, version: EnvironmentVersion) -> dict[str, Any]:
+def _worker_environment(run: Run, version: EnvironmentVersion) -> PinnedEnvironment:
     """An environment version as a worker loads it: its spec, the object URIs of datasets
     the spec reads, and the task ids its QC report quarantined (left out of training)."""
     digests = _digests(version.spec)
@@ -127,33 +128,32 @@ def _worker_environment(run: Run, version: EnvironmentVersion) -> dict[str, Any]
                 .values_list("digest", "uri")) if digests else {}
     report = version.qc_report if isinstance(version.qc_report, dict) else {}
     quarantined = report.get("quarantined_ids")
-    return {"environment": version.environment.slug, "number": version.number,
-            "digest": version.digest, "spec": version.spec, "qc_status": version.qc_status,
-            "dataset_uris": uris,
-            "quarantined_ids": [str(i) for i in quarantined]
-            if isinstance(quarantined, list) else []}
+    return PinnedEnvironment(
+        environment=version.environment.slug, number=version.number, digest=version.digest,
+        spec=version.spec, qc_status=version.qc_status, dataset_uris=uris,
+        quarantined_ids=[str(i) for i in quarantined] if isinstance(quarantined, list) else [])
 
 
-def worker_view(run: Run) -> dict[str, Any]:
+def claimed_run(run: Run) -> ClaimedRun:
     """What a worker needs to execute a run: the frozen document plus object URIs."""
     ev = run.environment_version
     metric_seq, metric_steps = metric_watermarks(run)
     base = run.base_checkpoint
-    return {
-        "id": str(run.pk),
-        "team": run.team.slug,
-        "project": run.project.slug,
-        "kind": run.kind,
-        "status": run.status,
-        "pool": run.pool,
-        "attempt": run.attempt,
-        "max_attempts": run.max_attempts,
-        "config": run.config,
-        "lease_id": run.lease_id,
-        "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
+    return ClaimedRun(
+        id=str(run.pk),
+        team=run.team.slug,
+        project=run.project.slug,
+        kind=run.kind,
+        status=run.status,
+        pool=run.pool,
+        attempt=run.attempt,
+        max_attempts=run.max_attempts,
+        config=run.config,
+        lease_id=run.lease_id,
+        lease_expires_at=run.lease_expires_at.isoformat() if run.lease_expires_at else None,
         # Every object the run reports must lie under this key prefix of the object store.
-        "object_prefix": objects.prefix_of(run),
-        "datasets": {
+        object_prefix=objects.prefix_of(run),
+        datasets={
             pin.alias: {
                 "dataset": pin.dataset_version.dataset.slug,
                 "digest": pin.dataset_version.digest,
@@ -163,22 +163,27 @@ def worker_view(run: Run) -> dict[str, Any]:
             }
             for pin in run.pins.select_related("dataset_version__dataset")
         },
-        "environment": (
+        environment=(
             {"environment": ev.environment.slug, "digest": ev.digest, "spec": ev.spec}
             if ev else None
         ),
-        "environments": [
+        environments=[
             _worker_environment(run, pin.environment_version)
             for pin in run.environment_pins.select_related("environment_version__environment")
         ],
-        "base_checkpoint": (
+        base_checkpoint=(
             {"id": base.pk, "run": str(base.run_id), "step": base.step, "uri": base.uri}
             if base else None
         ),
-        "checkpoints": [
+        checkpoints=[
             {"step": c.step, "uri": c.uri}
             for c in run.checkpoints.filter(pruned_at__isnull=True).order_by("step")
         ],
-        "metric_seq": metric_seq,
-        "metric_steps": metric_steps,
-    }
+        metric_seq=metric_seq,
+        metric_steps=metric_steps,
+    )
+
+
+def worker_view(run: Run) -> dict[str, Any]:
+    """The claim as JSON (:class:`workers.protocol.ClaimedRun`)."""
+    return claimed_run(run).model_dump(mode="json")

@@ -1,7 +1,8 @@
 """Which config schema each run kind uses, and which pool runs it by default.
 
-Schemas come from the engines' pure ``spec`` modules (pydantic, no heavy imports), so the
-API rejects a bad config at creation, naming the field, instead of a worker failing later.
+Each kind's schema is owned by its engine's pure ``spec`` module (pydantic, no heavy imports),
+and the worker's adapter parses the run with the same class, so the API rejects a bad config
+at creation, naming the field, instead of a worker failing later.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from apps.environments.run_specs import EvalRunConfig, QcRunConfig, SynthesizeRunConfig
+from workers.envs.spec import EvalRunConfig
 from workers.profile.spec import ProfileConfig
+from workers.qc.spec import QcRunConfig
 from workers.rl.spec import RunSpec
+from workers.synthesis.spec import SynthesizeRunConfig
 
 # What QC status an environment version needs before a run of a kind may use it:
 # "passed" (training on it), "not_failed" (pending is fine, failed is refused), "any" (QC

@@ -9,78 +9,21 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
+from apps.core.protocol import parse
 from apps.core.viewsets import WorkerViewSet
 from apps.metrics import services as metric_services
 from apps.runs import selectors, services
-from apps.runs.models import Pool, Run
+from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
 from apps.sandbox import services as sandbox_services
-
-
-class ClaimSerializer(serializers.Serializer):
-    pool = serializers.ChoiceField(choices=Pool.choices)
-    worker_id = serializers.CharField(max_length=200)
-    run_id = serializers.UUIDField(required=False, allow_null=True, default=None)
-
-
-class StatusSerializer(serializers.Serializer):
-    status = serializers.CharField(max_length=32)
-    error = serializers.CharField(max_length=limits.MESSAGE, required=False, allow_blank=True,
-                                  default="")
-    # With status failed: the error may pass on another attempt; queue the run again if it
-    # has attempts left.
-    retry = serializers.BooleanField(required=False, default=False)
-
-
-MAX_STEP = 2**63 - 1  # steps are BIGINT columns
-
-
-class CheckpointCreateSerializer(serializers.Serializer):
-    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
-    uri = serializers.CharField(max_length=1000)
-    metrics = serializers.DictField(required=False, default=dict)
-    resumable = serializers.BooleanField(
-        required=False, default=False,
-        help_text="holds the training state a resume needs (a periodic checkpoint)")
-    keep = serializers.IntegerField(
-        required=False, allow_null=True, default=None, min_value=1, max_value=10_000,
-        help_text="then keep only the newest `keep` resumable checkpoints in the object store "
-                  "(and any that lineage points to); the rest are pruned")
-
-    def validate_metrics(self, value: dict) -> dict:
-        return limits.check_json(value, field="metrics", limit=limits.SMALL_JSON_BYTES)
-
-
-class SampleRowSerializer(serializers.Serializer):
-    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
-    prompt = serializers.CharField(allow_blank=True, trim_whitespace=False,
-                                   max_length=limits.SAMPLE_TEXT)
-    completion = serializers.CharField(allow_blank=True, trim_whitespace=False,
-                                       max_length=limits.SAMPLE_TEXT)
-    reward = serializers.FloatField(required=False, allow_null=True, default=None)
-    reward_components = serializers.DictField(child=serializers.FloatField(), required=False,
-                                              default=dict)
-    advantage = serializers.FloatField(required=False, allow_null=True, default=None)
-    weight_version = serializers.IntegerField(required=False, allow_null=True, default=None,
-                                              min_value=0, max_value=MAX_STEP)
-    finish_reason = serializers.CharField(required=False, allow_blank=True, default="",
-                                          max_length=32)
-
-    def validate_reward_components(self, value: dict) -> dict:
-        return limits.check_json(value, field="reward_components",
-                                 limit=limits.SMALL_JSON_BYTES)
-
-
-class ArtifactSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["report"])
-    uri = serializers.CharField(max_length=1000)
+from workers import protocol
 
 
 class WorkerRunViewSet(WorkerViewSet):
@@ -90,18 +33,17 @@ class WorkerRunViewSet(WorkerViewSet):
             related=("team", "project", "environment_version__environment") if related else (),
         )
 
-    @extend_schema(request=ClaimSerializer, responses={200: OpenApiTypes.OBJECT, 204: None})
+    @extend_schema(request=protocol.ClaimRequest,
+                   responses={200: protocol.ClaimedRun, 204: None})
     def claim(self, request: Request) -> Response:
-        data = ClaimSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
-        run = services.claim(actor=self.actor, pool=values["pool"], worker_id=values["worker_id"],
-                             team_id=self.principal.team_id, run_id=values["run_id"])
+        body = parse(protocol.ClaimRequest, request.data)
+        run = services.claim(actor=self.actor, pool=body.pool, worker_id=body.worker_id,
+                             team_id=self.principal.team_id, run_id=body.run_id)
         if run is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(selectors.worker_view(self._run(str(run.pk))))
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses=protocol.ClaimedRun)
     def retrieve(self, request: Request, run: str) -> Response:
         return Response(selectors.worker_view(self._run(run)))
 
@@ -110,18 +52,19 @@ class WorkerRunViewSet(WorkerViewSet):
         obj = services.heartbeat(run=self._run(run), lease_id=self.lease_id)
         return Response({"status": obj.status, "lease_expires_at": obj.lease_expires_at})
 
-    @extend_schema(request=StatusSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=protocol.StatusChange, responses=OpenApiTypes.OBJECT)
     def status(self, request: Request, run: str) -> Response:
-        data = StatusSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        body = parse(protocol.StatusChange, request.data)
+        limits.check_text(body.error, field="error", limit=limits.MESSAGE)
         obj = services.worker_transition(actor=self.actor, run=self._run(run),
-                                         lease_id=self.lease_id, to=data.validated_data["status"],
-                                         error=data.validated_data["error"],
-                                         retry=data.validated_data["retry"])
+                                         lease_id=self.lease_id, to=body.status,
+                                         error=body.error, retry=body.retry)
         return Response({"status": obj.status})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)
     def metrics(self, request: Request, run: str) -> Response:
+        """The metric service checks the points itself (the hot path: its messages name
+        ``points[i].field`` and it reads a 1000-point batch without building models)."""
         body = request.data if isinstance(request.data, dict) else {}
         if "seq" not in body or "points" not in body:
             raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]}.")
@@ -131,15 +74,16 @@ class WorkerRunViewSet(WorkerViewSet):
         )
         return Response({"stored": stored, "duplicate": duplicate})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=protocol.EventBatch, responses=OpenApiTypes.OBJECT)
     def events(self, request: Request, run: str) -> Response:
         body = request.data if isinstance(request.data, dict) else {}
-        rows = body.get("events")
-        if not isinstance(rows, list) or not rows:
+        raw = body.get("events")
+        if not isinstance(raw, list) or not raw:
             raise InvalidInput("An event batch is {\"events\": [{\"message\", \"level\"?, "
                                "\"data\"?}]}.")
-        if len(rows) > settings.CRUCIBLE["MAX_EVENT_BATCH"]:
+        if len(raw) > settings.CRUCIBLE["MAX_EVENT_BATCH"]:
             raise PayloadTooLarge(f"At most {settings.CRUCIBLE['MAX_EVENT_BATCH']} events a batch.")
+        rows = [e.model_dump() for e in parse(protocol.EventBatch, body).events]
         obj = self._run(run)
 
         def handler() -> Response:
@@ -148,17 +92,16 @@ class WorkerRunViewSet(WorkerViewSet):
 
         return idempotent(request, handler)
 
-    @extend_schema(request=CheckpointCreateSerializer, responses=CheckpointSerializer)
+    @extend_schema(request=protocol.CheckpointReport, responses=CheckpointSerializer)
     def checkpoints(self, request: Request, run: str) -> Response:
-        data = CheckpointCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        body = parse(protocol.CheckpointReport, request.data)
+        limits.check_json(body.metrics, field="metrics", limit=limits.SMALL_JSON_BYTES)
         ckpt, created = services.add_checkpoint(actor=self.actor, run=self._run(run),
-                                                lease_id=self.lease_id,
-                                                **data.validated_data)
+                                                lease_id=self.lease_id, **body.model_dump())
         return Response(CheckpointSerializer(ckpt).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(request=SampleRowSerializer(many=True), responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=protocol.SampleBatch, responses=OpenApiTypes.OBJECT)
     def samples(self, request: Request, run: str) -> Response:
         body = request.data if isinstance(request.data, dict) else {}
         rows = body.get("samples")
@@ -167,23 +110,28 @@ class WorkerRunViewSet(WorkerViewSet):
         if len(rows) > settings.CRUCIBLE["MAX_SAMPLE_BATCH"]:
             raise PayloadTooLarge(f"At most {settings.CRUCIBLE['MAX_SAMPLE_BATCH']} samples a "
                                   "batch.")
-        data = SampleRowSerializer(data=rows, many=True)
-        data.is_valid(raise_exception=True)
+        samples = [s.model_dump() for s in parse(protocol.SampleBatch, body).samples]
+        for i, sample in enumerate(samples):
+            for field in ("prompt", "completion"):
+                limits.check_text(sample[field], field=f"samples[{i}].{field}",
+                                  limit=limits.SAMPLE_TEXT)
+            limits.check_json(sample["reward_components"],
+                              field=f"samples[{i}].reward_components",
+                              limit=limits.SMALL_JSON_BYTES)
         obj = self._run(run)
 
         def handler() -> Response:
             count = services.add_samples(actor=self.actor, run=obj, lease_id=self.lease_id,
-                                         rows=list(data.validated_data))
+                                         rows=samples)
             return Response({"stored": count}, status=status.HTTP_201_CREATED)
 
         return idempotent(request, handler)
 
-    @extend_schema(request=ArtifactSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=protocol.ReportArtifact, responses=OpenApiTypes.OBJECT)
     def artifacts(self, request: Request, run: str) -> Response:
-        data = ArtifactSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        body = parse(protocol.ReportArtifact, request.data)
         obj = services.set_report(actor=self.actor, run=self._run(run), lease_id=self.lease_id,
-                                  uri=data.validated_data["uri"])
+                                  uri=body.uri)
         return Response({"report_uri": obj.report_uri})
 
 

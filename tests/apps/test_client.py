@@ -142,7 +142,7 @@ def test_worker_session_end_to_end(api, pool, qa, object_store):
     session = pool.claim("cpu", "w-client")
     assert isinstance(session, WorkerSession)
     assert session.run_id == run["id"]
-    assert session.run["datasets"]["qa"]["digest"] == qa["digest"]
+    assert session.run.datasets["qa"].digest == qa["digest"]
     assert session.headers["X-Crucible-Lease"] == session.lease_id
     assert pool.claim("cpu", "w-other") is None
 
@@ -208,7 +208,7 @@ def test_lease_lost_after_cancel(api, pool, qa):
 def test_lease_lost_on_a_wrong_lease_and_claim_conflict(api, pool, qa):
     run = api.launch_run("acme", project="main", kind="profile", datasets=["qa"], config={})
     session = pool.claim("cpu", "w1")
-    impostor = WorkerSession(pool, {**session.run, "lease_id": "forged"}, "w2")
+    impostor = WorkerSession(pool, session.run.model_copy(update={"lease_id": "forged"}), "w2")
     with pytest.raises(LeaseLost) as info:
         impostor.heartbeat()
     assert info.value.code == "lease_invalid"

@@ -10,9 +10,10 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 
-from workers import jobs
+from workers.adapters import eval as eval_adapter
+from workers.adapters.common import JobError
+from workers.adapters.train import prepare_train
 from workers.client import CrucibleClient
-from workers.tasks import prepare_train
 
 RUNS = "/api/v1/teams/acme/runs"
 ENVS = "/api/v1/teams/acme/environments"
@@ -140,7 +141,7 @@ def test_the_worker_refuses_a_model_path_its_own_roots_do_not_hold(
     run = api.launch_run("acme", project="main", kind="train", base_model=f"path:{model_dir}")
     session = pool.claim("gpu", "w1", run_id=run["id"])
     monkeypatch.delenv("CRUCIBLE_MODEL_PATH_ROOTS", raising=False)
-    with pytest.raises(jobs.JobError, match="CRUCIBLE_MODEL_PATH_ROOTS"):
+    with pytest.raises(JobError, match="CRUCIBLE_MODEL_PATH_ROOTS"):
         prepare_train(session, object_store, tmp_path / "work")
     # A symlink out of an allowed root is followed to where it really points.
     monkeypatch.setenv("CRUCIBLE_MODEL_PATH_ROOTS", str(tmp_path / "roots"))
@@ -162,5 +163,5 @@ def test_the_worker_refuses_an_endpoint_its_own_list_does_not_hold(
         "policy": {"kind": "endpoint", "base_url": "http://127.0.0.1:9/v1", "model": "m"}})
     session = pool.claim("cpu", "w1", run_id=run["id"])
     monkeypatch.setenv("CRUCIBLE_ENDPOINT_ALLOW", "::1/128")
-    with pytest.raises(jobs.JobError, match="CRUCIBLE_ENDPOINT_ALLOW"):
-        jobs.run_eval(session)
+    with pytest.raises(JobError, match="CRUCIBLE_ENDPOINT_ALLOW"):
+        eval_adapter.run(session)

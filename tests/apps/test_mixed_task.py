@@ -2,7 +2,7 @@
 
 from workers.envs.adapter import as_rl_task
 from workers.envs.load import load_environment
-from workers.tasks import MixedTask
+from workers.envs.mixed import MixedTask
 
 
 def test_mixed_task_plays_only_its_multi_turn_environment_as_episodes():

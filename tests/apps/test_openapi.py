@@ -55,6 +55,18 @@ def test_schema_json_is_a_valid_openapi_document(schema):
     assert {"get", "post"} <= set(paths["/api/v1/teams/{team}/runs/"])
 
 
+def test_schema_publishes_the_worker_protocol(schema):
+    """Every document of workers.protocol is a component, referenced by its endpoint."""
+    from workers.protocol import PROTOCOL_MODELS
+
+    components = schema["components"]["schemas"]
+    for model in PROTOCOL_MODELS:
+        assert {model.__name__, f"{model.__name__}Request"} & set(components), model.__name__
+    claim = schema["paths"]["/api/v1/worker/claim"]["post"]
+    assert claim["responses"]["200"]["content"]["application/json"]["schema"] == \
+        {"$ref": "#/components/schemas/ClaimedRun"}
+
+
 def test_schema_documents_every_routed_api_endpoint(schema):
     """A new endpoint that the schema generator cannot see (e.g. a plain function view)
     fails here rather than silently missing from the docs."""

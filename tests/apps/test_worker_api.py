@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import timedelta
+from typing import get_args
 
 import pytest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.metrics.models import MetricBatch, MetricPoint
-from apps.runs.models import Checkpoint, Run, RunEvent, Sample
+from apps.runs.models import Checkpoint, Pool, Run, RunEvent, Sample
 from tests.factories import DatasetFactory, make_run, make_version, put_run_object
+from workers.protocol import PoolName
 
 W = "/api/v1/worker"
 RUNS = "/api/v1/teams/acme/runs"
@@ -124,6 +126,11 @@ def test_claiming_an_unknown_run_is_204(worker, run):
 def test_claim_needs_a_valid_pool(worker, run):
     r = worker.post(f"{W}/claim", {"pool": "tpu", "worker_id": "w"}, format="json")
     assert r.status_code == 400 and "pool" in r.json()["errors"]
+
+
+def test_the_protocol_names_the_same_pools_as_the_run_model():
+    """workers.protocol cannot import the model; this keeps its pool names in step."""
+    assert set(get_args(PoolName)) == set(Pool.values)
 
 
 def test_worker_endpoints_need_a_worker_token(member, worker, run):
@@ -643,6 +650,21 @@ def test_report_artifact_round_trip(worker, running, member, object_store):
     bad = worker.post(f"{W}/runs/{run.pk}/artifacts", {"kind": "model", "uri": uri},
                       format="json", **lease)
     assert bad.status_code == 400
+
+
+def test_a_bad_worker_document_names_the_field_as_the_protocol_nests_it(worker, running):
+    """Bodies are validated with workers.protocol; errors keep the one JSON shape."""
+    run, lease = running
+    r = worker.post(f"{W}/runs/{run.pk}/samples",
+                    {"samples": [{"step": 1, "prompt": "p", "completion": "c"},
+                                 {"step": 3, "completion": "no prompt"}]},
+                    format="json", **lease)
+    body = r.json()
+    assert r.status_code == 400 and body["code"] == "invalid"
+    assert list(body["errors"]) == ["samples[1].prompt"]
+    assert body["message"].startswith("samples[1].prompt: ")
+    r = worker.post(f"{W}/runs/{run.pk}/checkpoints", {"step": 1}, format="json", **lease)
+    assert r.status_code == 400 and list(r.json()["errors"]) == ["uri"]
 
 
 def test_reports_need_the_lease(worker, running):

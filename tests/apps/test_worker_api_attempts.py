@@ -182,7 +182,7 @@ def test_a_replaying_session_continues_seqs_and_stores_no_point_twice(pool, proj
     first.log_metrics([{"name": "eval", "step": 0, "value": 0.1}])
     expire(run)
     second = pool.claim("cpu", "w2", run_id=str(run.pk))
-    assert second.run["attempt"] == 2
+    assert second.run.attempt == 2
     replay = second.log_metrics([{"name": "loss", "step": 5, "value": 9.0},
                                  {"name": "eval", "step": 5, "value": 0.2}])
     assert replay == {"stored": 1, "duplicate": False}  # eval@5 is new, loss@5 is not

@@ -20,10 +20,12 @@ from django.utils import timezone
 
 from apps.metrics.models import MetricPoint
 from apps.runs.models import Checkpoint, Run, RunEvent
-from workers import tasks
+from workers import adapters
+from workers.adapters import execute, retryable
+from workers.adapters.common import ApiReporter
+from workers.adapters.train import environment_task, prepare_train
 from workers.client import CrucibleClient, LeaseLost
-from workers.profile.engine import Stopped
-from workers.tasks import RlApiSink, execute, prepare_train, retryable
+from workers.reporting import Stopped
 
 
 @pytest.fixture
@@ -84,7 +86,7 @@ def test_checkpoints_go_to_the_store_and_a_retry_resumes_from_the_last(
     run = launch(api, config={"sft": {"steps": 2}, "checkpoint": {"every": 2}})
     session = pool.claim("gpu", "w1", run_id=run["id"])
     local = tmp_path / "engine"
-    sink = RlApiSink(session, object_store, tmp_path / "upload")
+    sink = ApiReporter(session, object_store, tmp_path / "upload")
     sink.log(1, {"loss": 0.5, "skipped": math.nan})
     sink.checkpoint(2, str(engine_checkpoint(local, 2)), {"loss": 0.5, "nan": math.nan})
     sink.checkpoint(4, str(engine_checkpoint(local, 4)), {"loss": 0.25})
@@ -97,7 +99,7 @@ def test_checkpoints_go_to_the_store_and_a_retry_resumes_from_the_last(
         ("loss", 1)]
 
     rows = list(Checkpoint.objects.filter(run_id=run["id"]).order_by("step"))
-    prefix = f"{object_store.url}/{session.run['object_prefix']}/checkpoints"
+    prefix = f"{object_store.url}/{session.run.object_prefix}/checkpoints"
     assert [(c.step, c.uri, c.metrics) for c in rows] == [
         (2, f"{prefix}/step-000002.tar", {"loss": 0.5}),
         (4, f"{prefix}/step-000004.tar", {"loss": 0.25}),
@@ -131,14 +133,14 @@ def test_checkpoints_go_to_the_store_and_a_retry_resumes_from_the_last(
         run_id=run["id"], message__startswith="attempt 2: resuming from the checkpoint at "
                                               "step 4").exists()
     # The new session knows every recorded step: the final export at 5 will not collide.
-    assert RlApiSink(again, object_store).checkpoint_steps == {2, 4, 5}
+    assert ApiReporter(again, object_store).checkpoint_steps == {2, 4, 5}
 
 
 def test_a_checkpoint_base_model_is_fetched_into_the_host_cache(
         pool, api, project, object_store, tmp_path, var_dir):
     parent = launch(api)
     session = pool.claim("gpu", "w1", run_id=parent["id"])
-    RlApiSink(session, object_store, tmp_path / "up").checkpoint(
+    ApiReporter(session, object_store, tmp_path / "up").checkpoint(
         3, str(engine_checkpoint(tmp_path / "engine", 3)), {})
     child = launch(api, base_model=f"run:{parent['id']}")
     claimed = pool.claim("gpu", "w2", run_id=child["id"])
@@ -160,7 +162,7 @@ def test_the_sink_stops_the_engine_once_the_run_is_canceled(pool, api, project,
                                                            object_store):
     run = launch(api)
     session = pool.claim("gpu", "w1", run_id=run["id"])
-    sink = RlApiSink(session, object_store)
+    sink = ApiReporter(session, object_store)
     sink.log(1, {"loss": 1.0})
     api.cancel_run("acme", run["id"])
     with pytest.raises(LeaseLost):  # the next report is refused...
@@ -176,7 +178,7 @@ def test_execute_asks_for_a_retry_only_when_another_attempt_may_help(
         def engine(session) -> None:  # noqa: ANN001
             raise error
 
-        monkeypatch.setitem(tasks.ENGINES, "train", engine)
+        monkeypatch.setitem(adapters.ADAPTERS, "train", engine)
         run = launch(api)
         assert execute(pool, run["id"], "gpu", "w") == "failed"
         return Run.objects.get(pk=run["id"])
@@ -231,9 +233,9 @@ def test_pinned_environments_become_the_training_task_without_quarantined_tasks(
     env_services.record_qc(actor=system, version=versions[1], passed=True, report={})
     run = launch(api, environments=["add", "mul"])
     session = pool.claim("gpu", "w1", run_id=run["id"])
-    assert session.run["environments"][0]["quarantined_ids"] == ["1+1", "2+2"]
+    assert session.run.environments[0].quarantined_ids == ["1+1", "2+2"]
 
-    task = tasks.environment_task(session, object_store)
+    task = environment_task(session, object_store)
     ids = {e.meta["task_id"] for e in task.train + task.eval}
     assert not {"0:1+1", "0:2+2"} & ids and "0:1+2" in ids
     assert {e.meta["env"] for e in task.eval} == {"0", "1"}

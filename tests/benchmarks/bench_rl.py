@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from workers.reporting import NullReporter
 from workers.rl.distributed import process_group
 from workers.rl.rollout import HFRollout
 from workers.rl.sinks import NullSink
@@ -83,19 +84,13 @@ def rl_spec(sft: Path, root: str, steps: int, eval_every: int, **trainer: Any) -
     return parse_spec(data)
 
 
-class ListSink:
+class ListSink(NullReporter):
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if "loss" in metrics:
             self.steps.append(metrics)
-
-    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
-        pass
-
-    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
-        pass
 
 
 def first_reaching(curve: dict[int, float], times: dict[int, float], threshold: float) -> float:

@@ -7,22 +7,23 @@ from typing import Any
 
 import pytest
 
-from workers.profile.engine import Stopped, profile_records
+from workers.profile.engine import profile_records
 from workers.profile.spec import ProfileConfig
 from workers.profile.stats import FieldStats, Profile, json_type
+from workers.reporting import NullReporter, Stopped
 
 
-class ListSink:
+class ListSink(NullReporter):
     def __init__(self, stop_after: int | None = None) -> None:
         self.metrics_calls: list[tuple[int, dict[str, float]]] = []
         self.events: list[tuple[str, dict[str, Any] | None]] = []
         self.stop_after = stop_after
         self.asked = 0
 
-    def metrics(self, step: int, values: dict[str, float]) -> None:
-        self.metrics_calls.append((step, values))
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.metrics_calls.append((step, metrics))
 
-    def event(self, message: str, data: dict[str, Any] | None = None) -> None:
+    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
         self.events.append((message, data))
 
     def should_stop(self) -> bool:

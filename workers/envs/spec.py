@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.envs.checker_params import WeightedParams, parse_params
-from workers.rl.spec import ArithmeticSpec
+from workers.rl.spec import ArithmeticSpec, ModelSpec, TokenizerSpec
 from workers.sandbox.spec import Limits
 
 SPEC_FORMAT = 1
@@ -341,8 +341,10 @@ class SamplingSpec(_Strict):
     seed: int | None = 0
 
 
-class EvalSpec(_Strict):
-    policy: Annotated[EndpointPolicySpec | CheckpointPolicySpec, Field(discriminator="kind")]
+class EvalParams(_Strict):
+    """How an evaluation samples and scores, whoever the policy is: the fields the engine's
+    ``evaluate`` takes."""
+
     split: Split = "eval"
     samples_per_task: Annotated[int, Field(ge=1, le=256)] = 1
     k: list[PosInt] = Field(default_factory=lambda: [1])
@@ -350,12 +352,60 @@ class EvalSpec(_Strict):
     concurrency: Annotated[int, Field(ge=1, le=256)] = 4
     sampling: SamplingSpec = SamplingSpec()
 
-    @model_validator(mode="after")
-    def _check(self) -> EvalSpec:
+    def _check_k(self) -> None:
         too_big = [k for k in self.k if k > self.samples_per_task]
         if too_big:
             raise ValueError(f"pass@k needs k <= samples_per_task ({self.samples_per_task}); "
                              f"got k={too_big}")
+
+    def evaluate_kwargs(self) -> dict[str, Any]:
+        """These fields as ``workers.envs.eval.evaluate`` keyword arguments."""
+        return {"split": self.split, "samples_per_task": self.samples_per_task, "k": self.k,
+                "sampling": self.sampling, "limit": self.limit,
+                "concurrency": self.concurrency}
+
+
+class EvalSpec(EvalParams):
+    """An evaluation outside the platform (the engine's CLI): the policy is an endpoint or a
+    checkpoint folder."""
+
+    policy: Annotated[EndpointPolicySpec | CheckpointPolicySpec, Field(discriminator="kind")]
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalSpec:
+        self._check_k()
+        return self
+
+
+class EvalRunConfig(EvalParams):
+    """An ``eval`` run's config: an evaluation of the run's one pinned environment version.
+
+    The policy is either ``policy`` (any OpenAI-compatible endpoint) or a model given at
+    launch as ``base_model`` (``preset``: the tiny MoE with a tokenizer trained on the
+    environment's tasks; ``run:<id>[@<step>]`` / ``checkpoint:<id>``: an earlier run's
+    checkpoint), which the launch writes into ``model`` and the worker serves with the
+    inference engine for the evaluation."""
+
+    policy: EndpointPolicySpec | None = None
+    model: ModelSpec | None = None
+    tokenizer: TokenizerSpec | None = None
+    samples: Annotated[int, Field(ge=0, le=10_000, description="per-task answers stored as "
+                                                               "run samples")] = 50
+    chat_format: Literal["auto", "template", "plain", "raw"] = Field(
+        "auto", description="how the served model sees the messages: its tokenizer's chat "
+                            "template, 'role: text' lines, or the raw prompt text the RL "
+                            "engine trains on; auto = the format the checkpoint records "
+                            "(prompt_format.json: raw for what Crucible trained), else the "
+                            "template if it has one, else plain. Endpoint policies apply "
+                            "their own.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalRunConfig:
+        if (self.policy is None) == (self.model is None):
+            raise ValueError("give exactly one policy: 'policy' (an endpoint) or a model "
+                             "(launch with base_model: 'preset', 'run:<id>' or "
+                             "'checkpoint:<id>')")
+        self._check_k()
         return self
 
 

@@ -1,32 +1,22 @@
 """Run a profile: stream a dataset version's records from the object store, compute
-statistics, report progress through a sink, and store the report as JSON."""
+statistics, report progress through a ``Reporter``, and store the report as JSON."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from workers.profile.spec import ProfileConfig
 from workers.profile.stats import Profile
-from workers.storage import ObjectStore, run_key
-
-
-class Sink(Protocol):
-    """Where progress goes: the API in a worker, a list in a test."""
-
-    def metrics(self, step: int, values: dict[str, float]) -> None: ...
-    def event(self, message: str, data: dict[str, Any] | None = None) -> None: ...
-    def should_stop(self) -> bool: ...
-
-
-class Stopped(Exception):
-    """The sink asked the engine to stop (run canceled or lease lost)."""
+from workers.protocol import DatasetPin
+from workers.reporting import Reporter, Stopped
+from workers.storage import ObjectStore
 
 
 def profile_records(
-    records: Iterable[bytes], config: ProfileConfig, sink: Sink, total: int | None = None
+    records: Iterable[bytes], config: ProfileConfig, sink: Reporter, total: int | None = None
 ) -> dict[str, Any]:
     profile = Profile()
     started = time.monotonic()
@@ -46,32 +36,32 @@ def profile_records(
             values = {"records_seen": float(seen), "records_per_s": seen / elapsed}
             if total:
                 values["progress"] = seen / total
-            sink.metrics(seen, values)
+            sink.log(seen, values)
     seen = profile.records + profile.invalid
     elapsed = max(time.monotonic() - started, 1e-9)
     final = {"records_seen": float(seen), "records_per_s": seen / elapsed, "progress": 1.0,
              "duplicate_records": float(profile.duplicate_records)}
-    sink.metrics(seen, final)
+    sink.log(seen, final)
     report = profile.report(config.top_values)
     report["elapsed_s"] = round(elapsed, 4)
     return report
 
 
 def run_profile(
-    *, run: dict[str, Any], store: ObjectStore, sink: Sink
+    *, config: ProfileConfig, pinned: DatasetPin, store: ObjectStore, key: str, sink: Reporter
 ) -> tuple[dict[str, Any], str]:
-    """Profile the run's pinned dataset; returns (report, report URI)."""
-    config = ProfileConfig.model_validate(run["config"])
-    alias = config.dataset or next(iter(run["datasets"]))
-    pinned = run["datasets"][alias]
-    sink.event(f"profiling {pinned['dataset']} v{pinned['number']} "
-               f"({pinned['record_count']} records)",
-               {"digest": pinned["digest"], "uri": pinned["uri"]})
-    report = profile_records(store.open_lines(pinned["uri"]), config, sink,
-                             total=pinned["record_count"])
-    report["dataset"] = {k: pinned[k] for k in ("dataset", "digest", "number")}
+    """Profile one pinned dataset version and store the report at ``key``; returns (report,
+    report URI)."""
+    sink.event("info", f"profiling {pinned.dataset} v{pinned.number} "
+               f"({pinned.record_count} records)",
+               {"digest": pinned.digest, "uri": pinned.uri})
+    report = profile_records(store.open_lines(pinned.uri), config, sink,
+                             total=pinned.record_count)
+    report["dataset"] = {"dataset": pinned.dataset, "digest": pinned.digest,
+                         "number": pinned.number}
     body = json.dumps(report, indent=2, sort_keys=True).encode()
-    uri = store.put_bytes(run_key(run, "profile.json"), body)
-    sink.event(f"profile done: {report['records']} records, {len(report['fields'])} fields, "
-               f"{report['duplicate_records']} duplicates", {"uri": uri})
+    uri = store.put_bytes(key, body)
+    sink.event("info", f"profile done: {report['records']} records, "
+               f"{len(report['fields'])} fields, {report['duplicate_records']} duplicates",
+               {"uri": uri})
     return report, uri

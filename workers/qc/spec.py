@@ -1,5 +1,5 @@
-"""Thresholds of a QC run: pure pydantic, so the control plane validates a launch without
-importing the engine."""
+"""A QC run's config and thresholds: pure pydantic, so the control plane validates a launch
+without importing the engine, and the worker's adapter reads the run with the same class."""
 
 from __future__ import annotations
 
@@ -39,3 +39,12 @@ class QcSpec(BaseModel):
     forgery_tasks: Annotated[int, Field(
         ge=0, le=100_000, description="tasks the forgeries are tried on (0: every task); the "
                                       "grader is usually shared, so a sample finds it")] = 12
+
+
+class QcRunConfig(BaseModel):
+    """A ``qc`` run's config: QC of the one pinned environment version; its report sets the
+    version's qc_status (passed, or failed with the block reasons)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    qc: QcSpec = QcSpec()

@@ -1,5 +1,6 @@
-"""Where a run reports to. The control plane adapts its API client to `MetricSink`; the engine
-ships a JSONL-file sink, a stdout sink and a fan-out. Only rank 0 reports."""
+"""The RL engine's own reporters (``workers.reporting.Reporter``): a JSONL file, stdout and a
+fan-out, for runs outside the platform; a worker passes its API reporter instead. Only rank 0
+reports; other ranks get a ``NullSink``."""
 
 from __future__ import annotations
 
@@ -8,23 +9,9 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import Any, TextIO
 
-
-@runtime_checkable
-class MetricSink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None: ...
-
-    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None: ...
-
-
-@runtime_checkable
-class SampleSink(Protocol):
-    """A sink that also takes RL samples (optional: the engine checks for it)."""
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+from workers.reporting import NullReporter, Reporter
 
 
 def _clean(value: Any) -> Any:
@@ -38,7 +25,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class JsonlSink:
+class JsonlSink(NullReporter):
     """Append-only JSON lines, flushed per record so a killed run loses nothing it reported."""
 
     def __init__(self, path: str | Path):
@@ -63,7 +50,7 @@ class JsonlSink:
         self._write({"kind": "samples", "step": step, "samples": rows})
 
 
-class StdoutSink:
+class StdoutSink(NullReporter):
     """One compact human-readable line per record."""
 
     KEYS = ("loss", "reward_mean", "kl", "entropy", "clip_frac", "lr")
@@ -88,7 +75,9 @@ class StdoutSink:
 
 
 class MultiSink:
-    def __init__(self, *sinks: MetricSink):
+    """Every call to each reporter; stop when any of them says so."""
+
+    def __init__(self, *sinks: Reporter):
         self.sinks = sinks
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -105,24 +94,14 @@ class MultiSink:
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         for s in self.sinks:
-            if isinstance(s, SampleSink):
-                s.samples(step, rows)
+            s.samples(step, rows)
+
+    def should_stop(self) -> bool:
+        return any(s.should_stop() for s in self.sinks)
 
 
-class NullSink:
+class NullSink(NullReporter):
     """For ranks other than 0."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
-        pass
-
-    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
-        pass
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        pass
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

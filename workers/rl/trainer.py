@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from workers import threads
+from workers.reporting import Reporter
 from workers.rl import advantages as adv_lib
 from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
@@ -54,7 +55,7 @@ from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.prompt_format import PromptFormat
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend, position_ids
 from workers.rl.samples import finish_reason, pick_samples, reports_at
-from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, NullSink, SampleSink, StdoutSink
+from workers.rl.sinks import JsonlSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import DEFAULT_VOCAB_SIZE, RunSpec, TrainerSpec
 from workers.rl.tasks import Example, Task
 from workers.rl.tasks.environment import task_from_spec
@@ -272,7 +273,7 @@ def forward_completion(module, batch: RolloutBatch, sl: slice, moe: bool, device
 
 class Run:
     def __init__(
-        self, spec: RunSpec, sink: MetricSink | None, task: Task | None, rank: int, world: int,
+        self, spec: RunSpec, sink: Reporter | None, task: Task | None, rank: int, world: int,
         pinned: PinnedData | None = None,
     ):
         self.spec, self.rank, self.world = spec, rank, world
@@ -300,7 +301,7 @@ class Run:
             if not torch.cuda.is_available():
                 raise VllmUnavailable(f"{INSTALL_HINT}; no CUDA device is visible")
         self.root = Path(spec.checkpoint.folder)
-        self.sink: MetricSink = (sink or default_sink(spec)) if rank == 0 else NullSink()
+        self.sink: Reporter = (sink or default_sink(spec)) if rank == 0 else NullSink()
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         )
@@ -570,8 +571,7 @@ class Run:
                         backend, tok)
                     t_evals += time.perf_counter() - t0
                 self.sink.log(done, metrics)
-                if self.rank == 0 and reports_at(spec.samples, done) and \
-                        isinstance(self.sink, SampleSink):
+                if self.rank == 0 and reports_at(spec.samples, done):
                     self.sink.samples(done, self.step_samples(sb, tok))
                 if spec.checkpoint.every and done % spec.checkpoint.every == 0 and not skipped:
                     cursor = sb.sampler_state["cursor"] * self.world
@@ -794,8 +794,8 @@ class Run:
         return out
 
 
-def default_sink(spec: RunSpec) -> MetricSink:
-    sinks: list[MetricSink] = []
+def default_sink(spec: RunSpec) -> Reporter:
+    sinks: list[Reporter] = []
     if spec.output.stdout:
         sinks.append(StdoutSink())
     if spec.output.metrics_jsonl:
@@ -804,7 +804,7 @@ def default_sink(spec: RunSpec) -> MetricSink:
 
 
 def train(
-    spec: RunSpec, sink: MetricSink | None = None, *, resume: bool = False,
+    spec: RunSpec, sink: Reporter | None = None, *, resume: bool = False,
     task: Task | None = None, pinned: PinnedData | None = None,
 ) -> RunResult:
     """Run (or resume) one training run. Callable from the CLI, torchrun or a Celery task.

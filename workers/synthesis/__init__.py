@@ -11,9 +11,11 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "Batch": "pipeline", "Progress": "pipeline", "SynthesisError": "pipeline",
+    "Batch": "pipeline", "ItemProgress": "pipeline", "Progress": "pipeline",
+    "SynthesisError": "pipeline",
     "synthesize": "pipeline",
-    "SynthesisConfig": "spec", "SpecError": "spec", "parse_config": "spec",
+    "SynthesisConfig": "spec", "SynthesizeRunConfig": "spec", "SpecError": "spec",
+    "parse_config": "spec", "parse_run_config": "spec",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,6 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.reporting import Reporter, Stopped
+
 from . import quality
 from .items import CodeTask, MathTask, Outcome, code_outcome, run_math_tasks
 from .records import derive_seed, record_uid, records_digest, to_jsonl
@@ -52,6 +54,36 @@ class Progress:
 
 
 ProgressCallback = Callable[[Progress], None]
+
+
+class ItemProgress:
+    """A progress callback that reports through a :class:`workers.reporting.Reporter`:
+    ``items_done`` / ``items_total`` metrics at most once every ``every_s`` seconds (and at
+    ``done``), and :class:`Stopped` as soon as the reporter says to stop. Dedup is not counted:
+    the generating stages are what the items are."""
+
+    STAGES = ("math", "model", "code")
+
+    def __init__(self, reporter: Reporter, total: int, every_s: float = 1.0) -> None:
+        self.reporter, self.total, self.every_s = reporter, total, every_s
+        self.stages: dict[str, int] = {}
+        self.step, self.last = 0, 0.0
+
+    def __call__(self, progress: Progress) -> None:
+        if self.reporter.should_stop():
+            raise Stopped("synthesis stopped: the run was canceled or its lease lost")
+        if progress.stage in self.STAGES:
+            self.stages[progress.stage] = progress.done
+        now = time.monotonic()
+        if progress.stage == "done" or now - self.last >= self.every_s:
+            self.flush()
+            self.last = now
+
+    def flush(self) -> None:
+        """One more metric point (a step per report), now."""
+        self.step += 1
+        self.reporter.log(self.step, {"items_done": sum(self.stages.values()),
+                                      "items_total": self.total})
 
 
 @dataclass

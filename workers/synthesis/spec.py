@@ -7,7 +7,7 @@ at creation without importing sympy, datasketch or the sandbox. Unknown fields a
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -31,6 +31,9 @@ PosInt = Annotated[int, Field(gt=0)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def _difficulties(values: list[int]) -> list[int]:
@@ -175,14 +178,53 @@ class SynthesisConfig(_Strict):
         return json.dumps(self.public_dict(), indent=2, sort_keys=True)
 
 
+class ReviewPlan(_Strict):
+    """How the review app spot-checks the batch (acceptance sampling)."""
+
+    target_error_rate: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
+    confidence: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
+    sample_seed: int | None = None
+
+
+class SynthesizeRunConfig(_Strict):
+    """A ``synthesize`` run's config: its verified records become a review batch for
+    ``dataset`` (a dataset of the run's team); accepted batches become that dataset's
+    versions."""
+
+    dataset: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")]
+    synthesis: SynthesisConfig
+    review: ReviewPlan = ReviewPlan()
+    batch_name: Annotated[str, Field(max_length=200)] = ""
+
+    @model_validator(mode="after")
+    def _no_keys(self) -> SynthesizeRunConfig:
+        # A run's config is stored and shown to the whole team: no secrets in it.
+        keyed = [i for i, g in enumerate(self.synthesis.generators)
+                 if getattr(getattr(g, "endpoint", None), "api_key", None)]
+        if keyed:
+            raise ValueError(f"synthesis.generators {keyed}: endpoint.api_key would be stored "
+                             "in the run's config, which the team can read; serve the model "
+                             "without a key (e.g. Crucible's inference server) instead")
+        return self
+
+
 class SpecError(ValueError):
     """Invalid synthesis config; the message names every offending field."""
 
 
-def parse_config(data: dict[str, Any]) -> SynthesisConfig:
+def _parse(model: type[_M], data: Any, what: str) -> _M:
     try:
-        return SynthesisConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         lines = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
                  for e in err.errors()]
-        raise SpecError("invalid synthesis config:\n  " + "\n  ".join(lines)) from None
+        raise SpecError(f"invalid {what}:\n  " + "\n  ".join(lines)) from None
+
+
+def parse_config(data: dict[str, Any]) -> SynthesisConfig:
+    return _parse(SynthesisConfig, data, "synthesis config")
+
+
+def parse_run_config(data: dict[str, Any]) -> SynthesizeRunConfig:
+    """A synthesize run's stored config, as the launch validated it."""
+    return _parse(SynthesizeRunConfig, data, "synthesize run config")

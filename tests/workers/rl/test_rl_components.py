@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from workers.reporting import Reporter
 from workers.rl.losses import token_logprobs
 from workers.rl.model import ModelDirError, build_policy, check_model_dir
 from workers.rl.rollout import HFRollout, cut_at_stop, position_ids, top_p_filter
-from workers.rl.sinks import JsonlSink, MetricSink, MultiSink, StdoutSink, read_jsonl
+from workers.rl.sinks import JsonlSink, MultiSink, StdoutSink, read_jsonl
 from workers.rl.spec import ArithmeticSpec, ModelSpec, RolloutSpec
 from workers.rl.tasks import Example, build_task, exact_match
 
@@ -115,7 +116,7 @@ def test_sinks(tmp_path):
     path = tmp_path / "m.jsonl"
     out = io.StringIO()
     sink = MultiSink(JsonlSink(path), StdoutSink(out))
-    assert isinstance(sink, MetricSink)
+    assert isinstance(sink, Reporter)
     sink.log(1, {"loss": 0.5, "reward_mean": math.nan})
     sink.event("warning", "step skipped", {"step": 1})
     sink.checkpoint(2, "file:///x", {"loss": 0.4})

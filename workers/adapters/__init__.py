@@ -1,0 +1,82 @@
+"""Run adapters, one module per run kind: claimed run -> engine call -> reports.
+
+``execute`` claims a run through the API, hands it to its kind's adapter and reports the
+final status; a failure another attempt may cure asks the API to queue the run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+
+import httpx
+
+from workers.adapters import eval as eval_adapter
+from workers.adapters import profile, qc, synthesize, train
+from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
+from workers.reporting import Stopped
+
+log = logging.getLogger(__name__)
+
+ADAPTERS: dict[str, Callable[[WorkerSession], None]] = {
+    "profile": profile.run, "train": train.run,
+    "qc": qc.run, "eval": eval_adapter.run, "synthesize": synthesize.run,
+}
+
+# Errors another attempt would meet again: a bad config or model folder, a run that
+# diverged, a file (a checkpoint object) that is not there.
+FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed", "FileNotFoundError",
+                "PinnedDataError"}
+TRANSIENT_ERRORS = (OSError, MemoryError, RuntimeError, TimeoutError, ApiError,
+                    httpx.TransportError)
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed attempt is worth another: an exception may say so itself
+    (``retryable``); known deterministic errors are final (matched by name so this module
+    need not import the engines); lost resources and I/O are transient; anything else (a
+    bug: TypeError, KeyError...) is final."""
+    flag = getattr(exc, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    if any(cls.__name__ in FINAL_ERRORS for cls in type(exc).__mro__):
+        return False
+    return isinstance(exc, TRANSIENT_ERRORS)
+
+
+def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None) -> str:
+    """Claim ``run_id`` and run it to a final status. Returns what happened, for logs."""
+    worker_id = worker_id or default_worker_id()
+    try:
+        session = client.claim(pool, worker_id, run_id=run_id)
+    except ApiError as exc:
+        # 409: already claimed (a duplicate delivery) or canceled; 404: gone.
+        log.info("run %s not claimed: %s", run_id, exc)
+        return f"skipped: {exc.code}"
+    if session is None:
+        return "skipped: nothing to claim"
+    adapter = ADAPTERS.get(session.run.kind)
+    session.start_heartbeat()
+    try:
+        if adapter is None:
+            session.set_status("failed", f"This worker has no engine for runs of kind "
+                                         f"'{session.run.kind}'.")
+            return "failed: no engine"
+        session.set_status("running")
+        adapter(session)
+        session.set_status("succeeded")
+        return "succeeded"
+    except (LeaseLost, Stopped) as exc:
+        log.warning("run %s stopped: %s", run_id, exc)
+        return "stopped"
+    except Exception as exc:
+        log.exception("run %s failed", run_id)
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        try:
+            session.set_status("failed", detail, retry=retryable(exc))
+        except ApiError:
+            log.exception("could not report failure of run %s", run_id)
+        return "failed"
+    finally:
+        session.stop_heartbeat()

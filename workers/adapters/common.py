@@ -1,0 +1,190 @@
+"""What every run adapter shares: the run's pinned inputs read from the object store, the
+worker's own egress checks, and strict-JSON reporting helpers. No database, no Django."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from workers import egress
+from workers.client import WorkerSession
+from workers.model_cache import pack_checkpoint
+from workers.protocol import PinnedEnvironment
+from workers.reporting import Stopped
+from workers.storage import ObjectStore, default_store, run_key
+
+SAMPLE_BATCH = 500  # samples per API call (the API takes at most MAX_SAMPLE_BATCH)
+
+
+class JobError(ValueError):
+    """A run document this adapter cannot execute (another attempt would fail the same way)."""
+
+    retryable = False
+
+
+def var_dir() -> Path:
+    """The host's scratch and cache root (``CRUCIBLE_VAR_DIR``, else ``var/`` in the checkout)."""
+    return Path(os.environ.get("CRUCIBLE_VAR_DIR") or Path(__file__).resolve().parents[2] / "var")
+
+
+def in_store(store: ObjectStore, uri: str | None) -> bool:
+    """Whether ``uri`` names an object of this store (an earlier run's checkpoint)."""
+    return bool(uri) and str(uri).startswith(store.url + "/")
+
+
+def json_safe(value: Any) -> Any:
+    """Strict JSON: NaN and infinities become null, unknown objects their str(), NUL
+    characters U+FFFD (PostgreSQL cannot store NUL; a model may well emit one)."""
+    if isinstance(value, dict):
+        return {json_safe(str(k)): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if value is None or isinstance(value, int | bool):
+        return value
+    return json_safe(str(value))
+
+
+def finite(value: Any) -> Any:
+    """Strict JSON for engine reports: NaN and infinities become null, the rest as given."""
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dump(value: Any) -> bytes:
+    """A report object as stored: sorted keys, UTF-8, strict JSON."""
+    return json.dumps(finite(value), sort_keys=True, ensure_ascii=False).encode()
+
+
+def finite_metrics(values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers among ``values`` (a skipped NaN step is reported as an event)."""
+    return {k: float(v) for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class ApiReporter:
+    """The engines' :class:`workers.reporting.Reporter` for a claimed run: every call goes to
+    the API. Non-finite values (a skipped NaN step) are left out of metric batches; events and
+    samples are made strict JSON. Checkpoints are packed into the object store
+    (``<run prefix>/checkpoints/<name>.tar``) so that any worker can resume the run or start
+    another run from them. Every call first checks whether the run was canceled or its lease
+    lost, and raises :class:`Stopped` if so, so an engine stops at its next report."""
+
+    def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
+                 scratch: Path | None = None, keep: int | None = None) -> None:
+        self.session = session
+        self.store = store or default_store()
+        self.scratch = scratch or Path(tempfile.gettempdir())
+        self.keep = keep  # checkpoint.keep, applied in the object store by the API
+        self.checkpoint_steps: set[int] = {c.step for c in session.run.checkpoints}
+
+    def should_stop(self) -> bool:
+        return self.session.should_stop
+
+    def _check(self) -> None:
+        if self.session.should_stop:
+            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self._check()
+        points = [{"name": k, "step": step, "value": v}
+                  for k, v in finite_metrics(metrics).items()]
+        if points:
+            self.session.log_metrics(points)
+
+    def event(self, level: str, message: str, data: dict[str, Any] | None = None, *,
+              kind: str = "log") -> None:
+        self._check()
+        level = level if level in ("debug", "info", "warning", "error") else "info"
+        self.session.log_event(json_safe(message), level=level, kind=kind,
+                               data=json_safe(data or {}))
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Rows are ``{"prompt", "completion", "reward"?, "reward_components"?}``."""
+        self._check()
+        for i in range(0, len(rows), SAMPLE_BATCH):
+            self.session.add_samples([{**json_safe(r), "step": step}
+                                      for r in rows[i:i + SAMPLE_BATCH]])
+
+    def checkpoint(self, step: int, uri: str, metrics: dict[str, float]) -> None:
+        self._check()
+        if step in self.checkpoint_steps:
+            # The final export can land on the step of the last periodic checkpoint, which
+            # holds the same weights; the API keeps one checkpoint per step.
+            self.session.log_event(f"final model at step {step} is checkpoint {step}",
+                                   kind="artifact", data={"step": step})
+            return
+        path = Path(uri)
+        stored = self.upload(path)
+        # A periodic checkpoint (step-N/hf) carries the training state; the final export
+        # only the model. The API prunes periodic ones beyond `keep`, as the engine does on
+        # its local disk.
+        periodic = path.name == "hf"
+        self.session.add_checkpoint(step, stored, {k: v for k, v in metrics.items()
+                                                   if isinstance(v, int | float)
+                                                   and math.isfinite(v)},
+                                    resumable=periodic, keep=self.keep if periodic else None)
+        self.checkpoint_steps.add(step)
+
+    def upload(self, path: Path) -> str:
+        """The checkpoint as one tar object under the run's prefix (``step-N.tar`` for a
+        periodic one, ``final.tar`` for the export)."""
+        name = path.parent.name if path.name == "hf" else path.name
+        return pack_checkpoint(self.store, path,
+                               run_key(self.session.run, f"checkpoints/{name}.tar"),
+                               self.scratch)
+
+
+def pinned_environment(session: WorkerSession) -> PinnedEnvironment:
+    """The run's one pinned environment version (qc, eval)."""
+    pinned = session.run.environments
+    if len(pinned) != 1:
+        raise JobError(f"a {session.run.kind} run pins exactly one environment version; "
+                       f"this one pins {len(pinned)}")
+    return pinned[0]
+
+
+def dataset_resolver(env: PinnedEnvironment, store: ObjectStore
+                     ) -> Callable[[Any], Iterator[dict[str, Any]]]:
+    """``resolve_dataset`` for an environment whose tasks live in a dataset version: the
+    records from the object-store URI the API listed for its digest."""
+    uris = env.dataset_uris
+
+    def records(ref: Any) -> Iterator[dict[str, Any]]:
+        uri = uris.get(ref.digest)
+        if uri is None:
+            raise FileNotFoundError(f"environment dataset {ref.dataset} v{ref.version} "
+                                    f"({ref.digest[:12]}) is not among the team's datasets")
+        return (json.loads(line) for line in store.open_lines(uri) if line.strip())
+
+    return records
+
+
+def check_endpoint(url: str) -> None:
+    """This worker's CRUCIBLE_ENDPOINT_ALLOW, with the host resolved, right before use."""
+    try:
+        egress.endpoint_allow_from_env().check(url, resolve=True)
+    except egress.EgressRefused as exc:
+        raise JobError(str(exc)) from exc
+
+
+def check_model_path(path: str) -> None:
+    """The launch checked the path against the web's allow-list; this worker's own
+    CRUCIBLE_MODEL_PATH_ROOTS decides what it reads (symlinks resolved here)."""
+    try:
+        egress.check_model_path(path, egress.model_roots_from_env())
+    except egress.EgressRefused as exc:
+        raise JobError(str(exc)) from exc

@@ -1,0 +1,110 @@
+"""``eval`` runs: a policy (an endpoint, or a model served here) on the pinned environment
+version; report (JSON and HTML), mean reward and pass@k, per-task answers as samples."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from workers.adapters.common import (
+    ApiReporter,
+    check_endpoint,
+    check_model_path,
+    dataset_resolver,
+    dump,
+    in_store,
+    pinned_environment,
+    var_dir,
+)
+from workers.client import WorkerSession
+from workers.envs.spec import EndpointPolicySpec, EvalRunConfig
+from workers.protocol import PinnedEnvironment
+from workers.rl.spec import ModelSpec, TokenizerSpec
+from workers.storage import ObjectStore, default_store, run_key
+
+
+def model_dir(cfg: EvalRunConfig, reporter: ApiReporter, env: PinnedEnvironment,
+              store: ObjectStore, scratch: Path, hold: contextlib.ExitStack
+              ) -> tuple[str, dict[str, Any]]:
+    """A local model folder for the run's ``model`` (preset, directory, or a checkpoint object
+    unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
+    the report names it."""
+    model = cfg.model or ModelSpec()
+    if model.source == "preset":
+        from workers.rl.preset import preset_model_dir
+
+        folder = preset_model_dir(env.spec, model, cfg.tokenizer or TokenizerSpec(),
+                                  dataset_resolver(env, store), scratch / "preset")
+        return str(folder), {"kind": "preset", "seed": model.seed}
+    path = str(model.path or "")
+    if in_store(store, path):
+        from workers.model_cache import ModelCache
+
+        local = hold.enter_context(ModelCache(var_dir() / "models").use(store, path)) / "hf"
+        reporter.event("info", f"model {path} unpacked to {local}", kind="artifact")
+        return str(local), {"kind": "checkpoint", "uri": path}
+    check_model_path(path)
+    return path, {"kind": "path", "path": path}
+
+
+def run(session: WorkerSession) -> None:
+    """Evaluate, store the reports, and report metrics, samples and a closing event."""
+    from workers.envs.eval import EndpointPolicy, evaluate, render_html
+    from workers.envs.load import load_environment
+
+    store = default_store()
+    reporter = ApiReporter(session, store)
+    env = pinned_environment(session)
+    cfg = EvalRunConfig.model_validate(session.run.config)
+    loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
+    kwargs: dict[str, Any] = {**cfg.evaluate_kwargs(), "include_samples": True,
+                              "exclude": env.quarantined_ids}
+    if cfg.policy is not None:
+        check_endpoint(cfg.policy.base_url)
+        named = {"kind": "endpoint", "base_url": cfg.policy.base_url}
+        reporter.event("info", f"evaluating endpoint policy on {env.label}", named)
+        report = evaluate(loaded, EndpointPolicy(cfg.policy), **kwargs)
+    else:
+        from workers.inference import start_server
+
+        with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
+                contextlib.ExitStack() as hold:
+            folder, named = model_dir(cfg, reporter, env, store, Path(tmp), hold)
+            with start_server(folder, name="policy", chat_format=cfg.chat_format) as server:
+                # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
+                # RL engine trained), else its tokenizer's template, else plain lines.
+                named["chat_format"] = server.openai_app.policy.chat_format
+                reporter.event("info", f"evaluating {named['kind']} policy on {env.label} "
+                               f"(served here, chat format {named['chat_format']})",
+                               {"policy": named})
+                endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
+                report = evaluate(loaded, EndpointPolicy(endpoint), **kwargs)
+    report["policy"]["source"] = named
+    prompts = {t.id: t.prompt for t in loaded.tasks}
+    samples = report.pop("samples", None) or []
+    uri = store.put_bytes(run_key(session.run, "eval-report.json"), dump(report))
+    store.put_bytes(run_key(session.run, "eval-report.html"), render_html(report).encode())
+    summary = report["summary"]
+    values: dict[str, Any] = {"eval/mean_reward": summary.get("mean_reward"),
+                              "eval/tasks": summary.get("tasks"),
+                              "eval/errors": summary.get("errors")}
+    for k, value in (summary.get("pass_at") or {}).items():
+        values[f"eval/pass@{k}"] = value
+    for name, comp in (report.get("components") or {}).items():
+        values[f"eval/{name}"] = comp.get("mean")
+    reporter.log(0, values)
+    rows = [{"prompt": prompts.get(s["task_id"], s["task_id"]),
+             "completion": s.get("final_answer") or "",
+             "reward": s.get("reward"),
+             "reward_components": {k: float(v) for k, v in (s.get("components") or {}).items()
+                                   if isinstance(v, int | float) and math.isfinite(v)}}
+            for s in samples[:cfg.samples]]
+    reporter.samples(0, rows)
+    passes = ", ".join(f"pass@{k}={v:.3f}" for k, v in (summary.get("pass_at") or {}).items()
+                       if isinstance(v, int | float))
+    reporter.event("info", f"eval done on {env.label}: mean reward "
+                   f"{summary.get('mean_reward')}, {passes}", {"summary": summary})
+    session.set_report(uri)

@@ -1,0 +1,122 @@
+"""``train`` runs: the RL engine in this worker process (a world of one), resumed from the
+run's last recorded checkpoint when an earlier attempt was lost."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workers.adapters.common import (
+    ApiReporter,
+    check_model_path,
+    dataset_resolver,
+    in_store,
+    var_dir,
+)
+from workers.client import WorkerSession
+from workers.model_cache import ModelCache, fetch_tar
+from workers.rl.resume import local_folder, restore_phases, resume_point
+from workers.storage import ObjectStore, default_store
+
+
+def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
+                  hold: contextlib.ExitStack | None = None) -> tuple[Any, bool]:
+    """The engine's spec for this attempt, with local paths, and whether to resume.
+
+    The checkpoint folder is new for every attempt; a retried attempt unpacks the run's last
+    recorded checkpoint from the object store into it, so any worker, on any host, resumes
+    where the lost one last checkpointed. A base model given as an object-store URI (an
+    earlier run's checkpoint) is unpacked into the host's model cache, where ``hold`` keeps
+    it from being pruned until the attempt ends.
+    """
+    from workers.rl.spec import parse_spec
+
+    spec = parse_spec(session.run.config)
+    root = work / "checkpoints"
+    model = spec.model
+    if model.source == "path" and in_store(store, model.path):
+        hold = hold if hold is not None else contextlib.ExitStack()
+        cached = ModelCache(var_dir() / "models").use(store, str(model.path))
+        local = hold.enter_context(cached) / "hf"
+        session.log_event(f"base model {model.path} unpacked to {local}", kind="artifact")
+        model = model.model_copy(update={"path": str(local)})
+    elif model.source == "path":
+        check_model_path(str(model.path))
+    spec = spec.model_copy(update={
+        "model": model,
+        "checkpoint": spec.checkpoint.model_copy(update={"dir": str(root)}),
+    })
+    last = resume_point(session.run.checkpoints)
+    if last is None:
+        return spec, False
+    folder = fetch_tar(store, last.uri, local_folder(root, last))
+    restore_phases(spec, root, folder)
+    session.log_event(f"attempt {session.run.attempt}: resuming from the checkpoint at "
+                      f"step {last.step} ({last.uri})",
+                      data={"step": last.step, "uri": last.uri})
+    return spec, True
+
+
+def environment_task(session: WorkerSession, store: ObjectStore) -> Any:
+    """The RL task made of the run's pinned environment versions (QC-quarantined tasks left
+    out), or None when it pins none and the engine uses the task in its config."""
+    pinned = session.run.environments
+    if not pinned:
+        return None
+    from workers.envs.adapter import as_rl_task
+    from workers.envs.load import load_environment
+    from workers.envs.mixed import MixedTask
+
+    tasks = []
+    for env in pinned:
+        loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
+        tasks.append(as_rl_task(loaded, quarantined=env.quarantined_ids))
+        session.log_event(f"environment {env.environment} v{env.number}: "
+                          f"{len(tasks[-1].train)} train / {len(tasks[-1].eval)} eval tasks, "
+                          f"{len(env.quarantined_ids)} quarantined by QC")
+    if len(tasks) == 1:
+        return tasks[0]
+    return MixedTask(tasks, [f"{e.environment}@v{e.number}" for e in pinned])
+
+
+def pinned_datasets(session: WorkerSession, store: ObjectStore, spec: Any) -> Any:
+    """The run's pinned dataset versions as SFT / preference pairs (workers.rl.pinned_data),
+    read line by line from the object store."""
+    from workers.rl.pinned_data import load_pinned
+
+    def records(uri: str) -> Iterator[dict[str, Any]]:
+        return (json.loads(line) for line in store.open_lines(uri) if line.strip())
+
+    data = load_pinned({pin.label: records(pin.uri) for pin in session.run.datasets.values()},
+                       prompt_template=spec.sft.prompt_template,
+                       completion_template=spec.sft.completion_template)
+    for label, (role, count) in data.sources.items():
+        session.log_event(f"dataset {label}: {count} {role} records for the warm start",
+                          data={"dataset": label, "role": role, "records": count})
+    return data
+
+
+def run(session: WorkerSession) -> None:
+    """Train in a scratch folder ``var/runs/<id>/attempt-<n>`` that is removed afterwards:
+    what must outlive the attempt is in the object store and the API."""
+    from workers.rl.trainer import train
+
+    store = default_store()
+    base = var_dir() / "runs" / session.run_id
+    work = base / f"attempt-{session.run.attempt}"
+    if base.is_dir():  # leftovers of attempts that died on this host
+        for old in base.iterdir():
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        with contextlib.ExitStack() as hold:
+            spec, resume = prepare_train(session, store, work, hold)
+            task = environment_task(session, store)
+            pinned = pinned_datasets(session, store, spec)
+            reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep)
+            train(spec, reporter, resume=resume, task=task, pinned=pinned)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""Several pinned environments trained as one RL task (a run that pins more than one)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class MixedTask:
+    """Several environments as one RL task: their examples side by side, each completion
+    scored by the environment it came from. Reward components are named
+    ``<environment>/<component>`` and are 0 for the other environments' examples."""
+
+    def __init__(self, tasks: list[Any], names: list[str]) -> None:
+        self.tasks, self.names = tasks, names
+        self.train = [self._tag(e, i) for i, t in enumerate(tasks) for e in t.train]
+        self.eval = [self._tag(e, i) for i, t in enumerate(tasks) for e in t.eval]
+        self.components = [f"{names[i]}/{c.name}" for i, t in enumerate(tasks)
+                           for c in t.env.rubric.components]
+        self.reward = self.score
+        # Multi-turn / tool-use environments are played as episodes (workers.rl.episodes);
+        # single-turn ones answer episode_env with None and keep the one-shot path.
+        self.interaction = next((t.interaction for t in tasks
+                                 if getattr(t, "interaction", "single_turn") != "single_turn"),
+                                "single_turn")
+        self.episode_max_tokens = max(getattr(t, "episode_max_tokens", 4096) for t in tasks)
+
+    def episode_env(self, example: Any) -> Any:
+        task = self.tasks[int(example.meta["env"])]
+        play = getattr(task, "episode_env", None)
+        return play(self._untag(example)) if play is not None else None
+
+    @staticmethod
+    def _tag(example: Any, index: int) -> Any:
+        meta = {**example.meta, "env": str(index),
+                "task_id": f"{index}:{example.meta.get('task_id', '')}"}
+        return dataclasses.replace(example, meta=meta)
+
+    @staticmethod
+    def _untag(example: Any) -> Any:
+        meta = {k: v for k, v in example.meta.items() if k != "env"}
+        meta["task_id"] = example.meta["task_id"].split(":", 1)[1]
+        return dataclasses.replace(example, meta=meta)
+
+    def score(self, examples: list[Any], completions: list[str]
+              ) -> tuple[list[float], dict[str, list[float]]]:
+        totals = [0.0] * len(examples)
+        parts = {name: [0.0] * len(examples) for name in self.components}
+        for i, task in enumerate(self.tasks):
+            rows = [j for j, e in enumerate(examples) if e.meta["env"] == str(i)]
+            if not rows:
+                continue
+            got, comps = task.reward([self._untag(examples[j]) for j in rows],
+                                     [completions[j] for j in rows])
+            for k, j in enumerate(rows):
+                totals[j] = got[k]
+                for name, values in comps.items():
+                    parts.setdefault(f"{self.names[i]}/{name}",
+                                     [0.0] * len(examples))[j] = values[k]
+        return totals, parts
+
+    def corpus(self) -> list[str]:
+        return [line for t in self.tasks for line in t.corpus()]

@@ -1,0 +1,221 @@
+"""The worker contract: every document that crosses between the control plane and a pool.
+
+The web serialises a claimed run with :class:`ClaimedRun`; the client hands workers the same
+typed model; the worker endpoints validate each request body with the model named here. Pure
+pydantic and nothing heavy, so ``apps`` may import it (import-linter allows
+``apps.** -> workers.protocol``) and its JSON Schema is published in the OpenAPI document.
+Field limits that protect the database (text sizes, JSON byte budgets) stay on the web side:
+they are policies of one deployment, not part of the contract.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+MAX_STEP = 2**63 - 1  # steps are BIGINT columns
+Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
+PoolName = Literal["gpu", "sandbox", "cpu"]
+EventLevel = Literal["debug", "info", "warning", "error"]
+# Free text a person typed or an engine wrote: surrounding whitespace is not part of it.
+Text = Annotated[str, StringConstraints(strip_whitespace=True)]
+
+
+class _Wire(BaseModel):
+    """Unknown fields are kept, not refused: an older worker must read a newer web's claim."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- the claim --------------------------------------------------------------------------------
+
+class DatasetPin(_Wire):
+    """A dataset version frozen at launch, by the alias the run's config names it."""
+
+    dataset: str
+    digest: str
+    number: int
+    uri: str
+    record_count: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset}@v{self.number}"
+
+
+class EnvironmentRef(_Wire):
+    """The run's primary environment version (legacy single-environment field)."""
+
+    environment: str
+    digest: str
+    spec: dict[str, Any]
+
+
+class PinnedEnvironment(_Wire):
+    """An environment version as a worker loads it: its spec, the object URIs of the datasets
+    the spec reads (by digest) and the task ids its QC report quarantined."""
+
+    environment: str
+    number: int
+    digest: str
+    spec: dict[str, Any]
+    qc_status: str = ""
+    dataset_uris: dict[str, str] = Field(default_factory=dict)
+    quarantined_ids: list[str] = Field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.environment} v{self.number}"
+
+
+class BaseCheckpointRef(_Wire):
+    """The checkpoint a run starts from (another run's, pinned at launch)."""
+
+    id: int
+    run: str
+    step: int
+    uri: str
+
+
+class CheckpointRef(_Wire):
+    """A checkpoint the run recorded and has not pruned: where a retried attempt resumes."""
+
+    step: int
+    uri: str
+
+
+class ClaimedRun(_Wire):
+    """What a worker needs to execute a run: the frozen document, its lease and the object URIs
+    of everything it pins. Every object it reports must lie under ``object_prefix``."""
+
+    id: str
+    team: str
+    project: str
+    kind: str
+    status: str
+    pool: str
+    attempt: int
+    max_attempts: int
+    config: dict[str, Any]
+    lease_id: str
+    lease_expires_at: str | None = None
+    object_prefix: str
+    datasets: dict[str, DatasetPin] = Field(default_factory=dict)
+    environment: EnvironmentRef | None = None
+    environments: list[PinnedEnvironment] = Field(default_factory=list)
+    base_checkpoint: BaseCheckpointRef | None = None
+    checkpoints: list[CheckpointRef] = Field(default_factory=list)
+    metric_seq: int = 0
+    metric_steps: dict[str, int] = Field(default_factory=dict)
+
+
+# -- requests a worker sends ------------------------------------------------------------------
+
+class ClaimRequest(BaseModel):
+    pool: PoolName
+    worker_id: Text = Field(max_length=200)
+    run_id: uuid.UUID | None = None
+
+
+class StatusChange(BaseModel):
+    """``retry`` with ``failed``: the error may pass on another attempt; queue the run again if
+    it has attempts left. Which statuses a worker may set is the web's rule (it answers 400)."""
+
+    status: Text = Field(max_length=32)
+    error: Text = ""
+    retry: bool = False
+
+
+class MetricPoint(BaseModel):
+    name: str
+    step: Step
+    value: float
+    wall_time: float | None = None
+
+
+class MetricBatch(BaseModel):
+    """Batches are numbered per run (``seq``): a retried batch is stored once."""
+
+    seq: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    points: list[MetricPoint] = Field(min_length=1)
+
+
+class Event(BaseModel):
+    message: str
+    level: EventLevel = "info"
+    kind: str = "log"
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventBatch(BaseModel):
+    events: list[Event] = Field(min_length=1)
+
+
+class CheckpointReport(BaseModel):
+    """``resumable``: it holds the training state a resume needs (a periodic checkpoint);
+    ``keep``: then keep only the newest ``keep`` resumable checkpoints in the object store
+    (and any that lineage points to); the rest are pruned."""
+
+    step: Step
+    uri: Text = Field(max_length=1000)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    resumable: bool = False
+    keep: Annotated[int, Field(ge=1, le=10_000)] | None = None
+
+
+class SampleRow(BaseModel):
+    """One generated completion as the run page shows it."""
+
+    step: Step
+    prompt: str
+    completion: str
+    reward: float | None = None
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    advantage: float | None = None
+    weight_version: Step | None = None
+    finish_reason: str = Field(default="", max_length=32)
+
+
+class SampleBatch(BaseModel):
+    samples: list[SampleRow] = Field(min_length=1)
+
+
+class ReportArtifact(BaseModel):
+    kind: Literal["report"]
+    uri: Text = Field(max_length=1000)
+
+
+class QcReport(BaseModel):
+    """A QC run's result: the report summary (the crucible.qc/1 report without its per-task
+    rows) and the full report's object URI."""
+
+    report: dict[str, Any]
+    uri: Text = Field(max_length=1000)
+
+
+class QcResult(BaseModel):
+    environment: str
+    digest: str
+    qc_status: str
+
+
+class BatchHandOver(BaseModel):
+    """A synthesize run's verified records, handed to review as a batch of ``dataset``."""
+
+    dataset: str = Field(max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
+    records: list[Any] = Field(min_length=1)
+    trails: list[Any] | None = None
+    manifest: dict[str, Any] = Field(default_factory=dict)
+    name: Text = Field(default="", max_length=200)
+    target_error_rate: float = 0.05
+    confidence: float = 0.95
+    sample_seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+
+
+# Every document above, each published as a component of the OpenAPI document.
+PROTOCOL_MODELS: tuple[type[BaseModel], ...] = (
+    ClaimedRun, ClaimRequest, StatusChange, MetricBatch, EventBatch, CheckpointReport,
+    SampleBatch, ReportArtifact, QcReport, QcResult, BatchHandOver,
+)
