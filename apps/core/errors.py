@@ -80,7 +80,7 @@ def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status_code)
 
 
-def bad_request(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
+def bad_request(request: HttpRequest, exception: Exception | None = None):
     """Django's 400 (a SuspiciousOperation outside a DRF view, an oversize body read by
     middleware) in the JSON error shape on API paths."""
     if request.path.startswith("/api/"):
@@ -94,7 +94,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None):  # no
     return default(request, exception)
 
 
-def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
+def not_found(request: HttpRequest, exception: Exception | None = None):
     if request.path.startswith("/api/"):
         return _json_error(status.HTTP_404_NOT_FOUND, "not_found", f"No such URL: {request.path}")
     from django.shortcuts import render
@@ -107,7 +107,7 @@ def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa
     return render(request, "404.html", {"user_teams": teams}, status=404)
 
 
-def server_error(request: HttpRequest):  # noqa: ANN201
+def server_error(request: HttpRequest):
     if request.path.startswith("/api/"):
         return _json_error(
             status.HTTP_500_INTERNAL_SERVER_ERROR,

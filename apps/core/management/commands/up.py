@@ -68,7 +68,7 @@ class Command(BaseCommand):
     help = ("Start web + worker on the embedded defaults, run the demo profile job, then the "
             "pipeline demo (synthesis, QC, SFT + GRPO, evaluation before/after).")
 
-    def add_arguments(self, parser) -> None:  # noqa: ANN001
+    def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--exit-after-demo", action="store_true",
