@@ -4,11 +4,12 @@ ships a JSONL-file sink, a stdout sink and a fan-out. Only rank 0 reports."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
+
+from workers.jsonsafe import json_safe
 
 
 @runtime_checkable
@@ -27,17 +28,6 @@ class SampleSink(Protocol):
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: report them as strings rather than writing invalid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 class JsonlSink:
     """Append-only JSON lines, flushed per record so a killed run loses nothing it reported."""
 
@@ -48,7 +38,7 @@ class JsonlSink:
     def _write(self, record: dict[str, Any]) -> None:
         record = {"time": time.time(), **record}
         with self.path.open("a") as f:
-            f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+            f.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._write({"kind": "metrics", "step": step, "metrics": metrics})
