@@ -80,15 +80,15 @@ def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status_code)
 
 
-def bad_request(request: HttpRequest, exception: Exception | None = None):
+def bad_request(request: HttpRequest, exception: Exception):
     """Django's 400 (a SuspiciousOperation outside a DRF view, an oversize body read by
-    middleware) in the JSON error shape on API paths."""
+    middleware) in the JSON error shape on API paths. Django always passes the exception."""
     if request.path.startswith("/api/"):
         if isinstance(exception, RequestDataTooBig):
             return _json_error(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "payload_too_large",
                                _too_big_message())
         return _json_error(status.HTTP_400_BAD_REQUEST, "bad_request",
-                           str(exception or "") or "Bad request.")
+                           str(exception) or "Bad request.")
     from django.views.defaults import bad_request as default
 
     return default(request, exception)

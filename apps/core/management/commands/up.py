@@ -41,14 +41,14 @@ DEMO_DATA = settings.BASE_DIR / "deploy" / "demo" / "arithmetic.jsonl"
 # completions), long enough that the held-out reward (sampled every 10 steps) rises during RL
 # beyond the SFT warm start; the run summary splits the gain into SFT and RL.
 DEMO_ENV = {"source": "builtin", "name": "arithmetic", "params": {"eval_size": 20}}
-DEMO_SYNTHESIS = {
+DEMO_SYNTHESIS: dict[str, Any] = {
     "dataset": "arithmetic-synth", "batch_name": "demo arithmetic batch",
     "synthesis": {"name": "demo arithmetic", "seed": 1, "workers": 1,
                   "generators": [{"kind": "math", "count": 24, "topics": ["arithmetic"],
                                   "difficulties": [1, 2]}]},
 }
 DEMO_MODEL = {"preset": {"num_layers": 4}}
-DEMO_TRAIN = {
+DEMO_TRAIN: dict[str, Any] = {
     "model": DEMO_MODEL,
     "rollout": {"group_size": 8, "max_new_tokens": 3},
     "sft": {"steps": 120, "batch_size": 32},
