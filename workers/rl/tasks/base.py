@@ -23,8 +23,14 @@ class RewardFn(Protocol):
 
 
 class Task(Protocol):
-    train: Sequence[Example]
-    eval: Sequence[Example]
+    # Read-only for the engine: tasks hold lists, and a settable protocol attribute would
+    # demand exactly Sequence of every implementation.
+    @property
+    def train(self) -> Sequence[Example]: ...
+
+    @property
+    def eval(self) -> Sequence[Example]: ...
+
     reward: RewardFn
 
     def corpus(self) -> list[str]:
