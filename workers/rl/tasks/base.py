@@ -23,15 +23,16 @@ class RewardFn(Protocol):
 
 
 class Task(Protocol):
-    # Read-only for the engine: tasks hold lists, and a settable protocol attribute would
-    # demand exactly Sequence of every implementation.
+    # Read-only for the engine: tasks hold lists or compute these, and a settable protocol
+    # attribute would demand exactly this type, settable, of every implementation.
     @property
     def train(self) -> Sequence[Example]: ...
 
     @property
     def eval(self) -> Sequence[Example]: ...
 
-    reward: RewardFn
+    @property
+    def reward(self) -> RewardFn: ...
 
     def corpus(self) -> list[str]:
         """Text a tokenizer is trained on."""
