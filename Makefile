@@ -22,6 +22,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(PY) manage.py makemigrations --check --dry-run
 
 # Tests keep their state (SQLite file, broker spool, objects) in var/test, wiped each time.

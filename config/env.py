@@ -2,7 +2,8 @@
 
 The Celery app must not need Django (workers hold no database credentials), so the
 broker and object-store settings are read here with ``os.environ`` alone; django-environ
-(which imports Django) parses the rest in ``config.settings``.
+(which imports Django) parses the rest in ``config.settings``. The var folder comes from
+:mod:`workers.paths`, the one reader of ``CRUCIBLE_VAR_DIR``, so workers agree with the web.
 """
 
 from __future__ import annotations
@@ -10,20 +11,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from workers.paths import var_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 def _get(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name, "").strip()
     return value or default
-
-
-def var_dir() -> Path:
-    """Folder for the embedded defaults' state (SQLite file, broker spool, objects)."""
-    # Absolute, so a relative CRUCIBLE_VAR_DIR still yields file:// URIs for the object store.
-    path = Path(_get("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")) or "var").resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def redis_url() -> str | None:

@@ -20,7 +20,7 @@ pytest_plugins = ["tests.skips"]
 
 
 @pytest.fixture(autouse=True)
-def object_store(tmp_path, settings):  # noqa: ANN001, ANN201
+def object_store(tmp_path, settings):
     """Each test gets its own object store folder."""
     folder = tmp_path / "objects"
     settings.OBJECT_STORE_URL = folder.as_uri()
@@ -30,7 +30,7 @@ def object_store(tmp_path, settings):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(autouse=True)
-def isolated_cache(settings):  # noqa: ANN001, ANN201
+def isolated_cache(settings):
     """Each test gets its own cache namespace, so one test's rate-limit counters (every
     test client calls from 127.0.0.1) never throttle the next. Keys expire by themselves;
     nothing is flushed (on Redis the database is shared with the broker)."""
@@ -42,7 +42,7 @@ def isolated_cache(settings):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(autouse=True)
-def fast_password_hashing(settings):  # noqa: ANN001, ANN201
+def fast_password_hashing(settings):
     """Users are made per test; the production hasher costs ~1 s each on a shared CPU."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -61,7 +61,7 @@ def client_for_token(token: str) -> APIClient:
 
 
 @pytest.fixture
-def make_caller(db) -> Callable[..., Caller]:  # noqa: ANN001
+def make_caller(db) -> Callable[..., Caller]:
     def make(team: Team | None = None, role: str = Role.MEMBER, username: str | None = None):
         user = UserFactory(**({"username": username} if username else {}))
         if team is not None:
@@ -73,58 +73,58 @@ def make_caller(db) -> Callable[..., Caller]:  # noqa: ANN001
 
 
 @pytest.fixture
-def team(db) -> Team:  # noqa: ANN001
+def team(db) -> Team:
     return TeamFactory(slug="acme")
 
 
 @pytest.fixture
-def other_team(db) -> Team:  # noqa: ANN001
+def other_team(db) -> Team:
     return TeamFactory(slug="rival")
 
 
 @pytest.fixture
-def project(team):  # noqa: ANN001, ANN201
+def project(team):
     return ProjectFactory(team=team, slug="main")
 
 
 @pytest.fixture
-def owner(make_caller, team) -> Caller:  # noqa: ANN001
+def owner(make_caller, team) -> Caller:
     return make_caller(team, Role.OWNER, "olivia")
 
 
 @pytest.fixture
-def admin(make_caller, team) -> Caller:  # noqa: ANN001
+def admin(make_caller, team) -> Caller:
     return make_caller(team, Role.ADMIN, "adam")
 
 
 @pytest.fixture
-def member(make_caller, team) -> Caller:  # noqa: ANN001
+def member(make_caller, team) -> Caller:
     return make_caller(team, Role.MEMBER, "mia")
 
 
 @pytest.fixture
-def viewer(make_caller, team) -> Caller:  # noqa: ANN001
+def viewer(make_caller, team) -> Caller:
     return make_caller(team, Role.VIEWER, "victor")
 
 
 @pytest.fixture
-def outsider(make_caller, other_team) -> Caller:  # noqa: ANN001
+def outsider(make_caller, other_team) -> Caller:
     """A member of another team: must see 404 on every URL of ``team``."""
     return make_caller(other_team, Role.OWNER, "oscar")
 
 
 @pytest.fixture
-def worker_token(db) -> str:  # noqa: ANN001
+def worker_token(db) -> str:
     _, raw = worker_token_create(actor=Actor.system(), team=None, name="pool")
     return raw
 
 
 @pytest.fixture
-def worker(worker_token) -> APIClient:  # noqa: ANN001
+def worker(worker_token) -> APIClient:
     return client_for_token(worker_token)
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
+def pytest_collection_modifyitems(config, items):
     """With CRUCIBLE_DB_ONLY=1 (CI's PostgreSQL pass) skip engine tests: they use no
     database or broker, so the embedded pass already covered them."""
     import os

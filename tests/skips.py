@@ -74,7 +74,7 @@ def _missing(reason: str) -> str:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):  # noqa: ANN001, ANN201
+def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
@@ -88,7 +88,7 @@ _SKIPPED_MODULES = pytest.StashKey[list[str]]()
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):  # noqa: ANN001, ANN201
+def pytest_make_collect_report(collector):
     """A whole module skipped at import (``pytest.importorskip`` at its top) is noted here and
     fails the session at its end (a collection error would stop the other tests running)."""
     outcome = yield
@@ -100,7 +100,7 @@ def pytest_make_collect_report(collector):  # noqa: ANN001, ANN201
                 f"{report.nodeid}: {_missing(reason)}")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN001, ANN201
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
     lines = config.stash.get(_SKIPPED_MODULES, [])
     if lines:
         terminalreporter.section("modules skipped for a missing dependency (CI=true)", red=True)
@@ -108,6 +108,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN0
             terminalreporter.write_line(f"FAILED (module skipped) {line}", red=True)
 
 
-def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201
+def pytest_sessionfinish(session, exitstatus):
     if session.config.stash.get(_SKIPPED_MODULES, []) and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from workers.paths import var_dir
 from workers.storage import ObjectStore
 
 DEFAULT_CACHE_GB = 20.0
@@ -151,3 +152,10 @@ class ModelCache:
 
 
 __all__ = ["ModelCache", "cache_budget_bytes", "fetch_tar", "folder_bytes"]
+
+
+def cached_model(store: ObjectStore, uri: str, hold: contextlib.ExitStack) -> Path:
+    """The Hugging Face folder (``hf/``) of the checkpoint object ``uri``, unpacked into this
+    host's model cache (``<var>/models``) and kept from pruning until ``hold`` closes: how a
+    train run's base model and an eval run's model are both brought onto a worker."""
+    return hold.enter_context(ModelCache(var_dir() / "models").use(store, uri)) / "hf"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from workers.paths import var_dir
 from workers.protocol import ClaimedRun
 
 
@@ -183,10 +184,7 @@ def default_store() -> LocalStore | S3Store:
     """The store named by OBJECT_STORE_URL, else ``var/objects`` beside the code."""
     url = os.environ.get("OBJECT_STORE_URL", "").strip()
     if not url:
-        var = os.environ.get("CRUCIBLE_VAR_DIR", "").strip() or str(
-            Path(__file__).resolve().parent.parent / "var"
-        )
-        url = (Path(var).resolve() / "objects").as_uri()
+        url = (var_dir() / "objects").as_uri()
     return open_store(url)
 
 

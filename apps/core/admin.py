@@ -9,11 +9,11 @@ class AuditLogAdmin(admin.ModelAdmin):
     list_filter = ["action"]
     search_fields = ["target_id", "actor_label"]
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False

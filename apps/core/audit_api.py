@@ -39,7 +39,7 @@ class AuditLogSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_actor_username(self, row: AuditLog) -> str | None:
-        return row.actor.username if row.actor_id else None
+        return row.actor.username if row.actor else None
 
 
 class AuditCursor(CursorPagination):

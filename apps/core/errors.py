@@ -80,21 +80,21 @@ def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status_code)
 
 
-def bad_request(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
+def bad_request(request: HttpRequest, exception: Exception):
     """Django's 400 (a SuspiciousOperation outside a DRF view, an oversize body read by
-    middleware) in the JSON error shape on API paths."""
+    middleware) in the JSON error shape on API paths. Django always passes the exception."""
     if request.path.startswith("/api/"):
         if isinstance(exception, RequestDataTooBig):
             return _json_error(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "payload_too_large",
                                _too_big_message())
         return _json_error(status.HTTP_400_BAD_REQUEST, "bad_request",
-                           str(exception or "") or "Bad request.")
+                           str(exception) or "Bad request.")
     from django.views.defaults import bad_request as default
 
     return default(request, exception)
 
 
-def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa: ANN201
+def not_found(request: HttpRequest, exception: Exception | None = None):
     if request.path.startswith("/api/"):
         return _json_error(status.HTTP_404_NOT_FOUND, "not_found", f"No such URL: {request.path}")
     from django.shortcuts import render
@@ -107,7 +107,7 @@ def not_found(request: HttpRequest, exception: Exception | None = None):  # noqa
     return render(request, "404.html", {"user_teams": teams}, status=404)
 
 
-def server_error(request: HttpRequest):  # noqa: ANN201
+def server_error(request: HttpRequest):
     if request.path.startswith("/api/"):
         return _json_error(
             status.HTTP_500_INTERNAL_SERVER_ERROR,

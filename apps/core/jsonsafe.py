@@ -155,11 +155,11 @@ def _raise_text(value: Any) -> None:
     )
 
 
-def _too_deep(limit: int):  # noqa: ANN202
+def _too_deep(limit: int):
     return lambda v, d: isinstance(v, dict | list) and d > limit
 
 
-def _locate(value: Any, bad, *, keys: bool = False) -> str:  # noqa: ANN001
+def _locate(value: Any, bad, *, keys: bool = False) -> str:
     """The path (``records[3].text``) of the first item for which ``bad(item, depth)`` holds;
     only called once something is wrong, so it may be slow. Depth-first, iterative."""
     stack: list[tuple[Any, int, str]] = [(value, 1, "$")]

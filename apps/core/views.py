@@ -31,5 +31,6 @@ class MeView(APIView):
         return Response({
             "kind": "user",
             "username": request.user.username,
-            "teams": [{"slug": t.slug, "name": t.name, "role": t.my_role} for t in teams],
+            "teams": [{"slug": t.slug, "name": t.name, "role": getattr(t, "my_role", None)}
+                      for t in teams],
         })

@@ -17,8 +17,8 @@ class DatasetVersionAdmin(admin.ModelAdmin):
     search_fields = ["digest", "dataset__slug"]
 
     # Versions are immutable: the admin shows them and nothing else.
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False

@@ -191,7 +191,7 @@ class DatasetVersionViewSet(TeamScopedViewSet):
     ordering_fields = ["number", "created_at"]
     ordering = "-number"
 
-    def base_queryset(self):  # noqa: ANN201
+    def base_queryset(self):
         return self.queryset.filter(dataset__slug=self.kwargs["dataset"])
 
     def _dataset(self) -> Dataset:

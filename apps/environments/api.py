@@ -118,7 +118,7 @@ class EnvironmentVersionViewSet(TeamScopedViewSet):
     lookup_url_kwarg = "version"
     ordering = "-number"
 
-    def base_queryset(self):  # noqa: ANN201
+    def base_queryset(self):
         return self.queryset.filter(environment__slug=self.kwargs["environment"])
 
     def _environment(self) -> Environment:

@@ -8,5 +8,5 @@ class LineageEdgeAdmin(admin.ModelAdmin):
     list_display = ["source_type", "source_id", "relation", "target_type", "target_id", "team"]
     list_filter = ["relation", "source_type", "target_type"]
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False

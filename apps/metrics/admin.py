@@ -7,5 +7,5 @@ from apps.metrics.models import MetricBatch
 class MetricBatchAdmin(admin.ModelAdmin):
     list_display = ["run", "seq", "point_count", "received_at"]
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -16,19 +15,10 @@ from apps.metrics.models import MetricBatch
 from apps.metrics.writers import Row, insert_points
 from apps.runs.models import Run
 from apps.runs.services import allocate_stream_seq, check_lease
+from workers.jsonsafe import is_finite_number
 
 MAX_NAME = 200
 MAX_INT = 2**63 - 1  # steps and seqs are BIGINT columns
-
-
-def _finite(value: Any) -> bool:
-    """A JSON number that fits a float (an int like 10**400 does not) and is finite."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def validate_points(points: Any) -> list[Row]:
@@ -55,10 +45,10 @@ def validate_points(points: Any) -> list[Row]:
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT:
             raise InvalidInput(f"points[{i}].step must be an integer >= 0 (64-bit).",
                                details={f"points[{i}].step": [repr(step)[:50]]})
-        if not _finite(value):
+        if not is_finite_number(value):
             raise InvalidInput(f"points[{i}].value must be a finite number.",
                                details={f"points[{i}].value": [repr(value)[:50]]})
-        if not _finite(wall):
+        if not is_finite_number(wall):
             raise InvalidInput(f"points[{i}].wall_time must be a unix time in seconds.")
         rows.append((name, step, float(value), float(wall)))
     return rows

@@ -155,7 +155,7 @@ class BatchViewSet(TeamScopedViewSet):
     ordering_fields = ["created_at"]
     ordering = "-created_at"
 
-    def base_queryset(self):  # noqa: ANN201
+    def base_queryset(self):
         return selectors.with_counts(self.queryset)
 
     def list(self, request: Request, team: str) -> Response:
@@ -221,7 +221,7 @@ class ReviewItemViewSet(TeamScopedViewSet):
     ordering_fields = ["id", "created_at"]
     ordering = "id"
 
-    def base_queryset(self):  # noqa: ANN201
+    def base_queryset(self):
         return selectors.items_with_relations(self.queryset)
 
     def list(self, request: Request, team: str) -> Response:

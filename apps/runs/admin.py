@@ -6,10 +6,10 @@ from apps.runs.models import Checkpoint, Run, RunEvent, Sample
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Runs change state only through services (transitions are audited and published)."""
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False
 
 

@@ -59,7 +59,7 @@ class RunViewSet(TeamScopedViewSet):
     ordering_fields = ["created_at", "priority", "updated_at"]
     ordering = "-created_at"
 
-    def base_queryset(self):  # noqa: ANN201
+    def base_queryset(self):
         return selectors.runs_with_relations(self.queryset)
 
     @extend_schema(parameters=[OpenApiParameter(
@@ -79,7 +79,7 @@ class RunViewSet(TeamScopedViewSet):
     def retrieve(self, request: Request, team: str, run: str) -> Response:
         return Response(RunSerializer(self.get_object()).data)
 
-    def _plan(self, request: Request):  # noqa: ANN202
+    def _plan(self, request: Request):
         data = RunCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return plan_run(team=self.team, **data.validated_data)

@@ -38,7 +38,7 @@ from apps.teams.selectors import teams_for_user
 EVENT_TAIL = 200
 
 
-def _run(team_obj, run: str) -> Run:  # noqa: ANN001
+def _run(team_obj, run: str) -> Run:
     obj = runs_with_relations(Run.objects.filter(team=team_obj)).select_related(
         "created_by", "base_checkpoint__run").filter(pk=_uuid(run)).first()
     if obj is None:
@@ -54,7 +54,7 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/no_team.html", {"teams": []})
 
 
-def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, Any]:  # noqa: ANN001
+def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, Any]:
     filters = dashboard.RunFilters.from_query(request.GET)
     page = dashboard.runs_page(team_obj, filters)
     runs = list(page.object_list)
@@ -89,7 +89,7 @@ def team_runs(request: HttpRequest, team: str) -> HttpResponse:
     return render(request, "runs/team_runs.html", context)
 
 
-def _runs_csv(team_obj, request: HttpRequest) -> HttpResponse:  # noqa: ANN001
+def _runs_csv(team_obj, request: HttpRequest) -> HttpResponse:
     """Every run the filters match (up to CSV_MAX_ROWS), in the table's columns."""
     import csv
     import io
@@ -283,7 +283,7 @@ def run_samples(request: HttpRequest, team: str, run: str) -> HttpResponse:
     return render(request, "runs/_samples.html", context)
 
 
-def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpResponse:  # noqa: ANN001
+def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpResponse:
     """Cancel or resume from the run page (a POST to the page, ``op`` names the action)."""
     if not role_at_least(membership.role, Role.MEMBER):
         raise PermissionDenied("Viewers cannot change runs.")

@@ -8,5 +8,5 @@ class ExecutionAdmin(admin.ModelAdmin):
     list_display = ["id", "team", "language", "status", "worker", "created_at", "finished_at"]
     list_filter = ["status", "language"]
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False

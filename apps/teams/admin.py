@@ -27,5 +27,5 @@ class ApiTokenAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "key_hash", "kind", "user", "team", "created_by", "created_at",
                        "last_used_at"]
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False

@@ -50,7 +50,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "apps.teams.authentication.BearerTokenAuthentication"
     name = "bearerToken"
 
-    def get_security_definition(self, auto_schema):  # noqa: ANN001, ANN201
+    def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer",
                 "description": "A personal (crc_…) or worker (crw_…) API token."}
 

@@ -84,7 +84,7 @@ def verify_throttled(raw: str, ip: str) -> ApiToken:
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
-    def authenticate(self, request):  # noqa: ANN001, ANN201
+    def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -96,5 +96,5 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             return WorkerPrincipal(token), token
         return token.user, token
 
-    def authenticate_header(self, request) -> str:  # noqa: ANN001
+    def authenticate_header(self, request) -> str:
         return self.keyword

@@ -23,7 +23,7 @@ from apps.teams.api import accept_throttled
 from apps.teams.models import ApiToken, Invitation, Membership, Role, TokenKind, role_at_least
 
 
-def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,  # noqa: ANN001
+def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
           form_errors=None, new_invite=None) -> HttpResponse:
     is_admin = role_at_least(membership.role, Role.ADMIN)
     context = {
@@ -68,7 +68,7 @@ def _name(request: HttpRequest) -> str:
     return (request.POST.get("name") or "").strip()[:100]
 
 
-def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:
     kind = request.POST.get("kind", "")
     name = _name(request)
     if kind not in ("personal", "worker"):
@@ -90,7 +90,7 @@ def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  
     return response
 
 
-def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:
     prefix = request.POST.get("prefix", "")
     mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user, prefix=prefix)
     token = mine.first()
@@ -104,7 +104,7 @@ def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  
     return redirect("team-page", team=team_obj.slug)
 
 
-def _invite_create(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+def _invite_create(request: HttpRequest, team_obj, membership) -> HttpResponse:
     """An invite code, shown once on the response page (never cached)."""
     if not role_at_least(membership.role, Role.ADMIN):
         raise Http404("Only team admins invite members.")
@@ -128,7 +128,7 @@ def _invite_create(request: HttpRequest, team_obj, membership) -> HttpResponse: 
     return response
 
 
-def _invite_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+def _invite_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:
     if not role_at_least(membership.role, Role.ADMIN):
         raise Http404("Only team admins manage invitations.")
     invitation = Invitation.objects.filter(team=team_obj,
@@ -162,7 +162,7 @@ def accept_invitation(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse:  # noqa: ANN001
+def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse:
     username = request.POST.get("username", "")
     if not role_at_least(membership.role, Role.ADMIN):
         raise Http404("Only team admins manage members.")

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = "/api/v1/teams/acme/runs"
 
 
-def _no_store(response) -> None:  # noqa: ANN001
+def _no_store(response) -> None:
     cache_control = response.get("Cache-Control", "")
     assert "no-store" in cache_control, cache_control
 
@@ -69,7 +69,7 @@ def test_forwarded_proto_is_ignored_unless_a_trusted_proxy_is_configured(tmp_pat
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset)
     return dataset

@@ -18,7 +18,7 @@ LOG = "/api/v1/teams/acme/audit-log"
 W = "/api/v1/worker"
 
 
-def _actions(team) -> list[str]:  # noqa: ANN001
+def _actions(team) -> list[str]:
     return list(AuditLog.objects.filter(team=team).order_by("id").values_list("action",
                                                                               flat=True))
 
@@ -69,7 +69,7 @@ def test_worker_sample_writes_are_audited(team, project, worker):
     assert row.data == {"count": 2, "first_step": 3, "last_step": 5}
 
 
-def _seed(team, admin, member, project, worker):  # noqa: ANN001, ANN201
+def _seed(team, admin, member, project, worker):
     """A run with a checkpoint and a report, a project, a cancel: rows by three actors."""
     run = make_run(project, DatasetFactory(project=project, team=team, slug="qa"))
     claimed = worker.post(f"{W}/claim", {"pool": "cpu", "worker_id": "w",

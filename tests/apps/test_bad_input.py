@@ -25,11 +25,11 @@ TEAM = "/api/v1/teams/acme"
 W = "/api/v1/worker"
 
 
-def _post_raw(client, path: str, body: bytes | str, **extra):  # noqa: ANN001, ANN003, ANN201
+def _post_raw(client, path: str, body: bytes | str, **extra):
     return client.generic("POST", path, body, content_type="application/json", **extra)
 
 
-def _error(response, status: int, code: str | None = None) -> dict:  # noqa: ANN001
+def _error(response, status: int, code: str | None = None) -> dict:
     assert response.status_code == status, response.content[:300]
     assert response["Content-Type"].startswith("application/json"), response["Content-Type"]
     body = response.json()
@@ -40,7 +40,7 @@ def _error(response, status: int, code: str | None = None) -> dict:  # noqa: ANN
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset)
     dataset.refresh_from_db()
@@ -48,7 +48,7 @@ def qa(project):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def running(worker, project, qa):  # noqa: ANN001, ANN201
+def running(worker, project, qa):
     run = make_run(project, qa)
     claimed = worker.post(f"{W}/claim", {"pool": "cpu", "worker_id": "w",
                                          "run_id": str(run.pk)}, format="json").json()
@@ -240,7 +240,7 @@ def _database_url() -> str:
 
 
 @pytest.fixture
-def web_server(transactional_db):  # noqa: ANN001, ANN201
+def web_server(transactional_db):
     """A uvicorn process serving config.asgi on the test database."""
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": _database_url(), "OMP_NUM_THREADS": "1",

@@ -15,7 +15,7 @@ from tests.factories import DatasetFactory, make_run, make_version, put_run_obje
 
 
 @pytest.fixture
-def running(worker, project):  # noqa: ANN001, ANN201
+def running(worker, project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset)
     run = make_run(project, dataset)
@@ -26,7 +26,7 @@ def running(worker, project):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def arith(project):  # noqa: ANN001, ANN201
+def arith(project):
     env = env_services.environment_create(actor=Actor.system(), team=project.team,
                                           project=project, slug="arith")
     version, _ = env_services.version_create(actor=Actor.system(), environment=env, spec={
@@ -35,7 +35,7 @@ def arith(project):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def post(worker, running, object_store, django_capture_on_commit_callbacks):  # noqa: ANN001, ANN201
+def post(worker, running, object_store, django_capture_on_commit_callbacks):
     """Record a checkpoint of the running run (its object written first), running the
     transaction's on-commit work (the deletes) as a real commit would."""
     run, lease = running
@@ -54,7 +54,7 @@ def post(worker, running, object_store, django_capture_on_commit_callbacks):  # 
     return record
 
 
-def _live(run) -> list[int]:  # noqa: ANN001
+def _live(run) -> list[int]:
     return sorted(Checkpoint.objects.filter(run=run, pruned_at__isnull=True)
                   .values_list("step", flat=True))
 

@@ -20,7 +20,7 @@ RECORDS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(6)]
 
 
 @pytest.fixture
-def wsgi(db):  # noqa: ANN001, ANN201
+def wsgi(db):
     """The Django WSGI app, sharing the test's transaction.
 
     Like Django's own test client, keep the request signals from closing the connection
@@ -36,19 +36,19 @@ def wsgi(db):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def api(wsgi, member):  # noqa: ANN001, ANN201
+def api(wsgi, member):
     with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
         yield c
 
 
 @pytest.fixture
-def pool(wsgi, worker_token):  # noqa: ANN001, ANN201
+def pool(wsgi, worker_token):
     with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
         yield c
 
 
 @pytest.fixture
-def qa(api, project):  # noqa: ANN001, ANN201
+def qa(api, project):
     api.create_dataset("acme", "qa", "main", description="questions")
     return api.upload_version("acme", "qa", RECORDS, message="v1")
 

@@ -117,7 +117,7 @@ class World:
 
 
 @pytest.fixture
-def world(team, project, owner, member) -> World:  # noqa: ANN001
+def world(team, project, owner, member) -> World:
     """acme with one of everything: a dataset with a version, an environment with a
     version, a queued run, a member 'mia' and a team worker token."""
     dataset = DatasetFactory(project=project, team=team, slug="acme-secret-ds")
@@ -180,7 +180,7 @@ def snapshot() -> dict[str, list[dict]]:
 
 
 def call(client: APIClient, method: str, url: str, body: dict | None = None,
-         **headers: str):  # noqa: ANN201
+         **headers: str):
     if method in ("get", "head", "options", "delete"):
         return getattr(client, method)(url, **headers)
     return getattr(client, method)(url, body or {}, format="json", **headers)
@@ -194,7 +194,7 @@ def _cases(routes: list[Route], extra: tuple[str, ...] = ()) -> list:
     return cases
 
 
-def _error_code(response) -> str | None:  # noqa: ANN001
+def _error_code(response) -> str | None:
     try:
         return response.json().get("code")
     except ValueError:
@@ -310,7 +310,7 @@ def test_unknown_object_ids_are_404_not_500(world, owner):
 
 
 @pytest.fixture(params=["operator", "acme"])
-def any_worker(request, world, worker, team) -> APIClient:  # noqa: ANN001
+def any_worker(request, world, worker, team) -> APIClient:
     """An operator worker token, and acme's own team worker token."""
     if request.param == "operator":
         return worker
@@ -380,7 +380,7 @@ def test_bad_credentials_are_401_on_team_urls(header, world):
 
 
 @pytest.fixture
-def rival_worker(other_team) -> APIClient:  # noqa: ANN001
+def rival_worker(other_team) -> APIClient:
     _, raw = worker_token_create(actor=Actor.system(), team=other_team, name="rival-pool")
     return client_for_token(raw)
 
@@ -461,7 +461,7 @@ def test_counts_unchanged_after_outsider_sweep(world, outsider):
 # --- dashboard pages (HTML, session login) ----------------------------------------------
 
 
-def _session(caller) -> Client:  # noqa: ANN001
+def _session(caller) -> Client:
     client = Client()
     client.force_login(caller.user)
     return client

@@ -24,21 +24,21 @@ PAGE = "/t/acme/"
 TEAM = "/t/acme/team/"
 
 
-def browser_for(caller) -> Client:  # noqa: ANN001
+def browser_for(caller) -> Client:
     client = Client()
     client.force_login(caller.user)
     return client
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset, [{"prompt": f"q{i}", "answer": str(i)} for i in range(4)])
     dataset.refresh_from_db()
     return dataset
 
 
-def bulk_runs(project, n: int, *, user=None, env_version=None, kind="profile",  # noqa: ANN001
+def bulk_runs(project, n: int, *, user=None, env_version=None, kind="profile",
               status=RunStatus.QUEUED, prefix="run") -> list[Run]:
     return Run.objects.bulk_create(
         Run(team=project.team, project=project, name=f"{prefix}-{i:05d}", kind=kind,
@@ -174,7 +174,7 @@ def test_empty_runs_table_says_what_to_do(member, project):
 # --- launch form -----------------------------------------------------------------------------
 
 
-def form(**overrides) -> dict:  # noqa: ANN003
+def form(**overrides) -> dict:
     return {"project": "main", "kind": "profile", "name": "p1", "datasets": ["qa"],
             "environment": "", "pool": "", "priority": "0", "config": "{}",
             "action": "launch", **overrides}

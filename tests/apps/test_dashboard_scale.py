@@ -22,7 +22,7 @@ N_RUNS = 10_000
 REPEATS = 5
 
 
-def seed_runs(project, n: int, users: list, env_version) -> None:  # noqa: ANN001
+def seed_runs(project, n: int, users: list, env_version) -> None:
     """``n`` runs spread over kinds, statuses, creators and (half of them) an environment,
     inserted in bulk (a launch through the service is not what is measured here)."""
     kinds, statuses = RunKind.values, RunStatus.values

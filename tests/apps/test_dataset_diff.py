@@ -18,7 +18,7 @@ V2 = [{"id": 1, "q": "1+1", "a": "2"}, {"id": 2, "q": "2+2", "a": "5", "note": "
       {"id": 4, "q": "4+4", "a": "8"}]
 
 
-def lines(rows: list[dict]):  # noqa: ANN201
+def lines(rows: list[dict]):
     data = [json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in rows]
     return lambda: iter(data)
 
@@ -70,7 +70,7 @@ def test_diff_against_nothing_and_truncation():
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     v1 = make_version(dataset, V1)
     v2 = make_version(dataset, V2)

@@ -15,7 +15,7 @@ from apps.review import services as review_services
 from tests.factories import DatasetFactory, make_run, make_version
 
 
-def _session(caller) -> Client:  # noqa: ANN001
+def _session(caller) -> Client:
     client = Client()
     client.force_login(caller.user)
     return client
@@ -29,7 +29,7 @@ MANIFEST = {
 
 
 @pytest.fixture
-def qa(project, member):  # noqa: ANN001, ANN201
+def qa(project, member):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     v1 = make_version(dataset, [{"id": 1, "q": "a"}, {"id": 2, "q": "b"}])
     dataset.refresh_from_db()

@@ -35,15 +35,15 @@ def canonical_digest(records: list) -> str:
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     return DatasetFactory(project=project, team=project.team, slug="qa")
 
 
-def upload(client, records, **extra):  # noqa: ANN001, ANN003, ANN201
+def upload(client, records, **extra):
     return client.post(VERSIONS, {"records": records, **extra}, format="json")
 
 
-def upload_file(client, content: bytes, headers=None, **fields):  # noqa: ANN001, ANN003, ANN201
+def upload_file(client, content: bytes, headers=None, **fields):
     body = {"file": SimpleUploadedFile("data.jsonl", content, "application/jsonl"), **fields}
     return client.post(VERSIONS, body, format="multipart", **(headers or {}))
 

@@ -19,12 +19,12 @@ RUNS = "/api/v1/teams/acme/runs"
 ENVS = "/api/v1/teams/acme/environments"
 
 
-def _allow(settings, **values: str) -> None:  # noqa: ANN001
+def _allow(settings, **values: str) -> None:
     settings.CRUCIBLE = {**settings.CRUCIBLE, **values}
 
 
 @pytest.fixture
-def arith(member, project):  # noqa: ANN001, ANN201
+def arith(member, project):
     member.client.post(ENVS, {"slug": "arith", "project": "main"}, format="json")
     r = member.client.post(f"{ENVS}/arith/versions", {"spec": {"env": {
         "source": "builtin", "name": "arithmetic", "params": {"eval_size": 4}}}}, format="json")
@@ -32,7 +32,7 @@ def arith(member, project):  # noqa: ANN001, ANN201
     return "arith"
 
 
-def _eval(member, base_url: str):  # noqa: ANN001, ANN201
+def _eval(member, base_url: str):
     body = {"project": "main", "kind": "eval", "environment": "arith",
             "config": {"policy": {"kind": "endpoint", "base_url": base_url, "model": "m"}}}
     return member.client.post(RUNS, body, format="json")
@@ -109,7 +109,7 @@ def test_no_model_directory_is_allowed_until_roots_are_configured(member, projec
 
 
 @pytest.fixture
-def wsgi(db):  # noqa: ANN001, ANN201
+def wsgi(db):
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     try:
@@ -120,13 +120,13 @@ def wsgi(db):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def pool(wsgi, worker_token):  # noqa: ANN001, ANN201
+def pool(wsgi, worker_token):
     with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
         yield c
 
 
 @pytest.fixture
-def api(wsgi, member):  # noqa: ANN001, ANN201
+def api(wsgi, member):
     """Launches in-process too (Django's test client would reconnect the request signals
     that close the test's connection)."""
     with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:

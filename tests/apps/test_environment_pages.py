@@ -56,14 +56,14 @@ EVAL_REPORT = {
 }
 
 
-def _session(caller) -> Client:  # noqa: ANN001
+def _session(caller) -> Client:
     client = Client()
     client.force_login(caller.user)
     return client
 
 
 @pytest.fixture
-def version(project, member):  # noqa: ANN001, ANN201
+def version(project, member):
     actor = Actor.of_user(member.user)
     env = services.environment_create(actor=actor, team=project.team, project=project,
                                       slug="arith", description="sums and fractions")
@@ -71,7 +71,7 @@ def version(project, member):  # noqa: ANN001, ANN201
     return v
 
 
-def _eval_run(project, version, report: dict) -> Run:  # noqa: ANN001
+def _eval_run(project, version, report: dict) -> Run:
     plan = plan_run(team=project.team, project=project.slug, kind="eval", config={},
                     name="base-eval", base_model="preset",
                     environment=f"arith@v{version.number}")

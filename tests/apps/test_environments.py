@@ -27,13 +27,13 @@ TASKS = {"env": {"source": "tasks",
 
 
 @pytest.fixture
-def env(member, project):  # noqa: ANN001, ANN201
+def env(member, project):
     r = member.client.post(ENVS, {"slug": "arith", "project": "main"}, format="json")
     assert r.status_code == 201, r.content
     return f"{ENVS}/arith/versions"
 
 
-def register(member, versions, spec):  # noqa: ANN001, ANN201
+def register(member, versions, spec):
     return member.client.post(versions, {"spec": spec}, format="json")
 
 
@@ -92,7 +92,7 @@ def test_bad_specs_are_refused_naming_the_field_and_nothing_is_written(member, e
     assert not EnvironmentVersion.objects.exists()
 
 
-def _claim(worker, run_id: str, pool: str) -> dict:  # noqa: ANN001
+def _claim(worker, run_id: str, pool: str) -> dict:
     r = worker.post(f"{W}/claim", {"pool": pool, "worker_id": "w1", "run_id": run_id},
                     format="json")
     assert r.status_code == 200, r.content

@@ -16,7 +16,7 @@ INV = "/api/v1/teams/acme/invitations"
 ACCEPT = "/api/v1/invitations/accept"
 
 
-def _invite(client, **body) -> dict:  # noqa: ANN001
+def _invite(client, **body) -> dict:
     r = client.post(INV, {"role": "member", **body}, format="json")
     assert r.status_code == 201, r.content
     assert "no-store" in r["Cache-Control"]

@@ -14,7 +14,7 @@ TEAM = "/api/v1/teams/acme"
 W = "/api/v1/worker"
 
 
-def _refused(response, field: str) -> None:  # noqa: ANN001
+def _refused(response, field: str) -> None:
     assert response.status_code == 400, response.content[:300]
     body = response.json()
     assert field in body["errors"], body

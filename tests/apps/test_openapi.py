@@ -21,13 +21,13 @@ PUBLIC = {"schema", "docs"}
 
 
 @pytest.fixture
-def schema(member) -> dict:  # noqa: ANN001
+def schema(member) -> dict:
     response = member.client.get("/api/v1/schema?format=json")
     assert response.status_code == 200, response.content[:300]
     return json.loads(response.content)
 
 
-def _schema_path(route) -> str:  # noqa: ANN001
+def _schema_path(route) -> str:
     """``api/v1/teams/%(team)s/runs/%(run)s`` -> ``/api/v1/teams/{team}/runs/{run}``."""
     (template, params), *_ = normalize(route.regex)
     return "/" + template % {p: f"{{{p}}}" for p in params}

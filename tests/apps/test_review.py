@@ -31,12 +31,12 @@ def records(n: int, tag: str = "q") -> list[dict]:
 
 
 @pytest.fixture
-def target(project):  # noqa: ANN001, ANN201
+def target(project):
     return DatasetFactory(project=project, team=project.team, slug="synth-math")
 
 
 @pytest.fixture
-def seed_version(project):  # noqa: ANN001, ANN201
+def seed_version(project):
     seeds = DatasetFactory(project=project, team=project.team, slug="seeds")
     return make_version(seeds, [{"id": 1, "question": "seed"}])
 
@@ -53,18 +53,18 @@ def manifest(parents: list[str] | None = None) -> dict:
     }
 
 
-def create(client, n=10, **extra):  # noqa: ANN001, ANN003, ANN201
+def create(client, n=10, **extra):
     body = {"dataset": "synth-math", "records": records(n), "manifest": manifest(),
             "target_error_rate": 0.5, "confidence": 0.9, "sample_seed": 5, **extra}
     return client.post(BATCHES, body, format="json")
 
 
-def open_items(client, batch_id: str) -> list[dict]:  # noqa: ANN001
+def open_items(client, batch_id: str) -> list[dict]:
     rows = client.get(f"{ITEMS}?batch={batch_id}&status=open").json()["results"]
     return rows
 
 
-def judge(client, item_id: int, verdict: str, reason: str = ""):  # noqa: ANN001, ANN201
+def judge(client, item_id: int, verdict: str, reason: str = ""):
     return client.post(f"{ITEMS}/{item_id}/verdict", {"verdict": verdict, "reason": reason},
                        format="json")
 

@@ -89,7 +89,7 @@ def test_sample_size_refuses_impossible_plans(bad):
         sample_size(bad["target"], bad["confidence"])
 
 
-def _decide(**kwargs):  # noqa: ANN003, ANN202
+def _decide(**kwargs):
     defaults = {"population": 1000, "sample": 59, "target": 0.05, "confidence": 0.95}
     return decide(**{**defaults, **kwargs})
 

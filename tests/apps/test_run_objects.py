@@ -20,20 +20,20 @@ RUNS = "/api/v1/teams/acme/runs"
 
 
 @pytest.fixture
-def rival_run(other_team):  # noqa: ANN001, ANN201
+def rival_run(other_team):
     project = ProjectFactory(team=other_team, slug="main")
     return make_run(project, DatasetFactory(project=project, team=other_team, slug="d"))
 
 
 @pytest.fixture
-def team_worker(team):  # noqa: ANN001, ANN201
+def team_worker(team):
     """A worker token a team admin minted for acme's own pool."""
     _, raw = worker_token_create(actor=Actor.system(), team=team, name="acme-pool")
     return client_for_token(raw)
 
 
 @pytest.fixture
-def acme_run(team_worker, project):  # noqa: ANN001, ANN201
+def acme_run(team_worker, project):
     run = make_run(project, DatasetFactory(project=project, team=project.team, slug="qa"))
     claimed = team_worker.post(f"{W}/claim", {"pool": "cpu", "worker_id": "w",
                                               "run_id": str(run.pk)}, format="json").json()
@@ -43,7 +43,7 @@ def acme_run(team_worker, project):  # noqa: ANN001, ANN201
     return run, claimed, lease
 
 
-def _foreign_uris(run, rival_run):  # noqa: ANN001, ANN201
+def _foreign_uris(run, rival_run):
     """URIs a hostile worker might report for ``run``: all must be refused."""
     secret = put_run_object(rival_run, "report.json", b'{"secret": "rival"}')
     prefix = put_run_object(run, "report.json", b"{}").rsplit("/", 1)[0]
@@ -141,7 +141,7 @@ def test_eval_preview_cannot_pin_another_teams_checkpoint(acme_run, rival_run, m
     assert Run.objects.filter(team_id=run.team_id).count() == 1
 
 
-def _arith_env(member) -> str:  # noqa: ANN001
+def _arith_env(member) -> str:
     envs = "/api/v1/teams/acme/environments"
     assert member.client.post(envs, {"slug": "arith", "project": "main"},
                               format="json").status_code == 201

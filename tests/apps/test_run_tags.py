@@ -18,29 +18,29 @@ RUNS = "/api/v1/teams/acme/runs"
 PAGE = "/t/acme/"
 
 
-def _dataset(project, slug: str = "qa"):  # noqa: ANN001, ANN202
+def _dataset(project, slug: str = "qa"):
     dataset = DatasetFactory(project=project, team=project.team, slug=slug)
     make_version(dataset, [{"prompt": f"q{i}", "answer": str(i)} for i in range(3)])
     return dataset
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     return _dataset(project)
 
 
-def launch(client, url: str = RUNS, **overrides):  # noqa: ANN001, ANN003, ANN201
+def launch(client, url: str = RUNS, **overrides):
     body = {"project": "main", "kind": "profile", "datasets": ["qa"], "config": {}, **overrides}
     return client.post(url, body, format="json")
 
 
-def browser_for(caller) -> Client:  # noqa: ANN001
+def browser_for(caller) -> Client:
     client = Client()
     client.force_login(caller.user)
     return client
 
 
-def listed(client, query: str) -> list[str]:  # noqa: ANN001
+def listed(client, query: str) -> list[str]:
     r = client.get(f"{RUNS}?{query}")
     assert r.status_code == 200, r.content
     return sorted(row["name"] for row in r.json()["results"])
@@ -155,7 +155,7 @@ def _queries(client: Client, url: str, **headers: str) -> int:
     return len(ctx.captured_queries)
 
 
-def _tagged_runs(project, n: int, start: int, user) -> None:  # noqa: ANN001
+def _tagged_runs(project, n: int, start: int, user) -> None:
     runs = Run.objects.bulk_create(
         Run(team=project.team, project=project, name=f"t-{start + i:05d}", kind="profile",
             status=RunStatus.QUEUED, config={}, pool="cpu", created_by=user,

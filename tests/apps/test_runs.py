@@ -17,18 +17,18 @@ RUNS = "/api/v1/teams/acme/runs"
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset, [{"prompt": f"q{i}", "answer": str(i)} for i in range(4)])
     dataset.refresh_from_db()
     return dataset
 
 
-def doc(**overrides):  # noqa: ANN003, ANN201
+def doc(**overrides):
     return {"project": "main", "kind": "profile", "datasets": ["qa"], "config": {}, **overrides}
 
 
-def launch(client, **overrides):  # noqa: ANN001, ANN003, ANN201
+def launch(client, **overrides):
     return client.post(RUNS, doc(**overrides), format="json")
 
 

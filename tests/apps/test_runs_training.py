@@ -18,7 +18,7 @@ W = "/api/v1/worker"
 
 
 @pytest.fixture
-def envs(project):  # noqa: ANN001, ANN201
+def envs(project):
     """Environment ``arith`` with v1 failed, v2 passed and v3 pending QC; ``code`` v1 passed."""
     system = Actor.system()
     arith = env_services.environment_create(actor=system, team=project.team, project=project,
@@ -39,7 +39,7 @@ def envs(project):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def sft(project):  # noqa: ANN001, ANN201
+def sft(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="sft")
     make_version(dataset, [{"prompt": "1 + 1 =", "completion": "2"}])
     dataset.refresh_from_db()
@@ -49,7 +49,7 @@ def sft(project):  # noqa: ANN001, ANN201
 WARM = {"sft": {"steps": 1}}  # a pinned SFT dataset needs its phase on
 
 
-def train(client, **overrides):  # noqa: ANN001, ANN003, ANN201
+def train(client, **overrides):
     body = {"project": "main", "kind": "train", "config": {}, **overrides}
     return client.post(RUNS, body, format="json")
 
@@ -153,7 +153,7 @@ def test_max_attempts_is_validated(member, project):
 # --- base model -----------------------------------------------------------------------------
 
 
-def _run_with_checkpoints(member, worker, object_store, steps=(2, 4)):  # noqa: ANN001, ANN201
+def _run_with_checkpoints(member, worker, object_store, steps=(2, 4)):
     """A train run (claimed, running) with checkpoints stored in the object store."""
     run_id = train(member.client).json()["id"]
     claimed = worker.post(f"{W}/claim", {"pool": "gpu", "worker_id": "w", "run_id": run_id},
@@ -262,7 +262,7 @@ def test_base_model_preset_path_and_conflicts(member, project, settings):
 # --- pinned training datasets --------------------------------------------------------------
 
 
-def _dataset(project, slug, records):  # noqa: ANN001, ANN202
+def _dataset(project, slug, records):
     dataset = DatasetFactory(project=project, team=project.team, slug=slug)
     make_version(dataset, records)
     return dataset

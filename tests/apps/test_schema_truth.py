@@ -12,7 +12,7 @@ from tests.factories import DatasetFactory
 
 
 @pytest.fixture
-def schema(member) -> dict:  # noqa: ANN001
+def schema(member) -> dict:
     return json.loads(member.client.get("/api/v1/schema?format=json").content)
 
 

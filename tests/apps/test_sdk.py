@@ -68,13 +68,13 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture
-def sdk(server, member, project) -> Iterator[CrucibleClient]:  # noqa: ANN001
+def sdk(server, member, project) -> Iterator[CrucibleClient]:
     with CrucibleClient(server.url, member.token, retries=0) as client:
         yield client
 
 
 @pytest.fixture
-def running(worker, project):  # noqa: ANN001, ANN201
+def running(worker, project):
     """A claimed, running run and the worker's lease header."""
     run = make_run(project, DatasetFactory(project=project, team=project.team, slug="qa"))
     body = worker.post(f"{W}/claim", {"pool": "cpu", "worker_id": "w", "run_id": str(run.pk)},
@@ -85,7 +85,7 @@ def running(worker, project):  # noqa: ANN001, ANN201
     return run, lease
 
 
-def _metrics(worker, run, lease, seq: int, steps: range) -> None:  # noqa: ANN001
+def _metrics(worker, run, lease, seq: int, steps: range) -> None:
     points = [{"name": "loss", "step": s, "value": 1.0 / (s + 1)} for s in steps]
     r = worker.post(f"{W}/runs/{run.pk}/metrics", {"seq": seq, "points": points},
                     format="json", **lease)

@@ -23,12 +23,12 @@ RUN_DOC = {"project": "main", "kind": "profile", "config": {}, "datasets": ["qa"
 
 
 @pytest.fixture
-def dataset(project):  # noqa: ANN001, ANN201
+def dataset(project):
     return DatasetFactory(project=project, team=project.team, slug="qa")
 
 
 @pytest.fixture
-def run(project, dataset):  # noqa: ANN001, ANN201
+def run(project, dataset):
     return make_run(project, dataset)
 
 
@@ -118,7 +118,7 @@ def _admin_only(team: Team) -> list[tuple[str, str, dict]]:
 
 
 @pytest.fixture
-def team_worker_token(team, owner):  # noqa: ANN001, ANN201
+def team_worker_token(team, owner):
     response = owner.client.post("/api/v1/teams/acme/worker-tokens", {"name": "pool"},
                                  format="json")
     assert response.status_code == 201
@@ -152,7 +152,7 @@ def test_members_can_list_members(member, viewer):
     assert member.client.get("/api/v1/teams/acme/members/victor").json()["role"] == "viewer"
 
 
-def _invite(client, role="member"):  # noqa: ANN001, ANN201
+def _invite(client, role="member"):
     r = client.post("/api/v1/teams/acme/invitations", {"role": role}, format="json")
     assert r.status_code == 201, r.content
     return r.json()["code"]

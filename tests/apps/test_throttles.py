@@ -15,17 +15,17 @@ LOGIN = "/accounts/login/"
 ME = "/api/v1/me"
 
 
-def _rates(settings, **rates: str) -> None:  # noqa: ANN001
+def _rates(settings, **rates: str) -> None:
     settings.CRUCIBLE = {**settings.CRUCIBLE,
                          "THROTTLE_RATES": {**settings.CRUCIBLE["THROTTLE_RATES"], **rates}}
 
 
-def _login(client: Client, username: str, password: str, ip: str = "10.9.8.7"):  # noqa: ANN201
+def _login(client: Client, username: str, password: str, ip: str = "10.9.8.7"):
     return client.post(LOGIN, {"username": username, "password": password},
                        REMOTE_ADDR=ip)
 
 
-def _assert_429(response) -> int:  # noqa: ANN001
+def _assert_429(response) -> int:
     assert response.status_code == 429, response.content[:300]
     wait = int(response["Retry-After"])
     assert wait > 0

@@ -82,7 +82,7 @@ class Route:
         return self.pattern.name
 
     @property
-    def callback(self):  # noqa: ANN201
+    def callback(self):
         return self.pattern.callback
 
     @property
@@ -126,7 +126,7 @@ def _regex(pattern: URLPattern | URLResolver) -> str:
 
 def iter_routes(
     patterns: list | None = None, text: str = "", regex: str = "", groups: frozenset = frozenset()
-):  # noqa: ANN201
+):
     """Every URLPattern in the URLconf (recursing through includes)."""
     if patterns is None:
         patterns = get_resolver().url_patterns
@@ -144,7 +144,7 @@ def _subclass(cls: type | None, base: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, base)
 
 
-def violations(routes) -> list[str]:  # noqa: ANN001
+def violations(routes) -> list[str]:
     """Every way ``routes`` breaks the tenant rules, as readable lines."""
     problems = []
     for route in routes:
@@ -232,30 +232,30 @@ def test_route_url_builds_resolvable_paths():
 
 
 class _PlainView(APIView):
-    def get(self, request):  # noqa: ANN001, ANN201
+    def get(self, request):
         raise AssertionError("never called")
 
 
 class _PlainViewSet(viewsets.GenericViewSet):
-    def list(self, request, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def list(self, request, **kwargs):
         raise AssertionError("never called")
 
 
 class _ScopedViewSet(TeamScopedViewSet):
-    def list(self, request, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def list(self, request, **kwargs):
         raise AssertionError("never called")
 
 
 class _WorkerOnly(WorkerViewSet):
-    def list(self, request, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def list(self, request, **kwargs):
         raise AssertionError("never called")
 
 
-def _fake_team_view(request, team):  # noqa: ANN001, ANN201
+def _fake_team_view(request, team):
     raise AssertionError("never called")
 
 
-def _check(*patterns) -> list[str]:  # noqa: ANN002
+def _check(*patterns) -> list[str]:
     return violations(iter_routes([path("api/v1/", url_include(list(patterns)))]))
 
 
@@ -291,7 +291,7 @@ def test_checker_reports_unlisted_team_pages():
     assert _check_root(renamed) != []
 
 
-def _check_root(*patterns) -> list[str]:  # noqa: ANN002
+def _check_root(*patterns) -> list[str]:
     return violations(iter_routes(list(patterns)))
 
 
@@ -315,7 +315,7 @@ def test_checker_accepts_good_routes():
 @pytest.mark.parametrize("method", ["get_queryset", "initial", "get_object",
                                     "check_team_access"])
 def test_subclass_overriding_a_locked_method_is_refused(method):
-    def override(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def override(self, *args, **kwargs):
         return None
 
     with pytest.raises(TypeError, match=method):
@@ -326,7 +326,7 @@ def test_subclass_overriding_a_locked_method_is_refused(method):
 def test_locked_method_overridden_through_a_mixin_is_refused(method):
     """A mixin placed before the base in the MRO overrides just as well as the class body."""
 
-    def override(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def override(self, *args, **kwargs):
         return None
 
     mixin = type("Mixin", (), {method: override})
@@ -340,20 +340,20 @@ def test_locked_method_overridden_in_a_grandchild_is_refused():
 
     with pytest.raises(TypeError, match="get_queryset"):
         class GrandChild(Child):
-            def get_queryset(self):  # noqa: ANN202
+            def get_queryset(self):
                 return None
 
 
 def test_subclass_may_override_base_queryset():
     class Fine(TeamScopedViewSet):
-        def base_queryset(self):  # noqa: ANN202
+        def base_queryset(self):
             return None
 
     assert Fine.get_queryset is TeamScopedViewSet.get_queryset
 
 
 def test_worker_viewset_refuses_initial_override():
-    def initial(self, request, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def initial(self, request, *args, **kwargs):
         return None
 
     with pytest.raises(TypeError, match="initial"):

@@ -21,7 +21,7 @@ RUNS = "/api/v1/teams/acme/runs"
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset)
     dataset.refresh_from_db()
@@ -29,11 +29,11 @@ def qa(project):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def run(project, qa):  # noqa: ANN001, ANN201
+def run(project, qa):
     return make_run(project, qa)
 
 
-def claim(worker, pool="cpu", worker_id="w1", run_id=None):  # noqa: ANN001, ANN201
+def claim(worker, pool="cpu", worker_id="w1", run_id=None):
     body = {"pool": pool, "worker_id": worker_id}
     if run_id is not None:
         body["run_id"] = str(run_id)
@@ -41,7 +41,7 @@ def claim(worker, pool="cpu", worker_id="w1", run_id=None):  # noqa: ANN001, ANN
 
 
 @pytest.fixture
-def claimed(worker, run):  # noqa: ANN001, ANN201
+def claimed(worker, run):
     """(run, lease header kwargs) for a claimed run."""
     r = claim(worker, run_id=run.pk)
     assert r.status_code == 200, r.content
@@ -49,7 +49,7 @@ def claimed(worker, run):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def running(worker, claimed):  # noqa: ANN001, ANN201
+def running(worker, claimed):
     run, lease = claimed
     r = worker.post(f"{W}/runs/{run.pk}/status", {"status": "running"}, **lease)
     assert r.status_code == 200, r.content
@@ -315,7 +315,7 @@ def test_worker_unknown_run_is_404(worker, run):
 # --- metrics ---------------------------------------------------------------------------------
 
 
-def post_metrics(worker, run, lease, seq, points):  # noqa: ANN001, ANN201
+def post_metrics(worker, run, lease, seq, points):
     return worker.post(f"{W}/runs/{run.pk}/metrics", {"seq": seq, "points": points},
                        format="json", **lease)
 

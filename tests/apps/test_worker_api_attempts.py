@@ -23,21 +23,21 @@ RUNS = "/api/v1/teams/acme/runs"
 
 
 @pytest.fixture
-def qa(project):  # noqa: ANN001, ANN201
+def qa(project):
     dataset = DatasetFactory(project=project, team=project.team, slug="qa")
     make_version(dataset)
     dataset.refresh_from_db()
     return dataset
 
 
-def claim(worker, run, worker_id="w1"):  # noqa: ANN001, ANN201
+def claim(worker, run, worker_id="w1"):
     r = worker.post(f"{W}/claim", {"pool": run.pool, "worker_id": worker_id,
                                    "run_id": str(run.pk)}, format="json")
     assert r.status_code == 200, r.content
     return r.json(), {"HTTP_X_CRUCIBLE_LEASE": r.json()["lease_id"]}
 
 
-def fail(worker, run, lease, error, retry=True):  # noqa: ANN001, ANN201
+def fail(worker, run, lease, error, retry=True):
     body = {"status": "failed", "error": error, "retry": retry}
     r = worker.post(f"{W}/runs/{run.pk}/status", body, format="json", **lease)
     assert r.status_code == 200, r.content
@@ -158,7 +158,7 @@ def test_claim_of_a_retry_carries_metric_watermarks(worker, project, qa):
 
 
 @pytest.fixture
-def pool(db, worker_token):  # noqa: ANN001, ANN201
+def pool(db, worker_token):
     """The real client, in-process (WSGI), sharing the test's transaction."""
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)

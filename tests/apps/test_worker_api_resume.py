@@ -29,7 +29,7 @@ from workers.reporting import Stopped
 
 
 @pytest.fixture
-def wsgi(db):  # noqa: ANN001, ANN201
+def wsgi(db):
     """The app in-process, sharing the test's transaction (the request signals must not
     close the connection; Django's test client would reconnect them, so it is not used)."""
     request_started.disconnect(close_old_connections)
@@ -42,19 +42,19 @@ def wsgi(db):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def pool(wsgi, worker_token):  # noqa: ANN001, ANN201
+def pool(wsgi, worker_token):
     with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
         yield c
 
 
 @pytest.fixture
-def api(wsgi, member):  # noqa: ANN001, ANN201
+def api(wsgi, member):
     with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
         yield c
 
 
 @pytest.fixture(autouse=True)
-def var_dir(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+def var_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_VAR_DIR", str(tmp_path / "var"))
     return tmp_path / "var"
 
@@ -73,7 +73,7 @@ def engine_checkpoint(root: Path, step: int) -> Path:
     return folder / "hf"
 
 
-def launch(api, **document):  # noqa: ANN001, ANN003, ANN201
+def launch(api, **document):
     return api.launch_run("acme", project="main", kind="train", **document)
 
 
@@ -175,7 +175,7 @@ def test_the_sink_stops_the_engine_once_the_run_is_canceled(pool, api, project,
 def test_execute_asks_for_a_retry_only_when_another_attempt_may_help(
         pool, api, project, monkeypatch):
     def run_with(error: Exception) -> Run:
-        def engine(session) -> None:  # noqa: ANN001
+        def engine(session) -> None:
             raise error
 
         monkeypatch.setitem(adapters.ADAPTERS, "train", engine)

@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def asgi_server(transactional_db):  # noqa: ANN001, ANN201
+def asgi_server(transactional_db):
     import uvicorn
 
     from config.asgi import application
@@ -44,7 +44,7 @@ def asgi_server(transactional_db):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture
-def browser(monkeypatch):  # noqa: ANN001, ANN201
+def browser(monkeypatch):
     # Playwright's sync API keeps an event loop in the test's thread; Django refuses ORM
     # calls there unless told the test knows what it is doing.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

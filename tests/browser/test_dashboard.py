@@ -30,7 +30,7 @@ PASSWORD = "pw-for-tests-1"
 WAIT = 10_000
 
 
-def login(browser, server: str, username: str, width: int = 1280):  # noqa: ANN001, ANN201
+def login(browser, server: str, username: str, width: int = 1280):
     page = browser.new_page(viewport={"width": width, "height": 900})
     page.goto(f"{server}/accounts/login/")
     page.fill("#id_username", username)
@@ -40,7 +40,7 @@ def login(browser, server: str, username: str, width: int = 1280):  # noqa: ANN0
     return page
 
 
-def no_sideways_scroll(page, width: int = 800) -> None:  # noqa: ANN001
+def no_sideways_scroll(page, width: int = 800) -> None:
     """At ``width`` px the page itself must not scroll sideways (wide tables scroll in
     their own box)."""
     page.set_viewport_size({"width": width, "height": 900})
@@ -49,7 +49,7 @@ def no_sideways_scroll(page, width: int = 800) -> None:  # noqa: ANN001
     page.set_viewport_size({"width": 1280, "height": 900})
 
 
-def screenshot(page, name: str) -> None:  # noqa: ANN001
+def screenshot(page, name: str) -> None:
     DOCS.mkdir(exist_ok=True)
     # A sticky bar would be painted mid-page in a full-page capture.
     page.evaluate("document.querySelector('.topbar').style.position = 'static'")
@@ -57,7 +57,7 @@ def screenshot(page, name: str) -> None:  # noqa: ANN001
 
 
 @pytest.fixture
-def lab(transactional_db):  # noqa: ANN001, ANN201
+def lab(transactional_db):
     user = UserFactory(username="alice")
     team = TeamFactory(slug="lab", name="RL Lab")
     MembershipFactory(team=team, user=user, role=Role.ADMIN)

@@ -31,7 +31,7 @@ V2 = [{"id": 1, "question": "1 + 1", "answer": "2"}, {"id": 2, "question": "2 + 
       {"id": 3, "question": "3 + 3", "answer": "6"}]
 
 
-def login(browser, server: str, username: str):  # noqa: ANN001, ANN201
+def login(browser, server: str, username: str):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{server}/accounts/login/")
     page.fill("#id_username", username)

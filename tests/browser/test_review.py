@@ -36,24 +36,24 @@ def records(tag: str) -> list[dict]:
                                "detail": f"{3 * i} == {3 * i}"}]} for i in range(10)]
 
 
-def eventually(check, timeout: float = 10.0) -> None:  # noqa: ANN001
+def eventually(check, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
 
 
-def open_count(page) -> int:  # noqa: ANN001
+def open_count(page) -> int:
     return page.locator('#items [data-status="open"]').count()
 
 
-def wait_open(page, n: int) -> None:  # noqa: ANN001
+def wait_open(page, n: int) -> None:
     page.wait_for_function(
         f"() => document.querySelectorAll('#items [data-status=\"open\"]').length === {n}",
         timeout=WAIT)
 
 
-def selected(page) -> str:  # noqa: ANN001
+def selected(page) -> str:
     return page.get_attribute('#items [aria-selected="true"]', "data-item")
 
 

@@ -34,7 +34,7 @@ TRAIN_CONFIG = {"model": {"preset": {"num_layers": 2}}, "sft": {"steps": 20},
                 "checkpoint": {"every": 0}}
 
 
-def watch_console(page) -> list[str]:  # noqa: ANN001
+def watch_console(page) -> list[str]:
     """Console errors and uncaught exceptions (a CSP violation is a console error)."""
     errors: list[str] = []
     page.on("console", lambda m: errors.append(f"{page.url}: {m.text}")
@@ -43,7 +43,7 @@ def watch_console(page) -> list[str]:  # noqa: ANN001
     return errors
 
 
-def login(browser, server: str, username: str, width: int = 1440):  # noqa: ANN001, ANN201
+def login(browser, server: str, username: str, width: int = 1440):
     page = browser.new_page(viewport={"width": width, "height": 900}, accept_downloads=True)
     errors = watch_console(page)
     page.goto(f"{server}/accounts/login/")
@@ -54,7 +54,7 @@ def login(browser, server: str, username: str, width: int = 1440):  # noqa: ANN0
     return page, errors
 
 
-def train_run(project, name: str = "grpo-tiny") -> Run:  # noqa: ANN001
+def train_run(project, name: str = "grpo-tiny") -> Run:
     from apps.runs import services
     from apps.runs.validation import plan_run
 
@@ -80,7 +80,7 @@ def points(steps: range, t0: float) -> list[dict]:
 
 
 @pytest.fixture
-def lab(transactional_db):  # noqa: ANN001, ANN201
+def lab(transactional_db):
     user = UserFactory(username="alice")
     team = TeamFactory(slug="lab", name="RL Lab")
     MembershipFactory(team=team, user=user, role=Role.MEMBER)
@@ -88,7 +88,7 @@ def lab(transactional_db):  # noqa: ANN001, ANN201
     return {"user": user, "team": team, "project": project}
 
 
-def axis(page, metric: str) -> dict:  # noqa: ANN001
+def axis(page, metric: str) -> dict:
     """What uPlot drew on a chart's y axis: range, tick labels, gutter width, and the width
     the widest label needs in the axis font."""
     return page.evaluate("""(metric) => {

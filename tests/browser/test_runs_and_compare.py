@@ -33,7 +33,7 @@ WAIT = 15_000
 
 
 @pytest.fixture
-def lab(transactional_db):  # noqa: ANN001, ANN201
+def lab(transactional_db):
     user = UserFactory(username="alice")
     team = TeamFactory(slug="lab", name="RL Lab")
     MembershipFactory(team=team, user=user, role=Role.MEMBER)
@@ -44,7 +44,7 @@ def lab(transactional_db):  # noqa: ANN001, ANN201
     return {"user": user, "team": team, "project": project, "dataset": dataset}
 
 
-def seeded_runs(lab, asgi_server: str) -> list[Run]:  # noqa: ANN001
+def seeded_runs(lab, asgi_server: str) -> list[Run]:
     tags = [["sweep-lr", "baseline", "seed-1", "long-tag-for-width"], ["sweep-lr", "seed-2"],
             []]
     runs = [make_run(lab["project"], lab["dataset"], name=f"profile-{n}", tags=t,

@@ -29,7 +29,7 @@ WAIT = 15_000
 
 
 @pytest.fixture
-def lab(transactional_db):  # noqa: ANN001, ANN201
+def lab(transactional_db):
     user = UserFactory(username="alice")
     team = TeamFactory(slug="lab", name="RL Lab")
     MembershipFactory(team=team, user=user, role=Role.MEMBER)

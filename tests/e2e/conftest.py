@@ -28,7 +28,7 @@ def purge_queues() -> None:
 
 
 @pytest.fixture
-def start_worker(live_server):  # noqa: ANN001, ANN201
+def start_worker(live_server):
     procs: list[subprocess.Popen] = []
 
     def start(worker_token: str, queues: str = "cpu", extra_env: dict | None = None,
@@ -72,7 +72,7 @@ def start_worker(live_server):  # noqa: ANN001, ANN201
             proc.kill()
 
 
-def wait_for(predicate, timeout: float = 90, what: str = "condition"):  # noqa: ANN001, ANN201
+def wait_for(predicate, timeout: float = 90, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -32,7 +32,7 @@ def _setup() -> tuple[str, str]:
     return token, worker_token
 
 
-def _wait(client: CrucibleClient, run_id: str, worker) -> dict:  # noqa: ANN001
+def _wait(client: CrucibleClient, run_id: str, worker) -> dict:
     try:
         done = client.wait_for_run("e2e", run_id, timeout=180)
     except TimeoutError:

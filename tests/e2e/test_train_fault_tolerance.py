@@ -100,7 +100,7 @@ def test_killed_worker_run_resumes_elsewhere_then_a_run_from_its_checkpoint_is_c
         worker_a = start_worker(worker_token, queues="gpu", log=log_a)
 
         # Kill the worker once the run has a checkpoint, well before its last step.
-        def first_checkpoint():  # noqa: ANN202
+        def first_checkpoint():
             if worker_a.poll() is not None:
                 raise AssertionError(f"worker A exited early:\n{_tail(log_a)}")
             return client.run_checkpoints("ft", rid)

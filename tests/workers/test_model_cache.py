@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.model_cache import ModelCache, cache_budget_bytes, fetch_tar
+from workers.model_cache import ModelCache, cache_budget_bytes, cached_model, fetch_tar
 from workers.storage import LocalStore, open_store
 
 
@@ -55,6 +56,20 @@ def test_fetch_tar_streams_from_a_real_s3_server(s3_server, tmp_path):
     uri = checkpoint(store, "runs/r/step-2.tar", 3 << 20)
     folder = fetch_tar(store, uri, tmp_path / "entry")
     assert (folder / "hf" / "weights.bin").stat().st_size == 3 << 20
+
+
+def test_a_cached_model_is_the_hf_folder_under_var_models_held_until_the_stack_closes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRUCIBLE_VAR_DIR", str(tmp_path / "var"))
+    store = LocalStore((tmp_path / "objects").as_uri())
+    uri = checkpoint(store, "runs/r/step-1.tar", 100)
+    cache = ModelCache(tmp_path / "var" / "models", budget_bytes=0)
+    with contextlib.ExitStack() as hold:
+        folder = cached_model(store, uri, hold)
+        assert folder == tmp_path / "var" / "models" / ModelCache.key(uri) / "hf"
+        assert (folder / "weights.bin").read_bytes() == b"w" * 100
+        assert cache.prune() == []  # in use: kept though over the budget
+    assert cache.prune() == [ModelCache.key(uri)]
 
 
 def test_the_cache_prunes_least_recently_used_entries_to_its_budget(tmp_path):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,9 +20,27 @@ from workers.envs.spec import (
     check_task_records,
     parse_environment_spec,
 )
+from workers.storage import ObjectStore
 
 ResolveDataset = Callable[[DatasetRef], Iterable[Mapping[str, Any]]]
-"""Returns a dataset version's records (the Celery task reads them from the object store)."""
+"""Returns a dataset version's records (a worker reads them from the object store:
+:func:`stored_datasets`)."""
+
+
+def stored_datasets(uris: Mapping[str, str], store: ObjectStore) -> ResolveDataset:
+    """The resolver a worker passes to :func:`load_environment` and the QC engine: a pinned
+    environment's dataset records read from the object-store URIs the claim listed by digest
+    (``dataset_uris``), so the worker reads exactly the version the run pinned and nothing
+    the team cannot see."""
+
+    def records(ref: DatasetRef) -> Iterator[dict[str, Any]]:
+        uri = uris.get(ref.digest)
+        if uri is None:
+            raise FileNotFoundError(f"environment dataset {ref.dataset} v{ref.version} "
+                                    f"({ref.digest[:12]}) is not among the team's datasets")
+        return (json.loads(line) for line in store.open_lines(uri) if line.strip())
+
+    return records
 
 
 def _builtin(spec: BuiltinEnvSpec, sandbox: Sandbox | None) -> Environment:

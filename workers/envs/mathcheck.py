@@ -81,7 +81,7 @@ def _sympy_equal(pred: str, gold: str) -> bool:
         standard_transformations,
     )
 
-    def parse(text: str):  # noqa: ANN202 - a sympy expression
+    def parse(text: str):
         text = re.sub(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))", text)
         text = text.replace("^", "**").replace("\\cdot", "*").replace("\\left", "")
         text = text.replace("\\right", "").replace("{", "(").replace("}", ")")

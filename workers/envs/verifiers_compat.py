@@ -168,7 +168,7 @@ class VerifiersEnvironment(Environment):
         traces = []
         for task, completion in zip(tasks, completions, strict=True):
             vt = self.vf_tasks[task.id]
-            nodes = []
+            nodes: list[Any] = []
             kinds = {"system": vf.SystemMessage, "assistant": vf.AssistantMessage}
             for m in self.initial_messages(task):  # few-shot turns keep their roles
                 message = kinds.get(m["role"], vf.UserMessage)(content=m["content"])

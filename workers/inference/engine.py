@@ -130,7 +130,8 @@ class Policy:
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=getattr(torch, dtype)
         )
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        # transformers types `to` (a wrapped method) as taking the model again.
+        self.model = model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
         self.rollout = HFRollout(self.model, self.tok)
         # Fast tokenizers refuse concurrent calls that touch their padding state ("Already
         # borrowed"): the batcher thread samples with `tok`, request handlers use their own.
@@ -153,7 +154,8 @@ class Policy:
 
     def render_chat(self, messages: list[tuple[str, str]]) -> str:
         if self.chat_format == "template":
-            return self.request_tok.apply_chat_template(
+            # tokenize=False returns the text; transformers types every return form.
+            return self.request_tok.apply_chat_template(  # type: ignore[return-value]
                 [{"role": r, "content": c} for r, c in messages],
                 tokenize=False, add_generation_prompt=True,
             )
@@ -170,12 +172,13 @@ class Policy:
     def count_tokens(self, prompt: Prompt) -> int:
         return len(self.encode(prompt))
 
+    # decode of one id list is one str; transformers types it `str | list[str]`.
     def token_text(self, token_id: int) -> str:
-        return self.request_tok.decode([token_id])
+        return self.request_tok.decode([token_id])  # type: ignore[return-value]
 
     def decode(self, token_ids: list[int]) -> str:
         """Completion text of sampled ids, special tokens (the eos) left out (request threads)."""
-        return self.request_tok.decode(token_ids, skip_special_tokens=True)
+        return self.request_tok.decode(token_ids, skip_special_tokens=True)  # type: ignore[return-value]
 
     @property
     def vocab_size(self) -> int:
@@ -228,7 +231,7 @@ class Policy:
         for i in range(len(prompts)):
             m = batch.completion_mask[i].bool()
             ids = batch.completion_ids[i][m].tolist()
-            full = self.tok.decode(ids, skip_special_tokens=True)
+            full: str = self.tok.decode(ids, skip_special_tokens=True)  # type: ignore[assignment]
             text, hit_stop = cut_at_stop(full, list(params.stop))
             ended = bool(ids) and ids[-1] == eos
             out.append(Sample(ids, lps[i][: len(ids)], tops[i][: len(ids)] if k else [], text,

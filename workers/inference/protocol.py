@@ -10,6 +10,7 @@ informational fields (`user`, `metadata`, ...) are accepted and ignored, as Open
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -221,11 +222,11 @@ class CompletionRequest(_Sampling):
         raise ValueError("prompt must be a string, a list of strings, a list of token ids or "
                          "a list of token-id lists, not a mix")
 
-    def prompts(self) -> list[str | list[int]]:
+    def prompts(self) -> list[str | Sequence[int]]:
         if isinstance(self.prompt, str):
             return [self.prompt]
         if self.prompt and isinstance(self.prompt[0], int):
-            return [list(self.prompt)]  # type: ignore[arg-type]
+            return [list(self.prompt)]
         return list(self.prompt)  # type: ignore[arg-type]
 
 

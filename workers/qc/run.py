@@ -153,8 +153,8 @@ def _judge(state: _TaskState, spec: QcSpec, full: float, allowed: float = 0.0
         assert first is not None
         row["reference_reward"] = first.total
         statuses = [str(p.score.info.get("status")) for p in refs if p.score]
-        walls = [p.score.info.get("wall_ms") for p in refs if p.score]
-        walls = [w for w in walls if isinstance(w, int | float)]
+        reported = [p.score.info.get("wall_ms") for p in refs if p.score]
+        walls = [w for w in reported if isinstance(w, int | float)]
         if walls:
             row["reference_wall_ms"] = max(walls)
         over = sorted({s for s in statuses if s in LIMIT_STATUSES})
@@ -309,8 +309,8 @@ def run_qc(
         rows = [_judge(states[t.id], spec, full, allowed) for t in env.tasks]
     else:
         dedup_s = 0.0
-    quarantined = [{"task_id": s.task.id, "reasons": s.reasons}
-                   for s in states.values() if s.reasons]
+    quarantined: list[dict[str, Any]] = [{"task_id": s.task.id, "reasons": s.reasons}
+                                         for s in states.values() if s.reasons]
     n = len(env.tasks)
     rate = len(quarantined) / n if n else 0.0
     block: list[str] = [f"environment check '{c['check']}' failed: {c['detail']}"

@@ -87,7 +87,7 @@ def merge(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     Episode groups among them make an EpisodeBatch (single-turn rows: loss mask = attention)."""
     if len(batches) == 1:
         return batches[0]
-    fields = dict(
+    fields: dict[str, Any] = dict(
         prompt_ids=pad_cat([b.prompt_ids for b in batches], pad_id, left=True),
         prompt_mask=pad_cat([b.prompt_mask for b in batches], 0, left=True),
         completion_ids=pad_cat([b.completion_ids for b in batches], pad_id, left=False),
@@ -349,8 +349,10 @@ class AsyncActor(threading.Thread):
                 idle0, t0 = self.idle_s, time.perf_counter()
                 floor = max(0, step - self.bound)
                 # Later rounds of the same step take whatever is newest, never older.
-                sb = self.producer.produce(
-                    step, lambda f=floor: self._weights(max(f, self.loaded)))
+                def newest(f: int = floor) -> tuple[int, RolloutBackend]:
+                    return self._weights(max(f, self.loaded))
+
+                sb = self.producer.produce(step, newest)
                 sb.gen_idle_s = self.idle_s - idle0
                 self.busy_s += time.perf_counter() - t0 - sb.gen_idle_s
                 self._put(sb)

@@ -21,7 +21,7 @@ import re
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ import torch.distributed as dist
 
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.prompt_format import PromptFormat
+
+if TYPE_CHECKING:  # transformers is imported only by whoever builds the model
+    from transformers import PreTrainedModel
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 
@@ -81,7 +84,7 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def save_hf(module: torch.nn.Module, tokenizer, out: Path, zero_stage: int,
+def save_hf(module: PreTrainedModel, tokenizer, out: Path, zero_stage: int,
             prompt_format: PromptFormat | None = None) -> None:
     """Collective under ZeRO-3 (parameters are gathered); rank 0 writes. `prompt_format`:
     how the policy saw its prompts, recorded beside the weights for whoever serves them."""

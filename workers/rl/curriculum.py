@@ -98,7 +98,8 @@ class TaskSampler:
     def take(self, n: int) -> list[Example]:
         """The next n examples whose pass rate is in the band. After a full pass over the data
         with nothing in the band, the band is ignored rather than looping forever."""
-        spec, out, misses = self.spec, [], 0
+        spec, misses = self.spec, 0
+        out: list[Example] = []
         while len(out) < n:
             pos = self.cursor
             self.cursor += 1

@@ -17,6 +17,7 @@ layer. Anything else samples through transformers as before (`lean_decoder` retu
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,15 +79,18 @@ class LeanQwen3Moe:
     """
 
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int):
-        cfg = model.config
+        # A Hugging Face module tree: torch types its config and submodules, read as
+        # attributes, as `Tensor | Module`, so they are read through Any here.
+        hf: Any = model
+        cfg = hf.config
         self.model = model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.eps, self.top_k = cfg.rms_norm_eps, cfg.num_experts_per_tok
         self.norm_topk = cfg.norm_topk_prob
-        inner = model.model
-        self.layers = list(inner.layers[: cfg.num_hidden_layers])
-        self.embed, self.norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
+        inner = hf.model
+        self.layers: list[Any] = list(inner.layers[: cfg.num_hidden_layers])
+        self.embed, self.norm, self.lm_head = inner.embed_tokens, inner.norm, hf.lm_head
         weight = inner.embed_tokens.weight
         # transformers' grouped_mm experts, inlined for CPU (see grouped_experts).
         self.grouped = (getattr(cfg, "_experts_implementation", None) == "grouped_mm"
@@ -126,7 +130,7 @@ class LeanQwen3Moe:
 
     # ---- building blocks -------------------------------------------------------------------
 
-    def rms(self, x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    def rms(self, x: torch.Tensor, norm: Any) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, self.eps)
 
     def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -161,7 +165,7 @@ class LeanQwen3Moe:
         out = out.view(n, h, t, hd).transpose(1, 2).reshape(n, t, h * hd)
         return F.linear(out, self.layers[i].self_attn.o_proj.weight)
 
-    def moe(self, layer: torch.nn.Module, x: torch.Tensor,
+    def moe(self, layer: Any, x: torch.Tensor,
             routers: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Top-k routed experts, as Qwen3MoeSparseMoeBlock. x (N,T,D). The router logits
         ((N*T),E) are appended to `routers` when given."""
@@ -308,7 +312,7 @@ class LeanQwen3Moe:
         return logits
 
 
-def grouped_experts(experts: torch.nn.Module, h: torch.Tensor, idx: torch.Tensor,
+def grouped_experts(experts: Any, h: torch.Tensor, idx: torch.Tensor,
                     top: torch.Tensor) -> torch.Tensor:
     """transformers' `grouped_mm_experts_forward` for Qwen3-MoE experts on CPU, op for op (so
     bit for bit), without its per-call dispatch checks: (token, expert) pairs sorted by expert,

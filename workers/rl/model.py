@@ -40,7 +40,8 @@ def check_model_dir(path: str | Path) -> Path:
 def tiny_moe_config(
     preset: TinyMoeSpec, vocab_size: int, pad_id: int, eos_id: int, aux_coef: float
 ) -> Qwen3MoeConfig:
-    return Qwen3MoeConfig(
+    # head_dim is accepted (and used) at runtime; transformers' typed signature leaves it out.
+    return Qwen3MoeConfig(  # type: ignore[call-arg]
         vocab_size=vocab_size,
         hidden_size=preset.hidden_size,
         intermediate_size=4 * preset.hidden_size,

@@ -72,11 +72,11 @@ def render(messages: list[tuple[str, str]], layout: Layout, eos_token: str) -> s
                                 "the conversation with a user (or tool) message")
     msgs = [{"role": role, "content": content} for role, content in messages]
     if layout == "single_turn":
-        return render_plain(msgs)  # type: ignore[arg-type]
+        return render_plain(msgs)
     out = []
     for m in msgs:
         if m["role"] == "assistant":
             out.append(m["content"] + eos_token + SEPARATOR)
         else:
-            out.append(message_text(m))  # type: ignore[arg-type]
+            out.append(message_text(m))
     return "".join(out)

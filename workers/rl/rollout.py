@@ -150,7 +150,7 @@ class HFRollout:
             texts=self.texts(comp, mask, spec.stop),
         )
 
-    def eval_mode(self) -> Callable[[], None]:
+    def eval_mode(self) -> Callable[[], object]:
         """Switch every module to eval mode; returns what puts each module's mode back.
 
         Flags are set directly on a cached module list: `Module.eval()` walks the module tree

@@ -5,24 +5,13 @@ reports; other ranks get a ``NullSink``."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from workers.jsonsafe import json_safe
 from workers.reporting import NullReporter, Reporter
-
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: report them as strings rather than writing invalid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
 
 
 class JsonlSink(NullReporter):
@@ -35,7 +24,7 @@ class JsonlSink(NullReporter):
     def _write(self, record: dict[str, Any]) -> None:
         record = {"time": time.time(), **record}
         with self.path.open("a") as f:
-            f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+            f.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._write({"kind": "metrics", "step": step, "metrics": metrics})

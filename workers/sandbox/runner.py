@@ -31,10 +31,11 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import calls as calls_driver
 from . import cgroups, languages, records, uids, workdir
@@ -53,6 +54,7 @@ from .spec import (
     PhaseResult,
     Status,
     StdioCase,
+    Trace,
 )
 from .trace import parse as parse_trace
 
@@ -304,7 +306,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
-        self._pools: dict[tuple[str, str], WarmPool[_Warm] | WarmPool[_Pair]] = {}
+        self._pools: dict[tuple[str, str], WarmPool[_Warm | _Pair]] = {}
         self._zygotes: dict[tuple[str, str], _Zygote] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -319,10 +321,12 @@ class Engine:
             pool = self._pools.get((lang.name, kind))
             if pool is None:
                 limits = self.config.pool_limits
-                spawn = {"graded": lambda: self._spawn_pair(lang, limits),
-                         "linked": lambda: self._spawn_linked(lang, limits),
-                         "plain": lambda: self._spawn_boot(lang, limits)}[kind]
-                pool = WarmPool(spawn, self.config.pool_size, name=f"warm-{lang.name}-{kind}")
+                spawners: dict[str, Callable[[], _Warm | _Pair]] = {
+                    "graded": lambda: self._spawn_pair(lang, limits),
+                    "linked": lambda: self._spawn_linked(lang, limits),
+                    "plain": lambda: self._spawn_boot(lang, limits)}
+                pool = WarmPool(spawners[kind], self.config.pool_size,
+                                name=f"warm-{lang.name}-{kind}")
                 self._pools[(lang.name, kind)] = pool
             return pool
 
@@ -523,7 +527,7 @@ class Engine:
         warm.proc.relimit(request.limits)
 
     @staticmethod
-    def _control(lang: Language, control: dict[str, object]) -> bytes:
+    def _control(lang: Language, control: dict[str, Any]) -> bytes:
         # Python's bootstrap reads marshal (a built-in module: no import cost), Node's JSON.
         if lang.name == "python":
             return marshal.dumps(control, 4)
@@ -665,6 +669,7 @@ class Engine:
         to_candidate = os.pipe2(os.O_CLOEXEC)
         from_candidate = os.pipe2(os.O_CLOEXEC)
         links = (to_candidate[0], from_candidate[1])
+        unsent: tuple[int, ...] = links  # the sandbox's ends still ours to close
         host_fds = [to_candidate[1], from_candidate[0]]
         warm: _Warm | None = None
         proc: SandboxProcess | None = None
@@ -695,7 +700,7 @@ class Engine:
                 control = None
             for fd in links:  # the sandbox holds its ends now
                 os.close(fd)
-            links = ()
+            unsent = ()
             deadline = time.monotonic() + request.limits.wall_ms / 1000
             cpu0 = time.thread_time_ns()
 
@@ -712,7 +717,7 @@ class Engine:
                 results, stopped, driver_cpu = future.result()
             read_back = _read_back(warm.dir if warm else path, request.read_back)  # type: ignore[arg-type]
         finally:
-            for fd in (*links, *host_fds):
+            for fd in (*unsent, *host_fds):
                 with contextlib.suppress(OSError):
                     os.close(fd)
             if warm is not None:
@@ -881,7 +886,7 @@ def _release_when_clean(uid: int, procs: list[SandboxProcess]) -> None:
         proc.when_clean(one_done)
 
 
-def _trace(payload: str, request: ExecutionRequest) -> object:
+def _trace(payload: str, request: ExecutionRequest) -> Trace | None:
     """The program's trace record (its own process wrote it: parsed defensively)."""
     assert request.trace is not None
     with contextlib.suppress(wire.WireError, UnicodeError, ValueError):

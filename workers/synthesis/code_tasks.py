@@ -122,7 +122,8 @@ def _brackets_build(p: dict[str, Any], tests: int) -> CodeBuilt:
     rng = random.Random(p["test_seed"])
     inputs = []
     for _ in range(tests):
-        stack, out = [], []
+        stack: list[str] = []
+        out: list[str] = []
         for _ in range(rng.randint(1, n // 2)):  # mostly balanced strings, some corrupted
             if stack and rng.random() < 0.5:
                 out.append(stack.pop())

@@ -81,7 +81,9 @@ def _walk_ok(text: str, names: frozenset[str]) -> ast.Expression:
             if isinstance(exp, ast.UnaryOp):
                 exp = exp.operand
             if not isinstance(exp, ast.Constant | ast.Name) or (
-                isinstance(exp, ast.Constant) and abs(exp.value) > _MAX_EXPONENT
+                # A non-number constant is refused when the walk reaches it (bad_constant).
+                isinstance(exp, ast.Constant) and isinstance(exp.value, int | float)
+                and abs(exp.value) > _MAX_EXPONENT
             ):
                 raise Reject("syntax:bad_exponent",
                              f"exponents must be small constants in {text!r}")
@@ -423,14 +425,14 @@ def logic(topic: str, problem: dict[str, Any], parsed: _Parsed, question: str) -
             ok = value == answer
         elif op == "factor":
             value = sp.factorint(n)
-            given: dict[int, int] = {}
+            claimed: dict[int, int] = {}
             for factor in sp.Mul.make_args(answer):
                 base, exp = factor.as_base_exp()
-                if not (base.is_Integer and exp.is_Integer) or int(base) in given:
-                    given = {}
+                if not (base.is_Integer and exp.is_Integer) or int(base) in claimed:
+                    claimed = {}
                     break
-                given[int(base)] = int(exp)
-            ok = given == value
+                claimed[int(base)] = int(exp)
+            ok = claimed == value
         elif op == "largest_factor":
             value = max(sp.factorint(n)) if n > 1 else None
             ok = value == answer

@@ -28,8 +28,8 @@ def _postgres(columns: str) -> list[str]:
     ]
 
 
-def _trigger(columns: str):  # noqa: ANN202
-    def apply(apps, schema_editor):  # noqa: ANN001, ANN202
+def _trigger(columns: str):
+    def apply(apps, schema_editor):
         vendor = schema_editor.connection.vendor
         statements = {"sqlite": _sqlite, "postgresql": _postgres}.get(vendor)
         for sql in statements(columns) if statements else []:

@@ -32,7 +32,7 @@ END; $$ LANGUAGE plpgsql;
 """
 
 
-def up(apps, schema_editor):  # noqa: ANN001, ANN201
+def up(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
         schema_editor.execute(POSTGRES_FUNCTION)
@@ -43,7 +43,7 @@ def up(apps, schema_editor):  # noqa: ANN001, ANN201
             schema_editor.execute(_postgres_up(table))
 
 
-def down(apps, schema_editor):  # noqa: ANN001, ANN201
+def down(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     for table in TABLES:
         if vendor == "sqlite":

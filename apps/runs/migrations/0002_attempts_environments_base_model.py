@@ -5,7 +5,7 @@ import django.utils.timezone
 from django.db import migrations, models
 
 
-def pin_existing_environments(apps, schema_editor):  # noqa: ANN001, ANN201
+def pin_existing_environments(apps, schema_editor):
     """Runs launched before multi-environment pins keep their one environment as a pin."""
     Run = apps.get_model("runs", "Run")
     RunEnvironment = apps.get_model("runs", "RunEnvironment")

@@ -40,7 +40,7 @@ def test_pass_at_k_rejects_impossible_counts() -> None:
             pass_at_k(*args)
 
 
-def _math_env():  # noqa: ANN202
+def _math_env():
     return load_environment({"source": "builtin", "name": "math",
                              "params": {"count": 30, "eval_fraction": 0.5}})
 

@@ -86,7 +86,7 @@ def test_without_a_seed_nothing_is_sent() -> None:
 
 
 @pytest.fixture(scope="module")
-def sampled_server(tmp_path_factory):  # noqa: ANN001, ANN201
+def sampled_server(tmp_path_factory):
     """A tiny random Qwen3-MoE (digits and operators in its vocabulary) served over the
     OpenAI-compatible API, sampled at temperature 1."""
     import torch
@@ -109,7 +109,7 @@ def sampled_server(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.slow
-def test_a_sampled_model_scores_higher_pass_at_4_than_pass_at_1(sampled_server) -> None:  # noqa: ANN001
+def test_a_sampled_model_scores_higher_pass_at_4_than_pass_at_1(sampled_server) -> None:
     # "Starts with a digit": a random policy over this vocabulary passes some samples of a
     # task and fails others, which only independent samples can show.
     env = load_environment({**ENV, "rubric": {"components": [

@@ -13,14 +13,14 @@ from workers.envs.spec import EnvSpecError, parse_environment_spec
 
 
 def _env(checker: str, answer: str | None, params: dict[str, Any] | None = None,
-         extra: list[dict[str, Any]] | None = None):  # noqa: ANN202
+         extra: list[dict[str, Any]] | None = None):
     components = [{"name": "c", "checker": checker, "params": params or {}}, *(extra or [])]
     return load_environment({"source": "tasks",
                              "tasks": [{"id": "t", "prompt": "p", "answer": answer}],
                              "rubric": {"components": components}})
 
 
-def _scores(env, completions: list[str]) -> list[float]:  # noqa: ANN001
+def _scores(env, completions: list[str]) -> list[float]:
     return [s.total for s in env.score(env.tasks * len(completions), completions)]
 
 

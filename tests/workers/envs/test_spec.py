@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from workers.envs import load_environment
+from workers.envs.load import stored_datasets
 from workers.envs.spec import EnvSpecError, EvalSpec, canonical_json, parse_environment_spec
+from workers.storage import LocalStore
 
 TASKS = [
     {"id": "a", "prompt": "What is 2+2?", "answer": "4", "split": "train", "topic": "add"},
@@ -102,3 +107,18 @@ def test_dataset_reference_reads_records_through_the_resolver() -> None:
     with pytest.raises(ValueError, match="dataset record 1 is not a task: prompt"):
         load_environment({"source": "tasks", "dataset": ref, "rubric": RUBRIC},
                          resolve_dataset=lambda _: [{"id": "x"}])
+
+
+def test_a_worker_reads_pinned_datasets_from_the_uris_its_claim_listed(tmp_path: Path) -> None:
+    store = LocalStore((tmp_path / "objects").as_uri())
+    lines = "".join(json.dumps(t) + "\n" for t in TASKS) + "\n"  # a blank line is skipped
+    uri = store.put_bytes("datasets/qa.jsonl", lines.encode())
+    ref = {"dataset": "qa", "version": 1, "digest": "b" * 64}
+    resolve = stored_datasets({"b" * 64: uri}, store)
+    env = load_environment({"source": "tasks", "dataset": ref, "rubric": RUBRIC},
+                           resolve_dataset=resolve)
+    assert [t.id for t in env.tasks] == ["a", "b"]
+    other = {"dataset": "qa", "version": 2, "digest": "c" * 64}
+    with pytest.raises(FileNotFoundError, match=r"qa v2 \(cccccccccccc\) is not among"):
+        load_environment({"source": "tasks", "dataset": other, "rubric": RUBRIC},
+                         resolve_dataset=resolve)

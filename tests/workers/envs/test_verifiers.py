@@ -61,7 +61,7 @@ def test_packages_that_need_a_runtime_or_do_not_export_a_taskset_are_refused() -
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):  # noqa: ANN001, ANN201
+def model_dir(tmp_path_factory):
     """A tiny random Qwen3-MoE saved like an RL checkpoint (no downloads)."""
     import torch
 
@@ -81,14 +81,14 @@ def model_dir(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(scope="module")
-def inference_server(model_dir):  # noqa: ANN001, ANN201
+def inference_server(model_dir):
     inference = pytest.importorskip("workers.inference", reason="inference server missing")
     with inference.start_server(model_dir, name="tiny", api_key="k", chat_format="raw") as srv:
         yield srv
 
 
 @pytest.mark.slow
-def test_our_policy_answers_through_the_openai_endpoint(inference_server, monkeypatch) -> None:  # noqa: ANN001
+def test_our_policy_answers_through_the_openai_endpoint(inference_server, monkeypatch) -> None:
     monkeypatch.setenv("CRUCIBLE_TEST_KEY", "k")
     env = load_environment(SPEC)
     policy = EndpointPolicy(EndpointPolicySpec(base_url=inference_server.url, model="tiny",
@@ -112,7 +112,7 @@ def test_our_policy_answers_through_the_openai_endpoint(inference_server, monkey
     assert perfect["summary"]["pass_at"]["1"] == 1.0 and perfect["summary"]["mean_reward"] == 1.25
 
 
-def test_endpoint_errors_are_reported_per_sample(monkeypatch) -> None:  # noqa: ANN001
+def test_endpoint_errors_are_reported_per_sample(monkeypatch) -> None:
     env = load_environment(SPEC)
     policy = EndpointPolicy(EndpointPolicySpec(base_url="http://127.0.0.1:9", model="x",
                                                timeout_s=2))
@@ -122,7 +122,7 @@ def test_endpoint_errors_are_reported_per_sample(monkeypatch) -> None:  # noqa: 
 
 
 @pytest.mark.slow
-def test_run_eval_serves_a_checkpoint_for_the_evaluation(model_dir) -> None:  # noqa: ANN001
+def test_run_eval_serves_a_checkpoint_for_the_evaluation(model_dir) -> None:
     from workers.envs.eval import run_eval
 
     eval_spec = {"policy": {"kind": "checkpoint", "uri": model_dir.as_uri()}, "limit": 2,
@@ -146,7 +146,7 @@ def test_a_split_named_in_the_task_data_is_honoured() -> None:
     assert sorted(e.meta["task_id"] for e in as_rl_task(env).eval) == ["e6", "e7", "e8", "e9"]
 
 
-def test_an_unknown_split_name_is_refused(monkeypatch) -> None:  # noqa: ANN001
+def test_an_unknown_split_name_is_refused(monkeypatch) -> None:
     from tests.workers.envs import vf_split
 
     original = vf_split.EchoData
@@ -154,7 +154,7 @@ def test_an_unknown_split_name_is_refused(monkeypatch) -> None:  # noqa: ANN001
     class Odd(original):  # type: ignore[misc, valid-type]
         pass
 
-    def load(self):  # noqa: ANN001, ANN202
+    def load(self):
         yield vf_split.EchoTask(Odd(id="x", prompt="p", answer="1", split="holdout-ish"),
                                 self.config.task)
 

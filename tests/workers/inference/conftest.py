@@ -17,7 +17,7 @@ KEY = "test-key"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):  # noqa: ANN001, ANN201
+def model_dir(tmp_path_factory):
     tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
     model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
                          tok.pad_token_id, tok.eos_token_id)
@@ -28,17 +28,17 @@ def model_dir(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):  # noqa: ANN001, ANN201
+def server(model_dir):
     torch.set_num_threads(1)
     with start_server(model_dir, name="tiny", api_key=KEY) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def client(server):  # noqa: ANN001, ANN201
+def client(server):
     return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def policy(server):  # noqa: ANN001, ANN201
+def policy(server):
     return server.openai_app.policy

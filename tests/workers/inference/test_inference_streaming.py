@@ -23,10 +23,10 @@ def test_chunks_arrive_while_the_batch_is_still_sampling(client, policy, monkeyp
     held: list[bool] = []
     generate = Policy.generate
 
-    def gated(self, prompts, params, seed, on_token=None):  # noqa: ANN001, ANN202
+    def gated(self, prompts, params, seed, on_token=None):
         seen = [0]
 
-        def relay(ev):  # noqa: ANN001, ANN202
+        def relay(ev):
             on_token(ev)
             seen[0] += 1
             if seen[0] == 1:  # the batcher's thread waits here, mid-generation

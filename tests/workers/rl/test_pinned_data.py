@@ -148,7 +148,7 @@ def test_the_preference_phase_moves_the_policy_towards_chosen_completions(tmp_pa
     start = build_policy(spec.model, len(tok), tok.pad_token_id, tok.eos_token_id)
     tuned = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
 
-    def margin(model) -> float:  # noqa: ANN001
+    def margin(model) -> float:
         return (_mean_logp(model, tok, prompts, chosen)
                 - _mean_logp(model, tok, prompts, rejected))
 

@@ -122,6 +122,6 @@ def test_sinks(tmp_path):
     sink.checkpoint(2, "file:///x", {"loss": 0.4})
     recs = read_jsonl(path)
     assert [r["kind"] for r in recs] == ["metrics", "event", "checkpoint"]
-    assert recs[0]["metrics"] == {"loss": 0.5, "reward_mean": "nan"}  # still valid JSON
+    assert recs[0]["metrics"] == {"loss": 0.5, "reward_mean": None}  # still valid JSON
     assert json.loads(path.read_text().splitlines()[2])["uri"] == "file:///x"
     assert "step     1 loss=0.5" in out.getvalue() and "[warning] step skipped" in out.getvalue()

@@ -87,14 +87,14 @@ def test_compile_error_is_ce_with_the_compilers_message(
     assert diagnostics[:60] in result.message
 
 
-def test_missing_toolchain_names_what_to_install(tmp_path) -> None:  # noqa: ANN001
+def test_missing_toolchain_names_what_to_install(tmp_path) -> None:
     fake = Language("cobol", "main.cob", ("cobc",), requires=(str(tmp_path / "cobc"),),
                     install_hint="apt-get install gnucobol")
     with pytest.raises(ToolchainMissing, match="apt-get install gnucobol"):
         languages.get("cobol", {"cobol": fake})
 
 
-def test_a_root_only_toolchain_is_not_usable(tmp_path) -> None:  # noqa: ANN001
+def test_a_root_only_toolchain_is_not_usable(tmp_path) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     (private / "cc").write_text("")

@@ -23,9 +23,16 @@ class RewardFn(Protocol):
 
 
 class Task(Protocol):
-    train: Sequence[Example]
-    eval: Sequence[Example]
-    reward: RewardFn
+    # Read-only for the engine: tasks hold lists or compute these, and a settable protocol
+    # attribute would demand exactly this type, settable, of every implementation.
+    @property
+    def train(self) -> Sequence[Example]: ...
+
+    @property
+    def eval(self) -> Sequence[Example]: ...
+
+    @property
+    def reward(self) -> RewardFn: ...
 
     def corpus(self) -> list[str]:
         """Text a tokenizer is trained on."""

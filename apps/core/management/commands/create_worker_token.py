@@ -10,7 +10,7 @@ from apps.teams.services import worker_token_create
 class Command(BaseCommand):
     help = "Create a worker token (for every team, or --team SLUG) and print it once."
 
-    def add_arguments(self, parser) -> None:  # noqa: ANN001
+    def add_arguments(self, parser) -> None:
         parser.add_argument("--name", default="pool")
         parser.add_argument("--team", default=None)
 

@@ -10,7 +10,7 @@ class Command(BaseCommand):
     help = ("Recompute metric series and rollups from stored points (for points loaded "
             "around the ingest API, e.g. bulk imports). All runs, or --run ID.")
 
-    def add_arguments(self, parser) -> None:  # noqa: ANN001
+    def add_arguments(self, parser) -> None:
         parser.add_argument("--run", default=None)
 
     def handle(self, *args: object, **opts: str) -> None:

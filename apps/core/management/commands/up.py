@@ -41,14 +41,14 @@ DEMO_DATA = settings.BASE_DIR / "deploy" / "demo" / "arithmetic.jsonl"
 # completions), long enough that the held-out reward (sampled every 10 steps) rises during RL
 # beyond the SFT warm start; the run summary splits the gain into SFT and RL.
 DEMO_ENV = {"source": "builtin", "name": "arithmetic", "params": {"eval_size": 20}}
-DEMO_SYNTHESIS = {
+DEMO_SYNTHESIS: dict[str, Any] = {
     "dataset": "arithmetic-synth", "batch_name": "demo arithmetic batch",
     "synthesis": {"name": "demo arithmetic", "seed": 1, "workers": 1,
                   "generators": [{"kind": "math", "count": 24, "topics": ["arithmetic"],
                                   "difficulties": [1, 2]}]},
 }
 DEMO_MODEL = {"preset": {"num_layers": 4}}
-DEMO_TRAIN = {
+DEMO_TRAIN: dict[str, Any] = {
     "model": DEMO_MODEL,
     "rollout": {"group_size": 8, "max_new_tokens": 3},
     "sft": {"steps": 120, "batch_size": 32},
@@ -68,7 +68,7 @@ class Command(BaseCommand):
     help = ("Start web + worker on the embedded defaults, run the demo profile job, then the "
             "pipeline demo (synthesis, QC, SFT + GRPO, evaluation before/after).")
 
-    def add_arguments(self, parser) -> None:  # noqa: ANN001
+    def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--exit-after-demo", action="store_true",
