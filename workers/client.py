@@ -334,7 +334,9 @@ class CrucibleClient:
     def _finished(self, team: str, run_id: str, message: dict[str, Any]) -> bool:
         """A final status event, confirmed by the run itself: a failed attempt that is
         retried reports failed, then queued."""
-        data = message.get("data") if isinstance(message.get("data"), dict) else {}
+        data = message.get("data")
+        if not isinstance(data, dict):
+            data = {}
         if message.get("type") != "event" or message.get("kind") != "status" or \
                 data.get("status") not in FINAL_STATUSES:
             return False

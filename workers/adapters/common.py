@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from workers import egress
 from workers.client import WorkerSession
+from workers.envs.load import ResolveDataset, stored_datasets
+from workers.jsonsafe import is_finite_number, json_safe
 from workers.model_cache import pack_checkpoint
 from workers.protocol import PinnedEnvironment
 from workers.reporting import Stopped
@@ -27,52 +27,19 @@ class JobError(ValueError):
     retryable = False
 
 
-def var_dir() -> Path:
-    """The host's scratch and cache root (``CRUCIBLE_VAR_DIR``, else ``var/`` in the checkout)."""
-    return Path(os.environ.get("CRUCIBLE_VAR_DIR") or Path(__file__).resolve().parents[2] / "var")
-
-
 def in_store(store: ObjectStore, uri: str | None) -> bool:
     """Whether ``uri`` names an object of this store (an earlier run's checkpoint)."""
     return bool(uri) and str(uri).startswith(store.url + "/")
 
 
-def json_safe(value: Any) -> Any:
-    """Strict JSON: NaN and infinities become null, unknown objects their str(), NUL
-    characters U+FFFD (PostgreSQL cannot store NUL; a model may well emit one)."""
-    if isinstance(value, dict):
-        return {json_safe(str(k)): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
-    if value is None or isinstance(value, int | bool):
-        return value
-    return json_safe(str(value))
-
-
-def finite(value: Any) -> Any:
-    """Strict JSON for engine reports: NaN and infinities become null, the rest as given."""
-    if isinstance(value, dict):
-        return {str(k): finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def dump(value: Any) -> bytes:
     """A report object as stored: sorted keys, UTF-8, strict JSON."""
-    return json.dumps(finite(value), sort_keys=True, ensure_ascii=False).encode()
+    return json.dumps(json_safe(value), sort_keys=True, ensure_ascii=False).encode()
 
 
 def finite_metrics(values: dict[str, Any]) -> dict[str, float]:
     """The finite numbers among ``values`` (a skipped NaN step is reported as an event)."""
-    return {k: float(v) for k, v in values.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+    return {k: float(v) for k, v in values.items() if is_finite_number(v)}
 
 
 class ApiReporter:
@@ -157,20 +124,10 @@ def pinned_environment(session: WorkerSession) -> PinnedEnvironment:
     return pinned[0]
 
 
-def dataset_resolver(env: PinnedEnvironment, store: ObjectStore
-                     ) -> Callable[[Any], Iterator[dict[str, Any]]]:
+def dataset_resolver(env: PinnedEnvironment, store: ObjectStore) -> ResolveDataset:
     """``resolve_dataset`` for an environment whose tasks live in a dataset version: the
     records from the object-store URI the API listed for its digest."""
-    uris = env.dataset_uris
-
-    def records(ref: Any) -> Iterator[dict[str, Any]]:
-        uri = uris.get(ref.digest)
-        if uri is None:
-            raise FileNotFoundError(f"environment dataset {ref.dataset} v{ref.version} "
-                                    f"({ref.digest[:12]}) is not among the team's datasets")
-        return (json.loads(line) for line in store.open_lines(uri) if line.strip())
-
-    return records
+    return stored_datasets(env.dataset_uris, store)
 
 
 def check_endpoint(url: str) -> None:

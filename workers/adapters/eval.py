@@ -17,7 +17,6 @@ from workers.adapters.common import (
     dump,
     in_store,
     pinned_environment,
-    var_dir,
 )
 from workers.client import WorkerSession
 from workers.envs.spec import EndpointPolicySpec, EvalRunConfig
@@ -41,9 +40,9 @@ def model_dir(cfg: EvalRunConfig, reporter: ApiReporter, env: PinnedEnvironment,
         return str(folder), {"kind": "preset", "seed": model.seed}
     path = str(model.path or "")
     if in_store(store, path):
-        from workers.model_cache import ModelCache
+        from workers.model_cache import cached_model
 
-        local = hold.enter_context(ModelCache(var_dir() / "models").use(store, path)) / "hf"
+        local = cached_model(store, path, hold)
         reporter.event("info", f"model {path} unpacked to {local}", kind="artifact")
         return str(local), {"kind": "checkpoint", "uri": path}
     check_model_path(path)

@@ -7,10 +7,10 @@ from workers.adapters.common import (
     ApiReporter,
     dataset_resolver,
     dump,
-    finite,
     pinned_environment,
 )
 from workers.client import WorkerSession
+from workers.jsonsafe import json_safe
 from workers.qc.spec import QcRunConfig
 from workers.storage import default_store, run_key
 
@@ -35,7 +35,7 @@ def run(session: WorkerSession) -> None:
         "qc/total_s": (report.get("timings") or {}).get("total_s"),
     })
     brief = {k: v for k, v in report.items() if k != "tasks"}
-    result = session.report_qc(finite(brief), uri)
+    result = session.report_qc(json_safe(brief), uri)
     if report.get("passed"):
         reporter.event("info", f"QC passed: {env.label} is {result['qc_status']} "
                        f"({summary.get('quarantined', 0)} of {summary.get('tasks', 0)} tasks "

@@ -15,10 +15,10 @@ from workers.adapters.common import (
     check_model_path,
     dataset_resolver,
     in_store,
-    var_dir,
 )
 from workers.client import WorkerSession
-from workers.model_cache import ModelCache, fetch_tar
+from workers.model_cache import cached_model, fetch_tar
+from workers.paths import var_dir
 from workers.rl.resume import local_folder, restore_phases, resume_point
 from workers.storage import ObjectStore, default_store
 
@@ -40,8 +40,7 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
     model = spec.model
     if model.source == "path" and in_store(store, model.path):
         hold = hold if hold is not None else contextlib.ExitStack()
-        cached = ModelCache(var_dir() / "models").use(store, str(model.path))
-        local = hold.enter_context(cached) / "hf"
+        local = cached_model(store, str(model.path), hold)
         session.log_event(f"base model {model.path} unpacked to {local}", kind="artifact")
         model = model.model_copy(update={"path": str(local)})
     elif model.source == "path":
