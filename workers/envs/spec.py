@@ -23,13 +23,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.envs.checker_params import WeightedParams, parse_params
-from workers.rl.spec import ArithmeticSpec
 from workers.sandbox.spec import Limits
 
 SPEC_FORMAT = 1
 """Bumped when the meaning of a spec field changes; part of every content hash."""
 
 PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 Split = Literal["train", "eval"]
 Mode = Literal["single_turn", "multi_turn", "tool_use"]
@@ -187,6 +187,25 @@ class InteractionSpec(_Strict):
 
 
 # -- built-in params ---------------------------------------------------------------------------
+
+class ArithmeticSpec(_Strict):
+    """Built-in demo task: `a op b =` answered with the exact integer."""
+
+    name: Literal["arithmetic"] = "arithmetic"
+    min_operand: NonNegInt = 0
+    max_operand: NonNegInt = 9
+    ops: list[Literal["+", "-", "*"]] = ["+"]
+    eval_size: PosInt = 20
+    seed: int = 1234
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticSpec:
+        if self.max_operand < self.min_operand:
+            raise ValueError("max_operand must be >= min_operand")
+        if not self.ops:
+            raise ValueError("ops must not be empty")
+        return self
+
 
 class MathParams(_Strict):
     """Generated exact-answer problems (fractions, decimals, powers, linear equations)."""

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from workers.envs.spec import ArithmeticSpec, EnvironmentSpec
+
 # Re-exported for the control plane's launch check (it may import specs, not engines).
 from workers.rl.pinned_data import (  # noqa: F401
     PinnedDataError,
@@ -115,25 +117,6 @@ class TokenizerSpec(_Strict):
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         return _drop_none(handler(self), "vocab_size")
-
-
-class ArithmeticSpec(_Strict):
-    """Built-in demo task: `a op b =` answered with the exact integer."""
-
-    name: Literal["arithmetic"] = "arithmetic"
-    min_operand: NonNegInt = 0
-    max_operand: NonNegInt = 9
-    ops: list[Literal["+", "-", "*"]] = ["+"]
-    eval_size: PosInt = 20
-    seed: int = 1234
-
-    @model_validator(mode="after")
-    def _check(self) -> ArithmeticSpec:
-        if self.max_operand < self.min_operand:
-            raise ValueError("max_operand must be >= min_operand")
-        if not self.ops:
-            raise ValueError("ops must not be empty")
-        return self
 
 
 class RolloutSpec(_Strict):
@@ -307,12 +290,9 @@ class RunSpec(_Strict):
     @field_validator("environment", mode="before")
     @classmethod
     def _environment(cls, value: Any) -> Any:
-        """Validated as the platform validates an environment version (imported here: the
-        environment spec module imports this one)."""
+        """Validated as the platform validates an environment version."""
         if value is None:
             return None
-        from workers.envs.spec import EnvironmentSpec
-
         if not isinstance(value, dict):
             raise ValueError("environment must be a table: an environment spec such as "
                              "{source = 'builtin', name = 'math'}")
