@@ -12,10 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from workers.envs.spec import EvalRunConfig
 from workers.profile.spec import ProfileConfig
 from workers.qc.spec import QcRunConfig
-from workers.rl.spec import RunSpec
+from workers.rl.spec import EvalRunConfig, RunSpec
 from workers.synthesis.spec import SynthesizeRunConfig
 
 # What QC status an environment version needs before a run of a kind may use it:

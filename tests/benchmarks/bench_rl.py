@@ -46,7 +46,7 @@ from workers.rl.sinks import NullSink
 from workers.rl.spec import RunSpec, parse_spec
 from workers.rl.tasks import build_task
 from workers.rl.tokenizer import load_tokenizer
-from workers.rl.trainer import Run, train
+from workers.rl.trainer import Trainer, train
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 8, 4, 1.5, 1.5e-3
 LAYERS, SFT_STEPS, EVAL_SAMPLES = 4, 250, 16
@@ -72,7 +72,7 @@ def warm_start(root: Path) -> Path:
     """Crucible's SFT phase once; both engines start RL from `<root>/sft` (HF format)."""
     spec = parse_spec(base_spec(str(root), 1, 0))
     with process_group() as (rank, world):
-        run = Run(spec, NullSink(), None, rank, world)
+        run = Trainer(spec, NullSink(), None, rank, world)
         return run.sft(run.tokenizer())
 
 
@@ -134,7 +134,7 @@ def trl(sft: Path, steps: int, eval_every: int, threshold: float) -> dict[str, f
                                                                      strict=True)]
 
     def held_out(m) -> float:
-        """The same measurement as Crucible's `Run.evaluate` (world of one)."""
+        """The same measurement as Crucible's `Trainer.evaluate` (world of one)."""
         reps = [e for e in task.eval for _ in range(EVAL_SAMPLES)]
         g = torch.Generator()
         g.manual_seed(hash((spec.trainer.seed, 30_000)) & 0x7FFF_FFFF_FFFF)

@@ -19,9 +19,9 @@ from workers.adapters.common import (
     pinned_environment,
 )
 from workers.client import WorkerSession
-from workers.envs.spec import EndpointPolicySpec, EvalRunConfig
+from workers.envs.spec import EndpointPolicySpec
 from workers.protocol import PinnedEnvironment
-from workers.rl.spec import ModelSpec, TokenizerSpec
+from workers.rl.spec import EvalRunConfig, ModelSpec, TokenizerSpec
 from workers.storage import ObjectStore, default_store, run_key
 
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Collection, Sequence
 
-from workers.envs.base import Environment, EnvTask, Message, Mode, Score
-from workers.rl.tasks.base import Example
+from workers.envs.base import Environment, EnvTask, Example, Message, Mode, Score
 from workers.sandbox.spec import VERDICTS
 
 SEPARATOR = "\n\n"

@@ -26,6 +26,17 @@ Message = dict[str, str]
 
 
 @dataclass(frozen=True)
+class Example:
+    """A task reduced to what training reads: the prompt, the completion SFT imitates and the
+    reward checks against, and free-form metadata. Defined here, below the RL engine, so an
+    environment can serve training without importing the engine."""
+
+    prompt: str
+    reference: str
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class EnvTask:
     """One task. `answer` is the ground truth answer checkers compare with; `tests` the code
     code checkers run; `reference` a completion that must earn full reward (QC's first check)."""

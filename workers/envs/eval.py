@@ -25,13 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from workers.envs.base import Environment, EnvTask, Message
-from workers.envs.spec import (
-    CheckpointPolicySpec,
-    EndpointPolicySpec,
-    EnvironmentSpec,
-    EvalSpec,
-    SamplingSpec,
-)
+from workers.envs.spec import EndpointPolicySpec, SamplingSpec
 
 REPORT_SCHEMA = "crucible.eval/1"
 COMPARISON_SCHEMA = "crucible.eval-comparison/1"
@@ -456,52 +450,3 @@ def render_comparison_html(comparison: dict[str, Any]) -> str:
             + "</thead><tbody>" + "".join(rows) + "</tbody></table>"
             + (f"<h4>Tasks that regressed</h4><ul>{tasks}</ul>" if tasks else "")
             + "</section>")
-
-
-# -- entry point for the control plane ----------------------------------------------------------
-
-def _checkpoint_dir(spec: CheckpointPolicySpec) -> str:
-    from pathlib import Path
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(spec.uri)
-    if parsed.scheme not in ("", "file"):
-        raise ValueError(f"checkpoint {spec.uri!r} is not local: fetch it from the object store "
-                         "first and pass its directory")
-    path = Path(unquote(parsed.path) if parsed.scheme else spec.uri)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    return str(path)
-
-
-def run_eval(
-    env_spec: EnvironmentSpec | dict[str, Any], eval_spec: EvalSpec | dict[str, Any], *,
-    include_samples: bool = False, exclude: Sequence[str] = (), **load_kwargs: Any,
-) -> dict[str, Any]:
-    """Load the environment, build the policy (an endpoint, or a local checkpoint served by
-    the inference engine for the duration), evaluate, and return the report."""
-    from workers.envs.load import load_environment
-
-    spec = eval_spec if isinstance(eval_spec, EvalSpec) else EvalSpec.model_validate(eval_spec)
-    env = load_environment(env_spec, **load_kwargs)
-    kwargs: dict[str, Any] = {
-        "split": spec.split, "samples_per_task": spec.samples_per_task, "k": spec.k,
-        "sampling": spec.sampling, "limit": spec.limit, "concurrency": spec.concurrency,
-        "include_samples": include_samples, "exclude": exclude}
-    if isinstance(spec.policy, EndpointPolicySpec):
-        policy = EndpointPolicy(spec.policy)
-        try:
-            return evaluate(env, policy, **kwargs)
-        finally:
-            policy.close()
-    from workers.inference import start_server
-
-    model_dir = _checkpoint_dir(spec.policy)
-    with start_server(model_dir, name="policy") as server:
-        policy = EndpointPolicy(EndpointPolicySpec(base_url=server.url, model="policy"))
-        try:
-            report = evaluate(env, policy, **kwargs)
-        finally:
-            policy.close()
-    report["policy"]["checkpoint"] = spec.policy.uri
-    return report

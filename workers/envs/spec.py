@@ -23,13 +23,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.envs.checker_params import WeightedParams, parse_params
-from workers.rl.spec import ArithmeticSpec, ModelSpec, TokenizerSpec
 from workers.sandbox.spec import Limits
 
 SPEC_FORMAT = 1
 """Bumped when the meaning of a spec field changes; part of every content hash."""
 
 PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 Split = Literal["train", "eval"]
 Mode = Literal["single_turn", "multi_turn", "tool_use"]
@@ -187,6 +187,25 @@ class InteractionSpec(_Strict):
 
 
 # -- built-in params ---------------------------------------------------------------------------
+
+class ArithmeticSpec(_Strict):
+    """Built-in demo task: `a op b =` answered with the exact integer."""
+
+    name: Literal["arithmetic"] = "arithmetic"
+    min_operand: NonNegInt = 0
+    max_operand: NonNegInt = 9
+    ops: list[Literal["+", "-", "*"]] = ["+"]
+    eval_size: PosInt = 20
+    seed: int = 1234
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticSpec:
+        if self.max_operand < self.min_operand:
+            raise ValueError("max_operand must be >= min_operand")
+        if not self.ops:
+            raise ValueError("ops must not be empty")
+        return self
+
 
 class MathParams(_Strict):
     """Generated exact-answer problems (fractions, decimals, powers, linear equations)."""
@@ -373,38 +392,6 @@ class EvalSpec(EvalParams):
 
     @model_validator(mode="after")
     def _check(self) -> EvalSpec:
-        self._check_k()
-        return self
-
-
-class EvalRunConfig(EvalParams):
-    """An ``eval`` run's config: an evaluation of the run's one pinned environment version.
-
-    The policy is either ``policy`` (any OpenAI-compatible endpoint) or a model given at
-    launch as ``base_model`` (``preset``: the tiny MoE with a tokenizer trained on the
-    environment's tasks; ``run:<id>[@<step>]`` / ``checkpoint:<id>``: an earlier run's
-    checkpoint), which the launch writes into ``model`` and the worker serves with the
-    inference engine for the evaluation."""
-
-    policy: EndpointPolicySpec | None = None
-    model: ModelSpec | None = None
-    tokenizer: TokenizerSpec | None = None
-    samples: Annotated[int, Field(ge=0, le=10_000, description="per-task answers stored as "
-                                                               "run samples")] = 50
-    chat_format: Literal["auto", "template", "plain", "raw"] = Field(
-        "auto", description="how the served model sees the messages: its tokenizer's chat "
-                            "template, 'role: text' lines, or the raw prompt text the RL "
-                            "engine trains on; auto = the format the checkpoint records "
-                            "(prompt_format.json: raw for what Crucible trained), else the "
-                            "template if it has one, else plain. Endpoint policies apply "
-                            "their own.")
-
-    @model_validator(mode="after")
-    def _check(self) -> EvalRunConfig:
-        if (self.policy is None) == (self.model is None):
-            raise ValueError("give exactly one policy: 'policy' (an endpoint) or a model "
-                             "(launch with base_model: 'preset', 'run:<id>' or "
-                             "'checkpoint:<id>')")
         self._check_k()
         return self
 

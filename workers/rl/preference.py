@@ -9,23 +9,38 @@ starts from it; a run that finds that folder (a resumed attempt) does not train 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from workers.rl import checkpoint as ckpt
 from workers.rl.distributed import all_reduce_sum
-from workers.rl.losses import dpo_loss, load_balancing_loss, token_logprobs
+from workers.rl.engine import frozen_copy, make_engine
+from workers.rl.forward import completion_batch, sequence_logps
+from workers.rl.losses import dpo_loss, load_balancing_loss
 from workers.rl.model import build_policy, is_moe
 from workers.rl.pinned_data import PinnedData, check_roles
-from workers.rl.rollout import RolloutBatch
+from workers.rl.prompt_format import PromptFormat
+from workers.rl.sinks import MetricSink
 from workers.rl.spec import RunSpec
 from workers.rl.tasks import Example
 
-if TYPE_CHECKING:
-    from workers.rl.trainer import Run
+
+class PhaseHost(Protocol):
+    """What the preference phase reads from the run it warms up (the trainer satisfies it):
+    a protocol, so this module never imports the training loop that calls it."""
+
+    spec: RunSpec
+    root: Path
+    device: torch.device
+    rank: int
+    world: int
+    pinned: PinnedData
+    sink: MetricSink
+    prompt_format: PromptFormat
+
+    def generator(self, *key: int) -> torch.Generator: ...
 
 
 def check_pinned(spec: RunSpec, pinned: PinnedData) -> None:
@@ -35,21 +50,9 @@ def check_pinned(spec: RunSpec, pinned: PinnedData) -> None:
                 preference_steps=spec.preference.steps)
 
 
-def sequence_logps(module, run: Run, batch: RolloutBatch, moe: bool):
-    """Summed completion log-probabilities (N,) and router logits of one forward pass."""
-    from workers.rl.trainer import forward_completion
-
-    logits, router, flat_mask = forward_completion(module, batch, slice(None), moe, run.device)
-    mask = batch.completion_mask.to(run.device).float()
-    logp = token_logprobs(logits, batch.completion_ids.to(run.device))
-    return (logp * mask).sum(-1), router, flat_mask
-
-
-def preference_phase(run: Run, tok, start: Path) -> Path:
+def preference_phase(run: PhaseHost, tok: Any, start: Path) -> Path:
     """DPO from the model in ``start`` (or the spec's initial model when ``start`` holds
     none); returns the folder RL should start from."""
-    from workers.rl.trainer import make_engine
-
     spec, out = run.spec, run.root / "preference"
     pref = spec.preference
     if pref.steps == 0:
@@ -60,7 +63,7 @@ def preference_phase(run: Run, tok, start: Path) -> Path:
     if (start / "config.json").is_file():
         model_spec = model_spec.model_copy(update={"source": "path", "path": str(start)})
     policy = build_policy(model_spec, len(tok), tok.pad_token_id, tok.eos_token_id)
-    reference = copy.deepcopy(policy).to(run.device).eval().requires_grad_(False)
+    reference = frozen_copy(policy, run.device)
     per_rank = max(1, pref.batch_size // run.world)
     ts = spec.trainer.model_copy(update={"schedule": "constant", "warmup_steps": 0})
     # One micro-batch holds each pair's chosen and rejected rows.
@@ -71,12 +74,12 @@ def preference_phase(run: Run, tok, start: Path) -> Path:
         g = run.generator(40_000 + step, run.rank)
         picked = [pairs[int(i)] for i in torch.randint(len(pairs), (per_rank,), generator=g)]
         # One batch: each pair's chosen rows, then its rejected rows.
-        batch = run.completion_batch(
+        batch = completion_batch(
             tok, [Example(prompt=p.prompt, reference=p.chosen) for p in picked]
             + [Example(prompt=p.prompt, reference=p.rejected) for p in picked])
-        seq, router, flat_mask = sequence_logps(engine, run, batch, moe)
+        seq, router, flat_mask = sequence_logps(engine, batch, moe, run.device)
         with torch.no_grad():
-            ref_seq, _, _ = sequence_logps(reference, run, batch, False)
+            ref_seq, _, _ = sequence_logps(reference, batch, False, run.device)
         n = len(picked)
         loss, acc = dpo_loss(seq[:n], seq[n:], ref_seq[:n], ref_seq[n:], pref.beta)
         if router is not None:
@@ -98,4 +101,4 @@ def preference_phase(run: Run, tok, start: Path) -> Path:
     return out
 
 
-__all__ = ["check_pinned", "preference_phase", "sequence_logps"]
+__all__ = ["PhaseHost", "check_pinned", "preference_phase"]

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from workers.envs.spec import ArithmeticSpec, EndpointPolicySpec, EnvironmentSpec, EvalParams
+
 # Re-exported for the control plane's launch check (it may import specs, not engines).
 from workers.rl.pinned_data import (  # noqa: F401
     PinnedDataError,
@@ -115,25 +117,6 @@ class TokenizerSpec(_Strict):
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         return _drop_none(handler(self), "vocab_size")
-
-
-class ArithmeticSpec(_Strict):
-    """Built-in demo task: `a op b =` answered with the exact integer."""
-
-    name: Literal["arithmetic"] = "arithmetic"
-    min_operand: NonNegInt = 0
-    max_operand: NonNegInt = 9
-    ops: list[Literal["+", "-", "*"]] = ["+"]
-    eval_size: PosInt = 20
-    seed: int = 1234
-
-    @model_validator(mode="after")
-    def _check(self) -> ArithmeticSpec:
-        if self.max_operand < self.min_operand:
-            raise ValueError("max_operand must be >= min_operand")
-        if not self.ops:
-            raise ValueError("ops must not be empty")
-        return self
 
 
 class RolloutSpec(_Strict):
@@ -307,12 +290,9 @@ class RunSpec(_Strict):
     @field_validator("environment", mode="before")
     @classmethod
     def _environment(cls, value: Any) -> Any:
-        """Validated as the platform validates an environment version (imported here: the
-        environment spec module imports this one)."""
+        """Validated as the platform validates an environment version."""
         if value is None:
             return None
-        from workers.envs.spec import EnvironmentSpec
-
         if not isinstance(value, dict):
             raise ValueError("environment must be a table: an environment spec such as "
                              "{source = 'builtin', name = 'math'}")
@@ -413,3 +393,40 @@ def load_spec(path: str | Path) -> RunSpec:
                                        else p.parent / tasks_file)
         data = {**data, "environment": env}
     return parse_spec(data)
+
+
+# -- the eval run kind ---------------------------------------------------------------------------
+# An eval run evaluates an endpoint or a model this engine trained (served through the RL
+# rollout path by workers.inference.eval), so its config lives here, above the environment
+# engine's EvalParams: workers.envs may not import workers.rl (import-linter layers).
+
+class EvalRunConfig(EvalParams):
+    """An ``eval`` run's config: an evaluation of the run's one pinned environment version.
+
+    The policy is either ``policy`` (any OpenAI-compatible endpoint) or a model given at
+    launch as ``base_model`` (``preset``: the tiny MoE with a tokenizer trained on the
+    environment's tasks; ``run:<id>[@<step>]`` / ``checkpoint:<id>``: an earlier run's
+    checkpoint), which the launch writes into ``model`` and the worker serves with the
+    inference engine for the evaluation."""
+
+    policy: EndpointPolicySpec | None = None
+    model: ModelSpec | None = None
+    tokenizer: TokenizerSpec | None = None
+    samples: Annotated[int, Field(ge=0, le=10_000, description="per-task answers stored as "
+                                                               "run samples")] = 50
+    chat_format: Literal["auto", "template", "plain", "raw"] = Field(
+        "auto", description="how the served model sees the messages: its tokenizer's chat "
+                            "template, 'role: text' lines, or the raw prompt text the RL "
+                            "engine trains on; auto = the format the checkpoint records "
+                            "(prompt_format.json: raw for what Crucible trained), else the "
+                            "template if it has one, else plain. Endpoint policies apply "
+                            "their own.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalRunConfig:
+        if (self.policy is None) == (self.model is None):
+            raise ValueError("give exactly one policy: 'policy' (an endpoint) or a model "
+                             "(launch with base_model: 'preset', 'run:<id>' or "
+                             "'checkpoint:<id>')")
+        self._check_k()
+        return self

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from workers.envs import as_rl_task, load_environment
+from workers.envs.builtins.arithmetic import ArithmeticTask, exact_match
 from workers.envs.checkers import Sandbox
+from workers.envs.spec import ArithmeticSpec
 from workers.qc import forgeries
-from workers.rl.spec import ArithmeticSpec
-from workers.rl.tasks.arithmetic import ArithmeticTask, exact_match
 from workers.sandbox.spec import VERDICTS
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from workers.envs import load_environment
+from workers.envs.builtins.arithmetic import ArithmeticTask
 from workers.envs.builtins.problems import PROBLEMS, fenced
 from workers.envs.checkers import Sandbox, extract_code
-from workers.rl.spec import ArithmeticSpec
-from workers.rl.tasks.arithmetic import ArithmeticTask
+from workers.envs.spec import ArithmeticSpec
 
 
 def test_arithmetic_wraps_the_demo_task_exactly() -> None:

@@ -123,7 +123,7 @@ def test_endpoint_errors_are_reported_per_sample(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_run_eval_serves_a_checkpoint_for_the_evaluation(model_dir) -> None:
-    from workers.envs.eval import run_eval
+    from workers.inference.eval import run_eval
 
     eval_spec = {"policy": {"kind": "checkpoint", "uri": model_dir.as_uri()}, "limit": 2,
                  "samples_per_task": 2, "k": [1, 2], "sampling": {"max_tokens": 3}}

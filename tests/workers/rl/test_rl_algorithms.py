@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from workers.rl import advantages
+from workers.rl.engine import lr_factor
 from workers.rl.losses import (
     aggregate,
     dpo_loss,
@@ -16,7 +17,6 @@ from workers.rl.losses import (
     policy_loss,
     token_logprobs,
 )
-from workers.rl.trainer import lr_factor
 
 ln = math.log
 

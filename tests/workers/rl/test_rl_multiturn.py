@@ -16,11 +16,11 @@ from workers.rl.rollout import RolloutBatch
 from workers.rl.sinks import JsonlSink, NullSink, read_jsonl
 from workers.rl.spec import parse_spec
 from workers.rl.tokenizer import train_bpe
-from workers.rl.trainer import Run
+from workers.rl.trainer import Trainer
 
 
 class LocalEngine:
-    """The three calls `Run.update` makes on a DeepSpeed engine, on a plain module: backward
+    """The three calls `Trainer.update` makes on a DeepSpeed engine, on a plain module: backward
     accumulates gradients, step leaves them for the test to read. Keeps the completion logits
     of each forward so their gradient can be inspected."""
 
@@ -63,7 +63,7 @@ def batch_of(episodes: Sequence[Episode], pad_id: int) -> EpisodeBatch:
                         loss_mask=t["completion_loss_mask"], norm_len=16)
 
 
-def run_update(run: Run, model: torch.nn.Module, batch: EpisodeBatch,
+def run_update(run: Trainer, model: torch.nn.Module, batch: EpisodeBatch,
                ref_logp: torch.Tensor) -> tuple[dict[str, float], LocalEngine]:
     model.zero_grad()
     engine = LocalEngine(model)
@@ -81,7 +81,7 @@ def test_environment_tokens_get_zero_gradient_and_leave_every_loss_term_unchange
                                      "loss_agg": agg},
                        "rollout": {"group_size": 2},
                        "checkpoint": {"dir": str(tmp_path)}, "output": {"stdout": False}})
-    run = Run(spec, NullSink(), None, 0, 1)
+    run = Trainer(spec, NullSink(), None, 0, 1)
     pad = tokenizer.pad_token_id
     env = [3, 4, 5, 6, 7]  # the arithmetic tokenizer has 16 ids
     episodes = [two_turn_episode([8, 9, 10], [11, 12, 13], env, [14, 15], -1.0),
@@ -180,8 +180,8 @@ def test_zero3_on_several_ranks_is_refused_for_episode_tasks(tmp_path):
     spec = parse_spec({"trainer": {"zero_stage": 3, "prompts_per_step": 2},
                        "checkpoint": {"dir": str(tmp_path)}, "output": {"stdout": False}})
     with pytest.raises(ValueError, match="zero_stage = 3 on 2 ranks"):
-        Run(spec, NullSink(), as_rl_task(env), 0, 2)
-    Run(spec, NullSink(), as_rl_task(env), 0, 1)  # one rank: fine
+        Trainer(spec, NullSink(), as_rl_task(env), 0, 2)
+    Trainer(spec, NullSink(), as_rl_task(env), 0, 1)  # one rank: fine
 
 
 @pytest.mark.parametrize("async_steps", [0, 1])
@@ -202,13 +202,13 @@ def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch
         "output": {"stdout": False},
     })
     seen = []
-    learn = Run.learn
+    learn = Trainer.learn
 
     def spy(self, engine, sb, *args):
         seen.append((sb, self))
         return learn(self, engine, sb, *args)
 
-    monkeypatch.setattr(Run, "learn", spy)
+    monkeypatch.setattr(Trainer, "learn", spy)
     from workers.rl.trainer import train
 
     result = train(spec, JsonlSink(tmp_path / "m.jsonl"), task=task)

@@ -1,14 +1,70 @@
-"""The RL demo task (`workers.rl.tasks.arithmetic`) as an environment: same problems, same
-split, same reward (exact match, plus the weight-0 `is_number` metric)."""
+"""The built-in arithmetic task: `a+b=` answered with the exact integer, rewarded by exact
+match, both as the RL engine's demo task (`ArithmeticTask`, what a run config's `task` builds)
+and as the `arithmetic` environment (same problems, same split, same reward: exact match plus
+the weight-0 `is_number` metric).
+
+Problems are enumerated exhaustively and split with a fixed seed, so the held-out prompts are
+never seen in SFT or RL. Kept here, below the RL engine, so environments never import it.
+"""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
-from workers.envs.base import Component, Environment, EnvTask, Rubric
-from workers.rl.spec import ArithmeticSpec
-from workers.rl.tasks.arithmetic import ArithmeticTask, exact_match
-from workers.rl.tasks.base import Example
+from workers.envs.base import Component, Environment, EnvTask, Example, Rubric
+from workers.envs.spec import ArithmeticSpec
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def parse_answer(completion: str) -> str:
+    """The answer is the completion up to the first newline, stripped."""
+    return completion.split("\n", 1)[0].strip()
+
+
+def exact_match(
+    examples: Sequence[Example], completions: Sequence[str]
+) -> tuple[list[float], dict[str, list[float]]]:
+    """1.0 where the answer equals the reference; `is_number` beside it for metrics."""
+    correct = [float(parse_answer(c) == ex.reference) for ex, c in zip(examples, completions,
+                                                                       strict=True)]
+    # A shaping-free component that shows whether the model at least emits a number.
+    numeric = [float(parse_answer(c).lstrip("-").isdigit()) for c in completions]
+    return correct, {"exact_match": correct, "is_number": numeric}
+
+
+class ArithmeticTask:
+    """Every `a op b` in the spec's operand range, shuffled once by its seed and split into
+    held-out and training problems (the RL engine's `Task`)."""
+
+    def __init__(self, spec: ArithmeticSpec) -> None:
+        rng = random.Random(spec.seed)
+        rng_ops = range(spec.min_operand, spec.max_operand + 1)
+        problems = [
+            Example(prompt=f"{a}{op}{b}=", reference=str(_OPS[op](a, b)))
+            for op in spec.ops
+            for a in rng_ops
+            for b in rng_ops
+        ]
+        rng.shuffle(problems)
+        if spec.eval_size >= len(problems):
+            raise ValueError(
+                f"task.eval_size={spec.eval_size} leaves no training problems "
+                f"(only {len(problems)} exist)"
+            )
+        self.eval: list[Example] = problems[: spec.eval_size]
+        self.train: list[Example] = problems[spec.eval_size :]
+        self.reward = exact_match
+
+    def corpus(self) -> list[str]:
+        """Every problem with its answer: the text a demo tokenizer is trained on."""
+        return [ex.prompt + ex.reference for ex in self.train + self.eval] + ["\n"]
+
+
+def build_task(spec: ArithmeticSpec | None = None) -> ArithmeticTask:
+    """The arithmetic task; None (a run config without `task`) means its defaults."""
+    return ArithmeticTask(spec or ArithmeticSpec())
 
 
 def _task(example: Example, split: str) -> EnvTask:

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from workers.envs.base import Example
 
-@dataclass(frozen=True)
-class Example:
-    prompt: str
-    reference: str  # the completion SFT imitates and the reward checks against
-    meta: dict[str, str] = field(default_factory=dict)
+__all__ = ["Example", "RewardFn", "Task"]
 
 
 class RewardFn(Protocol):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers.envs.builtins.arithmetic import build_task
 from workers.rl.spec import RunSpec
-from workers.rl.tasks.arithmetic import build_task
 from workers.rl.tasks.base import Task
 
 
