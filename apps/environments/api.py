@@ -14,10 +14,9 @@ from apps.core.viewsets import TeamScopedViewSet
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
 from apps.projects.selectors import project_by_slug
-from apps.runs import services as run_services
+from apps.runs.launch import run_launch
 from apps.runs.models import Run
 from apps.runs.serializers import RunSerializer
-from apps.runs.validation import plan_run
 
 
 class EnvironmentVersionSerializer(serializers.ModelSerializer):
@@ -165,12 +164,12 @@ class EnvironmentVersionViewSet(TeamScopedViewSet):
         data = VersionRunSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        plan = plan_run(team=self.team, project=obj.environment.project.slug, kind=kind,
-                        config=values["config"], name=values["name"], pool=values["pool"],
-                        priority=values["priority"], base_model=values["base_model"],
-                        environment=f"{obj.environment.slug}@v{obj.number}")
-        run = run_services.create_run(actor=self.actor, team_id=self.team.pk, plan=plan)
-        run = Run.objects.select_related("project").get(pk=run.pk)
+        launched = run_launch(actor=self.actor, team=self.team, document={
+            "project": obj.environment.project.slug, "kind": kind, "config": values["config"],
+            "name": values["name"], "pool": values["pool"], "priority": values["priority"],
+            "base_model": values["base_model"],
+            "environment": f"{obj.environment.slug}@v{obj.number}"})
+        run = Run.objects.select_related("project").get(pk=launched.run.pk)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=VersionRunSerializer, responses={201: RunSerializer})

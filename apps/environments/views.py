@@ -4,8 +4,8 @@ quarantined tasks and their reasons, flags) and eval reports, and forms that lau
 eval runs of it (a POST to the page, ``op`` names the run kind; members and up).
 
 Reports are rendered here from their JSON (the engine is not imported); every value goes
-through the template engine's escaping. Launches go through ``plan_run`` and ``create_run``,
-the API's own path, so the page refuses what the API refuses."""
+through the template engine's escaping. Launches go through ``run_launch``, the API's own
+path, so the page refuses what the API refuses."""
 
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ from apps.core.pages import page_context, team_for_page
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion
 from apps.runs import objects as run_objects
-from apps.runs import services as run_services
+from apps.runs.launch import run_launch
 from apps.runs.models import Pool, Run, RunStatus
-from apps.runs.validation import plan_run
 from apps.teams.models import Role, role_at_least
 
 VERSIONS_SHOWN = 100
@@ -246,11 +245,11 @@ def _launch(request: HttpRequest, team: Any, env: Environment, version: Environm
         k_text = (post.get("k") or "").strip()
         if k_text:
             config["k"] = [_int(part, "k") for part in k_text.replace(" ", "").split(",")]
-    plan = plan_run(team=team, project=env.project.slug, kind=op, config=config,
-                    name=(post.get("name") or "").strip()[:200], pool=pool,
-                    base_model=base_model, environment=f"{env.slug}@v{version.number}")
-    return run_services.create_run(actor=Actor.of_user(request.user), team_id=team.pk,
-                                   plan=plan)
+    launched = run_launch(actor=Actor.of_user(request.user), team=team, document={
+        "project": env.project.slug, "kind": op, "config": config,
+        "name": (post.get("name") or "").strip()[:200], "pool": pool,
+        "base_model": base_model, "environment": f"{env.slug}@v{version.number}"})
+    return launched.run
 
 
 def _int(raw: str | None, field: str) -> int | None:

@@ -159,14 +159,13 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
     preview = None
     if request.method == "POST":
         form = LaunchForm(request.POST, team=team_obj)
-        plan = form.plan()
-        if plan is not None and request.POST.get("action") == "launch":
-            run = services.create_run(actor=Actor.of_user(request.user),
-                                      team_id=team_obj.pk, plan=plan)
+        launched = form.launch(actor=Actor.of_user(request.user),
+                               preview=request.POST.get("action") != "launch")
+        if launched is not None and launched.run is not None:
             messages.success(request, "Run queued. It starts when a worker of its pool is free.")
-            return redirect("run-page", team=team_obj.slug, run=str(run.pk))
-        if plan is not None:
-            preview = json.dumps(plan.describe(), indent=2, sort_keys=True)
+            return redirect("run-page", team=team_obj.slug, run=str(launched.run.pk))
+        if launched is not None:
+            preview = json.dumps(launched.describe(), indent=2, sort_keys=True)
         form.mark_invalid()
     else:
         initial: dict[str, Any] = {}
