@@ -18,7 +18,6 @@ from apps.review.models import Batch
 from apps.review.selectors import with_counts
 from apps.runs.models import Run
 from apps.runs.selectors import run_for_worker
-from apps.runs.services import check_lease
 
 
 class WorkerBatchSerializer(BatchCreateSerializer):
@@ -32,7 +31,6 @@ class WorkerBatchViewSet(WorkerViewSet):
     @extend_schema(request=WorkerBatchSerializer, responses={201: BatchSerializer})
     def create(self, request: Request, run: str) -> Response:
         obj = self._run(run)
-        check_lease(obj, self.lease_id)
         return idempotent(request, lambda: self._create(request, obj))
 
     def _create(self, request: Request, run: Run) -> Response:
@@ -43,9 +41,9 @@ class WorkerBatchViewSet(WorkerViewSet):
         if dataset is None:
             raise InvalidInput(f"No dataset '{values['dataset']}' in the run's team.",
                                details={"dataset": [values["dataset"]]})
-        batch = services.batch_create(
-            actor=self.actor, dataset=dataset, records=values["records"],
-            manifest=values["manifest"], trails=values["trails"], run=run,
+        batch = services.batch_from_run(
+            actor=self.actor, run=run, lease_id=self.lease_id, dataset=dataset,
+            records=values["records"], manifest=values["manifest"], trails=values["trails"],
             name=values["name"], target_error_rate=values["target_error_rate"],
             confidence=values["confidence"], sample_seed=values["sample_seed"],
         )
