@@ -13,11 +13,12 @@ from rest_framework.routers import SimpleRouter
 from apps.core import views as core_views
 from apps.core.audit_api import AuditLogViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
-from apps.environments.api import EnvironmentVersionViewSet, EnvironmentViewSet
+from apps.environments.api import EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
 from apps.projects.api import ProjectViewSet
 from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
+from apps.runs.environment_api import EnvironmentVersionRunsViewSet
 from apps.sandbox.api import ExecutionViewSet
 from apps.teams import views as team_views
 from apps.teams.api import (
@@ -52,7 +53,7 @@ router.register(rf"{TEAM}/datasets/(?P<dataset>[-a-zA-Z0-9_]+)/versions", Datase
                 basename="dataset-version")
 router.register(rf"{TEAM}/environments", EnvironmentViewSet, basename="environment")
 router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions",
-                EnvironmentVersionViewSet, basename="environment-version")
+                EnvironmentVersionRunsViewSet, basename="environment-version")
 router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")

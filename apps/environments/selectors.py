@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 from apps.core.exceptions import InvalidInput
 from apps.environments.models import Environment, EnvironmentVersion
 from apps.teams.models import Team
@@ -28,27 +26,3 @@ def resolve_version(*, team: Team, ref: str) -> EnvironmentVersion:
         raise InvalidInput(f"Environment reference '{ref}' matches no version.",
                            details={"environment": [f"unknown version '{ref}'"]})
     return version
-
-
-def eval_reports(version: EnvironmentVersion, limit: int = 50) -> list[dict[str, Any]]:
-    """The version's evaluations, newest first: each succeeded eval run with its report's
-    policy and summary (the full report is the run's report)."""
-    from apps.core.exceptions import DomainError
-    from apps.runs import objects
-    from apps.runs.models import Run, RunStatus
-
-    runs = (Run.objects.filter(team_id=version.team_id, kind="eval",
-                               environment_pins__environment_version=version,
-                               status=RunStatus.SUCCEEDED)
-            .exclude(report_uri="").order_by("-created_at")[:limit])
-    rows = []
-    for run in runs:
-        try:
-            report = objects.read_json(run, run.report_uri)
-        except DomainError as exc:
-            report = {"error": f"report unreadable: {exc.message}"}
-        rows.append({"run": str(run.pk), "name": run.name, "created_at": run.created_at,
-                     "report_uri": run.report_uri, "policy": report.get("policy"),
-                     "split": report.get("split"), "k": report.get("k"),
-                     "summary": report.get("summary"), "error": report.get("error")})
-    return rows

@@ -299,7 +299,6 @@ def test_a_batch_is_refused_under_a_wrong_or_expired_lease(worker, project, targ
     assert not Batch.objects.exists()
 
 
-
 # --- isolation and admin -----------------------------------------------------------------
 
 
