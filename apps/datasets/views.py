@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -15,10 +14,10 @@ from django.views.decorators.http import require_http_methods
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
-from apps.core.pages import page_context, team_for_page
+from apps.core.pages import page_context, team_page
 from apps.datasets import selectors, services
 from apps.datasets.models import Dataset, DatasetVersion
-from apps.teams.models import Role, role_at_least
+from apps.teams.models import Membership, Role, Team, role_at_least
 
 VERSIONS_SHOWN = 100
 #: The page diffs its two newest versions on load only when both are this small; larger
@@ -41,9 +40,8 @@ def dataset_or_404(team: Any, slug: str) -> Dataset:
     return dataset
 
 
-@login_required
-def dataset_list(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def dataset_list(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     rows = selectors.datasets_overview(team_obj)
     return render(request, "datasets/list.html",
                   dataset_context(request, team_obj, membership, datasets=rows))
@@ -62,10 +60,10 @@ def diff_context(team: Any, dataset: Dataset, version: DatasetVersion,
     return selectors.diff_versions(base=base, version=version, limit=50, **kwargs)
 
 
-@login_required
-def dataset_diff(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
+@team_page()
+def dataset_diff(request: HttpRequest, team_obj: Team, membership: Membership,
+        dataset: str) -> HttpResponse:
     """``?a=<old>&b=<new>`` (digests or v<number>): the diff, as a partial for htmx."""
-    team_obj, membership = team_for_page(request, team)
     obj = dataset_or_404(team_obj, dataset)
     newest = obj.versions.order_by("-number").first()
     b = _version(obj, request.GET["b"]) if request.GET.get("b") else newest
@@ -86,11 +84,11 @@ def dataset_diff(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
 RECORDS_PER_PAGE = 25
 
 
-@login_required
-def dataset_records(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
+@team_page()
+def dataset_records(request: HttpRequest, team_obj: Team, membership: Membership,
+        dataset: str) -> HttpResponse:
     """``?v=<version>&q=<text>&field=<field>&page=<n>``: a page of a version's records,
     searchable in one field or all, with a column per field (an htmx partial or a page)."""
-    team_obj, membership = team_for_page(request, team)
     obj = dataset_or_404(team_obj, dataset)
     ref = request.GET.get("v") or (f"v{obj.current_version.number}" if obj.current_version
                                    else "")
@@ -115,15 +113,15 @@ def dataset_records(request: HttpRequest, team: str, dataset: str) -> HttpRespon
     return render(request, template, context)
 
 
-@login_required
+@team_page(write=Role.VIEWER)
 @require_http_methods(["GET", "POST"])
-def dataset_upload(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
+def dataset_upload(request: HttpRequest, team_obj: Team, membership: Membership,
+        dataset: str) -> HttpResponse:
     """GET: the upload form on a page of its own; POST: a new version from the chosen JSONL
     file (members and up), through the same service as the API (same checks, same content
     addressing)."""
     from apps.datasets import records as rec
 
-    team_obj, membership = team_for_page(request, team)
     obj = dataset_or_404(team_obj, dataset)
     if request.method == "GET":
         return render(request, "datasets/upload.html",
@@ -152,11 +150,11 @@ def dataset_upload(request: HttpRequest, team: str, dataset: str) -> HttpRespons
     return redirect(reverse("dataset-page", args=[team_obj.slug, obj.slug]) + f"#v{version.number}")
 
 
-@login_required
+@team_page(write=Role.VIEWER)
 @require_http_methods(["GET", "POST"])
-def dataset_rollback(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
+def dataset_rollback(request: HttpRequest, team_obj: Team, membership: Membership,
+        dataset: str) -> HttpResponse:
     """GET: confirm rolling back to ``?to=<version>``; POST: do it (members and up)."""
-    team_obj, membership = team_for_page(request, team)
     obj = dataset_or_404(team_obj, dataset)
     ref = request.POST.get("to") if request.method == "POST" else request.GET.get("to")
     current = obj.current_version

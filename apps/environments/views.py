@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.decorators import login_required
 from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from apps.core.pages import page_context, team_for_page
+from apps.core.pages import page_context, team_page
 from apps.environments import services
 from apps.environments.models import Environment, EnvironmentVersion
+from apps.teams.models import Membership, Team
 
 VERSIONS_SHOWN = 100
 QUARANTINE_ROWS = 500  # a pathological report still renders in bounded time
@@ -139,9 +139,8 @@ def eval_view(report: Any) -> dict[str, Any]:
 # --- pages --------------------------------------------------------------------------------
 
 
-@login_required
-def environment_list(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def environment_list(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     latest = EnvironmentVersion.objects.filter(environment=OuterRef("pk")).order_by("-number")
     envs = list(Environment.objects.filter(team=team_obj).select_related("project")
                 .annotate(n_versions=Count("versions"),
@@ -156,9 +155,9 @@ def environment_list(request: HttpRequest, team: str) -> HttpResponse:
                   environment_context(request, team_obj, membership, rows=rows))
 
 
-@login_required
-def environment_detail(request: HttpRequest, team: str, environment: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def environment_detail(request: HttpRequest, team_obj: Team, membership: Membership,
+        environment: str) -> HttpResponse:
     env = environment_or_404(team_obj, environment)
     versions = list(env.versions.select_related("created_by").order_by("-number")
                     [:VERSIONS_SHOWN])

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
-from apps.core.pages import team_for_page
+from apps.core.pages import team_page
 from apps.datasets import lineage_svg
 from apps.datasets import selectors as dataset_selectors
 from apps.datasets.manifests import present
@@ -28,14 +27,15 @@ from apps.datasets.views import (
 from apps.lineage import selectors as lineage_selectors
 from apps.review import selectors
 from apps.runs import selectors as run_selectors
+from apps.teams.models import Membership, Team
 
 LINEAGE_VERSIONS = 12  # versions whose neighbourhood the graph shows
 LINEAGE_DEPTH = 3
 
 
-@login_required
-def dataset_detail(request: HttpRequest, team: str, dataset: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def dataset_detail(request: HttpRequest, team_obj: Team, membership: Membership,
+        dataset: str) -> HttpResponse:
     obj = dataset_or_404(team_obj, dataset)
     versions = list(dataset_selectors.versions_of(obj)[:VERSIONS_SHOWN])
     rows = [{"version": v, "manifest": present(v.manifest)} for v in versions]

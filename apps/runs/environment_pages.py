@@ -10,14 +10,13 @@ import json
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError, InvalidInput
-from apps.core.pages import team_for_page
+from apps.core.pages import team_page
 from apps.environments import selectors as environment_selectors
 from apps.environments import services as environment_services
 from apps.environments.models import Environment, EnvironmentVersion
@@ -31,18 +30,17 @@ from apps.environments.views import (
 from apps.runs import objects, selectors
 from apps.runs.launch import run_launch
 from apps.runs.models import Pool, Run
-from apps.teams.models import Role, role_at_least
+from apps.teams.models import Membership, Role, Team, role_at_least
 
 EVAL_REPORTS_SHOWN = 10  # full reports read from the object store per page view
 VERSION_RUNS_SHOWN = 20
 
 
-@login_required
+@team_page(write=Role.VIEWER)
 @require_http_methods(["GET", "POST"])
-def version_detail(request: HttpRequest, team: str, environment: str, version: str
-                   ) -> HttpResponse:
+def version_detail(request: HttpRequest, team_obj: Team, membership: Membership,
+                   environment: str, version: str) -> HttpResponse:
     """GET shows the version; POST launches a run of it: ``op`` = ``qc`` or ``eval``."""
-    team_obj, membership = team_for_page(request, team)
     env = environment_or_404(team_obj, environment)
     obj = environment_selectors.version_lookup(env, version)
     if obj is None:
