@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from django.db.models import Count, OuterRef, Subquery
+
 from apps.core.exceptions import InvalidInput
 from apps.environments.models import Environment, EnvironmentVersion
 from apps.teams.models import Team
@@ -26,3 +28,23 @@ def resolve_version(*, team: Team, ref: str) -> EnvironmentVersion:
         raise InvalidInput(f"Environment reference '{ref}' matches no version.",
                            details={"environment": [f"unknown version '{ref}'"]})
     return version
+
+
+def environment_by_slug(team: Team, slug: str) -> Environment | None:
+    return Environment.objects.select_related("project").filter(team=team, slug=slug).first()
+
+
+def environments_with_latest(team: Team
+                             ) -> tuple[list[Environment], dict[int, EnvironmentVersion]]:
+    """The team's environments by slug, each annotated with ``n_versions`` and
+    ``latest_id``, and their latest versions by id (two queries for the whole table)."""
+    latest = EnvironmentVersion.objects.filter(environment=OuterRef("pk")).order_by("-number")
+    envs = list(Environment.objects.filter(team=team).select_related("project")
+                .annotate(n_versions=Count("versions"),
+                          latest_id=Subquery(latest.values("pk")[:1]))
+                .order_by("slug"))
+    return envs, EnvironmentVersion.objects.in_bulk([e.latest_id for e in envs if e.latest_id])
+
+
+def versions_newest_first(env: Environment, limit: int) -> list[EnvironmentVersion]:
+    return list(env.versions.select_related("created_by").order_by("-number")[:limit])

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from apps.core.pages import page_context, team_page
-from apps.environments import services
-from apps.environments.models import Environment, EnvironmentVersion
+from apps.environments import selectors, services
+from apps.environments.models import Environment
 from apps.teams.models import Membership, Team
 
 VERSIONS_SHOWN = 100
@@ -32,7 +31,7 @@ def environment_context(request: HttpRequest, team: Any, membership: Any,
 
 def environment_or_404(team: Any, slug: str) -> Environment:
     """The team's environment, or the page 404 a non-member also gets."""
-    env = Environment.objects.select_related("project").filter(team=team, slug=slug).first()
+    env = selectors.environment_by_slug(team, slug)
     if env is None:
         raise Http404("No such environment.")
     return env
@@ -141,12 +140,7 @@ def eval_view(report: Any) -> dict[str, Any]:
 
 @team_page()
 def environment_list(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
-    latest = EnvironmentVersion.objects.filter(environment=OuterRef("pk")).order_by("-number")
-    envs = list(Environment.objects.filter(team=team_obj).select_related("project")
-                .annotate(n_versions=Count("versions"),
-                          latest_id=Subquery(latest.values("pk")[:1]))
-                .order_by("slug"))
-    versions = EnvironmentVersion.objects.in_bulk([e.latest_id for e in envs if e.latest_id])
+    envs, versions = selectors.environments_with_latest(team_obj)
     rows = [{"env": e, "latest": versions.get(e.latest_id),
              "ref": f"v{versions[e.latest_id].number}" if e.latest_id in versions else "",
              "blocked_reason": services.blocked_reason(versions[e.latest_id])
@@ -159,8 +153,7 @@ def environment_list(request: HttpRequest, team_obj: Team, membership: Membershi
 def environment_detail(request: HttpRequest, team_obj: Team, membership: Membership,
         environment: str) -> HttpResponse:
     env = environment_or_404(team_obj, environment)
-    versions = list(env.versions.select_related("created_by").order_by("-number")
-                    [:VERSIONS_SHOWN])
+    versions = selectors.versions_newest_first(env, VERSIONS_SHOWN)
     rows = [{"version": v, "ref": f"v{v.number}", "spec": spec_summary(v.spec),
              "blocked_reason": services.blocked_reason(v)} for v in versions]
     return render(request, "environments/detail.html",

@@ -21,6 +21,14 @@ def runs_with_relations(queryset: QuerySet[Run]) -> QuerySet[Run]:
                        "environment_pins__environment_version__environment", "attempts")
 
 
+def run_for_page(team: Team, run_id: str | None) -> Run | None:
+    """The team's run with everything its page shows, or None (a malformed id too)."""
+    if run_id is None:
+        return None
+    return runs_with_relations(Run.objects.filter(team=team)).select_related(
+        "created_by", "base_checkpoint__run").filter(pk=run_id).first()
+
+
 def run_for_worker(*, team_id: int | None, run: str, related: tuple[str, ...] = ()) -> Run:
     """The run a worker token names in its URL: a team token sees only its team's runs, an
     operator token (team_id None) every run; a malformed id and a foreign run are the same 404."""

@@ -37,9 +37,8 @@ from apps.teams.selectors import teams_for_user
 EVENT_TAIL = 200
 
 
-def _run(team_obj, run: str) -> Run:  # noqa: ANN001
-    obj = runs_with_relations(Run.objects.filter(team=team_obj)).select_related(
-        "created_by", "base_checkpoint__run").filter(pk=_uuid(run)).first()
+def _run(team_obj: Team, run: str) -> Run:
+    obj = selectors.run_for_page(team_obj, _uuid(run))
     if obj is None:
         raise Http404("No such run.")
     return obj
@@ -53,7 +52,8 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/no_team.html", {"teams": []})
 
 
-def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, Any]:  # noqa: ANN001
+def runs_table_context(team_obj: Team, membership: Membership,
+                       request: HttpRequest) -> dict[str, Any]:
     filters = dashboard.RunFilters.from_query(request.GET)
     page = dashboard.runs_page(team_obj, filters)
     runs = list(page.object_list)
@@ -87,7 +87,7 @@ def team_runs(request: HttpRequest, team_obj: Team, membership: Membership) -> H
     return render(request, "runs/team_runs.html", context)
 
 
-def _runs_csv(team_obj, request: HttpRequest) -> HttpResponse:  # noqa: ANN001
+def _runs_csv(team_obj: Team, request: HttpRequest) -> HttpResponse:
     """Every run the filters match (up to CSV_MAX_ROWS), in the table's columns."""
     import csv
     import io
@@ -273,7 +273,8 @@ def run_samples(request: HttpRequest, team_obj: Team, membership: Membership,
     return render(request, "runs/_samples.html", context)
 
 
-def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpResponse:  # noqa: ANN001
+def _run_action(request: HttpRequest, team_obj: Team, membership: Membership,
+                obj: Run) -> HttpResponse:
     """Cancel or resume from the run page (a POST to the page, ``op`` names the action;
     ``team_page`` refused viewers already)."""
     action = request.POST.get("op", "")
