@@ -36,7 +36,6 @@ from apps.core.actor import Actor
 from apps.datasets import services as datasets
 from apps.environments import services as environments
 from apps.projects import services as projects
-from apps.runs import services as runs
 from apps.runs.launch import run_launch
 from apps.teams import services as teams
 from django.contrib.auth import get_user_model
