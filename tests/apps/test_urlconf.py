@@ -219,6 +219,13 @@ def test_allow_list_is_tight():
     assert pages == TEAM_PAGES
 
 
+def test_every_team_page_declares_its_roles_through_team_page():
+    """Pages get the API's locked base: each resolves its team and checks the role per HTTP
+    method in ``apps.core.pages.team_page`` before its own code runs."""
+    undeclared = sorted(name for name, view in TEAM_PAGES if not hasattr(view, "team_roles"))
+    assert undeclared == []
+
+
 def test_route_url_builds_resolvable_paths():
     from django.urls import resolve
 
