@@ -1,5 +1,6 @@
 """URL map. Everything under ``/api/v1/teams/<team>/`` is a TeamScopedViewSet; everything
-under ``/api/v1/worker/`` is a WorkerViewSet (tests/core/test_urlconf.py enforces both)."""
+under ``/api/v1/worker/`` is a WorkerViewSet, routed in config/worker_urls.py
+(tests/apps/test_urlconf.py enforces both)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from rest_framework.routers import SimpleRouter
 from apps.core import views as core_views
 from apps.core.audit_api import AuditLogViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
-from apps.environments.api import EnvironmentVersionViewSet, EnvironmentViewSet
+from apps.environments.api import EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
 from apps.projects.api import ProjectViewSet
 from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
-from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
-from apps.sandbox.api import ExecutionViewSet, WorkerExecutionViewSet
+from apps.runs.environment_api import EnvironmentVersionRunsViewSet
+from apps.sandbox.api import ExecutionViewSet
 from apps.teams import views as team_views
 from apps.teams.api import (
     InvitationAcceptView,
@@ -52,37 +53,18 @@ router.register(rf"{TEAM}/datasets/(?P<dataset>[-a-zA-Z0-9_]+)/versions", Datase
                 basename="dataset-version")
 router.register(rf"{TEAM}/environments", EnvironmentViewSet, basename="environment")
 router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions",
-                EnvironmentVersionViewSet, basename="environment-version")
+                EnvironmentVersionRunsViewSet, basename="environment-version")
 router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
-
-worker = WorkerRunViewSet.as_view
-worker_urls = [
-    path("claim", worker({"post": "claim"}), name="worker-claim"),
-    path("sweep", WorkerSweepViewSet.as_view({"post": "sweep"}), name="worker-sweep"),
-    path("runs/<str:run>", worker({"get": "retrieve"}), name="worker-run"),
-    path("runs/<str:run>/heartbeat", worker({"post": "heartbeat"}), name="worker-heartbeat"),
-    path("runs/<str:run>/status", worker({"post": "status"}), name="worker-status"),
-    path("runs/<str:run>/metrics", worker({"post": "metrics"}), name="worker-metrics"),
-    path("runs/<str:run>/events", worker({"post": "events"}), name="worker-events"),
-    path("runs/<str:run>/checkpoints", worker({"post": "checkpoints"}),
-         name="worker-checkpoints"),
-    path("runs/<str:run>/samples", worker({"post": "samples"}), name="worker-samples"),
-    path("runs/<str:run>/artifacts", worker({"post": "artifacts"}), name="worker-artifacts"),
-    path("executions/<str:execution>/start",
-         WorkerExecutionViewSet.as_view({"post": "start"}), name="worker-execution-start"),
-    path("executions/<str:execution>/result",
-         WorkerExecutionViewSet.as_view({"post": "result"}), name="worker-execution-result"),
-]
 
 api_v1 = [
     path("me", core_views.MeView.as_view(), name="me"),
     path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
-    path("worker/", include(worker_urls)),
+    path("worker/", include("config.worker_urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up code as a script file, not inline (CSP);
     # Swagger UI itself sets style attributes, so this one page allows inline styles (never

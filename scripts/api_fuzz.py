@@ -36,8 +36,7 @@ from apps.core.actor import Actor
 from apps.datasets import services as datasets
 from apps.environments import services as environments
 from apps.projects import services as projects
-from apps.runs import services as runs
-from apps.runs.validation import plan_run
+from apps.runs.launch import run_launch
 from apps.teams import services as teams
 from django.contrib.auth import get_user_model
 
@@ -51,8 +50,8 @@ version, _ = datasets.version_create(actor=actor, dataset=dataset, records=[
 env = environments.environment_create(actor=actor, team=team, project=project, slug="arith")
 environments.version_register(actor=actor, environment=env, spec={
     "env": {"source": "builtin", "name": "arithmetic", "params": {"eval_size": 4}}})
-plan = plan_run(team=team, project="main", kind="profile", config={}, datasets=["qa"])
-run = runs.create_run(actor=actor, team_id=team.pk, plan=plan)
+run = run_launch(actor=actor, team=team, document={
+    "project": "main", "kind": "profile", "config": {}, "datasets": ["qa"]}).run
 _, token = teams.personal_token_create(actor=actor, user=user, name="fuzz")
 _, worker = teams.worker_token_create(actor=actor, team=team, name="fuzz-pool")
 print(json.dumps({"token": token, "worker": worker, "run": str(run.pk),

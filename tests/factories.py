@@ -11,9 +11,8 @@ from apps.core.actor import Actor
 from apps.datasets import services as dataset_services
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.projects.models import Project
-from apps.runs import services as run_services
+from apps.runs.launch import run_launch
 from apps.runs.models import Run
-from apps.runs.validation import plan_run
 from apps.teams.models import Membership, Role, Team
 from workers.protocol import ClaimedRun
 
@@ -79,8 +78,7 @@ def make_run(project: Project, dataset: Dataset | None = None, **overrides: Any)
         make_version(dataset)
     document = {"project": project.slug, "kind": "profile", "config": {},
                 "datasets": [dataset.slug], **overrides}
-    plan = plan_run(team=project.team, **document)
-    return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
+    return run_launch(actor=Actor.system(), team=project.team, document=document).run
 
 
 def make_train_run(project: Project, **overrides: Any) -> Run:
@@ -90,8 +88,7 @@ def make_train_run(project: Project, **overrides: Any) -> Run:
               **overrides.pop("config", {})}
     document = {"project": project.slug, "kind": "train", "config": config,
                 "base_model": "preset", **overrides}
-    plan = plan_run(team=project.team, **document)
-    return run_services.create_run(actor=Actor.system(), team_id=project.team_id, plan=plan)
+    return run_launch(actor=Actor.system(), team=project.team, document=document).run
 
 
 def put_run_object(run: Run | ClaimedRun | dict[str, Any], name: str, data: bytes = b"x") -> str:

@@ -8,7 +8,6 @@ from apps.datasets import views
 
 urlpatterns = [
     path("t/<slug:team>/datasets/", views.dataset_list, name="team-datasets"),
-    path("t/<slug:team>/datasets/<slug:dataset>/", views.dataset_detail, name="dataset-page"),
     path("t/<slug:team>/datasets/<slug:dataset>/diff/", views.dataset_diff,
          name="dataset-diff-page"),
     path("t/<slug:team>/datasets/<slug:dataset>/records/", views.dataset_records,

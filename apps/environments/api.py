@@ -2,22 +2,16 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core import limits
 from apps.core.exceptions import NotFound
 from apps.core.idempotency import idempotent
-from apps.core.serializers import StrictSerializer
 from apps.core.viewsets import TeamScopedViewSet
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
 from apps.projects.selectors import project_by_slug
-from apps.runs import services as run_services
-from apps.runs.models import Run
-from apps.runs.serializers import RunSerializer
-from apps.runs.validation import plan_run
 
 
 class EnvironmentVersionSerializer(serializers.ModelSerializer):
@@ -38,30 +32,6 @@ class EnvironmentVersionSerializer(serializers.ModelSerializer):
 
     def get_blocked_reason(self, obj: EnvironmentVersion) -> str:
         return services.blocked_reason(obj)
-
-
-class VersionRunSerializer(StrictSerializer):
-    """A QC or eval run of this version (the runs API's launch, with the pin filled in)."""
-
-    config = serializers.DictField(required=False, default=dict)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    pool = serializers.CharField(required=False, allow_null=True, default=None, max_length=16)
-    priority = serializers.IntegerField(required=False, default=0, min_value=-100,
-                                        max_value=100)
-    base_model = serializers.CharField(required=False, allow_null=True, default=None,
-                                       max_length=300)
-
-
-class EvalReportRowSerializer(serializers.Serializer):
-    run = serializers.CharField()
-    name = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    report_uri = serializers.CharField()
-    policy = serializers.JSONField(allow_null=True)
-    split = serializers.CharField(allow_null=True)
-    k = serializers.JSONField(allow_null=True)
-    summary = serializers.JSONField(allow_null=True)
-    error = serializers.CharField(allow_null=True)
 
 
 class EnvironmentSerializer(serializers.ModelSerializer):
@@ -159,36 +129,3 @@ class EnvironmentVersionViewSet(TeamScopedViewSet):
         if obj is None:
             raise NotFound(f"No version '{version}' of environment '{environment}'.")
         return obj
-
-    def _launch(self, request: Request, environment: str, version: str, kind: str) -> Response:
-        obj = self._version(environment, version)
-        data = VersionRunSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
-        plan = plan_run(team=self.team, project=obj.environment.project.slug, kind=kind,
-                        config=values["config"], name=values["name"], pool=values["pool"],
-                        priority=values["priority"], base_model=values["base_model"],
-                        environment=f"{obj.environment.slug}@v{obj.number}")
-        run = run_services.create_run(actor=self.actor, team_id=self.team.pk, plan=plan)
-        run = Run.objects.select_related("project").get(pk=run.pk)
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
-
-    @extend_schema(request=VersionRunSerializer, responses={201: RunSerializer})
-    @action(detail=True, methods=["post"])
-    def qc(self, request: Request, team: str, environment: str, version: str) -> Response:
-        """Launch a QC run of this version; its report sets qc_status."""
-        return idempotent(request, lambda: self._launch(request, environment, version, "qc"))
-
-    @extend_schema(request=VersionRunSerializer, responses={201: RunSerializer})
-    @action(detail=True, methods=["post"], url_path="eval")
-    def evaluate(self, request: Request, team: str, environment: str, version: str
-                 ) -> Response:
-        """Launch an eval run of this version (config.policy or base_model)."""
-        return idempotent(request, lambda: self._launch(request, environment, version, "eval"))
-
-    @extend_schema(request=None, responses=EvalReportRowSerializer(many=True))
-    @action(detail=True, methods=["get"], pagination_class=None)  # a bounded plain list
-    def evals(self, request: Request, team: str, environment: str, version: str) -> Response:
-        """The version's eval reports (succeeded eval runs), newest first."""
-        rows = selectors.eval_reports(self._version(environment, version))
-        return Response(EvalReportRowSerializer(rows, many=True).data)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from django.db.models import Count, OuterRef, Subquery
 
 from apps.core.exceptions import InvalidInput
 from apps.environments.models import Environment, EnvironmentVersion
@@ -30,25 +30,21 @@ def resolve_version(*, team: Team, ref: str) -> EnvironmentVersion:
     return version
 
 
-def eval_reports(version: EnvironmentVersion, limit: int = 50) -> list[dict[str, Any]]:
-    """The version's evaluations, newest first: each succeeded eval run with its report's
-    policy and summary (the full report is the run's report)."""
-    from apps.core.exceptions import DomainError
-    from apps.runs import objects
-    from apps.runs.models import Run, RunStatus
+def environment_by_slug(team: Team, slug: str) -> Environment | None:
+    return Environment.objects.select_related("project").filter(team=team, slug=slug).first()
 
-    runs = (Run.objects.filter(team_id=version.team_id, kind="eval",
-                               environment_pins__environment_version=version,
-                               status=RunStatus.SUCCEEDED)
-            .exclude(report_uri="").order_by("-created_at")[:limit])
-    rows = []
-    for run in runs:
-        try:
-            report = objects.read_json(run, run.report_uri)
-        except DomainError as exc:
-            report = {"error": f"report unreadable: {exc.message}"}
-        rows.append({"run": str(run.pk), "name": run.name, "created_at": run.created_at,
-                     "report_uri": run.report_uri, "policy": report.get("policy"),
-                     "split": report.get("split"), "k": report.get("k"),
-                     "summary": report.get("summary"), "error": report.get("error")})
-    return rows
+
+def environments_with_latest(team: Team
+                             ) -> tuple[list[Environment], dict[int, EnvironmentVersion]]:
+    """The team's environments by slug, each annotated with ``n_versions`` and
+    ``latest_id``, and their latest versions by id (two queries for the whole table)."""
+    latest = EnvironmentVersion.objects.filter(environment=OuterRef("pk")).order_by("-number")
+    envs = list(Environment.objects.filter(team=team).select_related("project")
+                .annotate(n_versions=Count("versions"),
+                          latest_id=Subquery(latest.values("pk")[:1]))
+                .order_by("slug"))
+    return envs, EnvironmentVersion.objects.in_bulk([e.latest_id for e in envs if e.latest_id])
+
+
+def versions_newest_first(env: Environment, limit: int) -> list[EnvironmentVersion]:
+    return list(env.versions.select_related("created_by").order_by("-number")[:limit])

@@ -6,15 +6,14 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
 
 from apps.core import events
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
 from apps.metrics import rollups
 from apps.metrics.models import MetricBatch
+from apps.metrics.sequence import allocate_stream_seq
 from apps.metrics.writers import Row, insert_points
-from apps.runs.models import Run
-from apps.runs.services import allocate_stream_seq, check_lease
 from workers.jsonsafe import is_finite_number
 
 MAX_NAME = 200
@@ -54,25 +53,28 @@ def validate_points(points: Any) -> list[Row]:
     return rows
 
 
-def ingest_batch(*, run: Run, lease_id: str, seq: int, points: Any) -> tuple[int, bool]:
-    """Store a batch; returns (points stored, duplicate). A repeated ``seq`` stores nothing.
-
-    The run row is locked for the insert, so batches of one run get consecutive stream
-    positions and the live stream can be replayed without gaps.
-    """
+def validate_batch(seq: Any, points: Any) -> list[Row]:
+    """The batch's rows, or InvalidInput naming the first bad field (before any lock)."""
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_INT:
         raise InvalidInput("seq must be an integer >= 0.", details={"seq": [repr(seq)[:50]]})
-    rows = validate_points(points)
+    return validate_points(points)
+
+
+def store_batch(*, run: models.Model, seq: int, rows: list[Row]) -> tuple[int, bool]:
+    """Store a validated batch of a run whose row the caller holds locked (the runs app's
+    ``leased``); returns (points stored, duplicate). A repeated ``seq`` stores nothing.
+
+    The lock gives batches of one run consecutive stream positions, so the live stream can
+    be replayed without gaps; the savepoint keeps a lost race on ``seq`` from spending one.
+    """
     try:
         with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run.pk)
-            check_lease(run, lease_id)
-            if MetricBatch.objects.filter(run=run, seq=seq).exists():
+            if MetricBatch.objects.filter(run_id=run.pk, seq=seq).exists():
                 return 0, True
             stream_seq = allocate_stream_seq(run, 1)
             ids = insert_points(run.pk, rows)
             rollups.upsert(run.pk, rows)
-            MetricBatch.objects.create(run=run, seq=seq, stream_seq=stream_seq,
+            MetricBatch.objects.create(run_id=run.pk, seq=seq, stream_seq=stream_seq,
                                        first_id=min(ids), last_id=max(ids),
                                        point_count=len(rows))
     except IntegrityError:

@@ -39,6 +39,7 @@ from apps.review.models import (
     Verdict,
 )
 from apps.review.sampling import sample_indices
+from apps.runs.leases import leased
 from apps.runs.models import Run
 
 MAX_MANIFEST_BYTES = 1_000_000
@@ -180,6 +181,12 @@ def batch_create(
                            "run": str(run.pk) if run else None})
     return batch
 
+
+def batch_from_run(*, actor: Actor, run: Run, lease_id: str, **fields: Any) -> Batch:
+    """A synthesize run's hand-over of its result: :func:`batch_create` under the run's
+    lease, so a worker that lost its run cannot file a batch for it."""
+    with transaction.atomic():
+        return batch_create(actor=actor, run=leased(run, lease_id), **fields)
 
 def _trail(record: dict[str, Any], given: Any) -> Any:
     """A record's verification trail: given separately, else the engine's ``verification``

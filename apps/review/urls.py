@@ -1,14 +1,14 @@
-"""Review routes: the team API (batches, review items), the worker hand-over of a
-synthesize run's batch, and the review queue page. Included from config/urls.py."""
+"""Review routes: the team API (batches, review items), the review queue page and a
+dataset's page, which shows the dataset's batches (the worker hand-over of a synthesize
+run's batch is in config/worker_urls.py). Included from config/urls.py."""
 
 from __future__ import annotations
 
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from apps.review import views
+from apps.review import dataset_pages, views
 from apps.review.api import BatchViewSet, ReviewItemViewSet
-from apps.review.worker_api import WorkerBatchViewSet
 
 TEAM = r"teams/(?P<team>[-a-zA-Z0-9_]+)"
 
@@ -27,7 +27,7 @@ router.register(rf"{TEAM}/review-items", ReviewItemViewSet, basename="review-ite
 
 urlpatterns = [
     path("api/v1/", include(router.urls)),
-    path("api/v1/worker/runs/<str:run>/batches",
-         WorkerBatchViewSet.as_view({"post": "create"}), name="worker-batches"),
     path("t/<slug:team>/review/", views.review_queue, name="review-queue"),
+    path("t/<slug:team>/datasets/<slug:dataset>/", dataset_pages.dataset_detail,
+         name="dataset-page"),
 ]

@@ -11,16 +11,15 @@ import json
 import uuid
 from typing import Any
 
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from apps.core.pages import team_for_page
+from apps.core.pages import team_page
 from apps.datasets.manifests import present
 from apps.review import selectors
 from apps.review.models import OPEN_BATCH_STATUSES, Batch
-from apps.teams.models import Role, role_at_least
+from apps.teams.models import Membership, Role, Team, role_at_least
 from apps.teams.selectors import teams_for_user
 
 
@@ -35,9 +34,8 @@ def _batch(team: Any, raw: str) -> Batch | None:
     return batch
 
 
-@login_required
-def review_queue(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def review_queue(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     batch = _batch(team_obj, request.GET["batch"]) if request.GET.get("batch") else None
     items = selectors.queue(team_obj, batch=batch)
     if batch is not None:

@@ -20,7 +20,6 @@ from apps.review.models import Batch
 from apps.review.selectors import with_counts
 from apps.runs.models import Run
 from apps.runs.selectors import run_for_worker
-from apps.runs.services import check_lease
 from workers import protocol
 
 
@@ -31,7 +30,6 @@ class WorkerBatchViewSet(WorkerViewSet):
     @extend_schema(request=protocol.BatchHandOver, responses={201: BatchSerializer})
     def create(self, request: Request, run: str) -> Response:
         obj = self._run(run)
-        check_lease(obj, self.lease_id)
         return idempotent(request, lambda: self._create(request, obj))
 
     def _create(self, request: Request, run: Run) -> Response:
@@ -41,9 +39,9 @@ class WorkerBatchViewSet(WorkerViewSet):
         if dataset is None:
             raise InvalidInput(f"No dataset '{body.dataset}' in the run's team.",
                                details={"dataset": [body.dataset]})
-        batch = services.batch_create(
-            actor=self.actor, dataset=dataset, records=body.records, manifest=body.manifest,
-            trails=body.trails, run=run, name=body.name,
+        batch = services.batch_from_run(
+            actor=self.actor, run=run, lease_id=self.lease_id, dataset=dataset,
+            records=body.records, manifest=body.manifest, trails=body.trails, name=body.name,
             target_error_rate=body.target_error_rate, confidence=body.confidence,
             sample_seed=body.sample_seed,
         )

@@ -20,6 +20,7 @@ from apps.core.viewsets import TeamScopedViewSet
 from apps.metrics import selectors as metric_selectors
 from apps.runs import comparison, selectors, services
 from apps.runs.dashboard import MAX_COMPARE
+from apps.runs.launch import Launch, run_launch
 from apps.runs.models import Run, RunEvent, RunTag
 from apps.runs.serializers import (
     CheckpointSerializer,
@@ -28,7 +29,7 @@ from apps.runs.serializers import (
     RunSerializer,
     SampleSerializer,
 )
-from apps.runs.validation import TAG_PATTERN, plan_run
+from apps.runs.validation import TAG_PATTERN
 from workers.storage import S3Store
 
 
@@ -79,17 +80,17 @@ class RunViewSet(TeamScopedViewSet):
     def retrieve(self, request: Request, team: str, run: str) -> Response:
         return Response(RunSerializer(self.get_object()).data)
 
-    def _plan(self, request: Request):
+    def _launch(self, request: Request, *, preview: bool) -> Launch:
         data = RunCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return plan_run(team=self.team, **data.validated_data)
+        return run_launch(actor=self.actor, team=self.team, document=data.validated_data,
+                          preview=preview)
 
     @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
     def create(self, request: Request, team: str) -> Response:
         def handler() -> Response:
-            plan = self._plan(request)
-            run = services.create_run(actor=self.actor, team_id=self.team.pk, plan=plan)
-            run = self.get_queryset().get(pk=run.pk)
+            launched = self._launch(request, preview=False)
+            run = self.get_queryset().get(pk=launched.run.pk)
             return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
         return idempotent(request, handler)
@@ -98,7 +99,7 @@ class RunViewSet(TeamScopedViewSet):
     @action(detail=False, methods=["post"])
     def preview(self, request: Request, team: str) -> Response:
         """Validate and resolve a launch request; creates nothing."""
-        return Response({"valid": True, "run": self._plan(request).describe()})
+        return Response({"valid": True, "run": self._launch(request, preview=True).describe()})
 
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])

@@ -17,10 +17,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.core import jsonsafe
+from apps.core.access import access_team
 from apps.core.events import run_group, team_group
+from apps.core.exceptions import NotFound
 from apps.runs.models import Run
 from apps.runs.stream import messages_after
-from apps.teams.models import Membership
 
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNSUPPORTED_DATA = 1003  # RFC 6455: a binary frame where only text is accepted
@@ -53,10 +54,12 @@ class JsonFramesConsumer(AsyncJsonWebsocketConsumer):
 
 
 def _membership_team_id(user: Any, team_slug: str) -> int | None:
-    if not getattr(user, "is_authenticated", False) or getattr(user, "pk", None) is None:
+    """The team's id if ``user`` is a member (the pages' and the API's ``access_team``)."""
+    try:
+        team, _ = access_team(user, team_slug)
+    except NotFound:
         return None
-    row = Membership.objects.filter(team__slug=team_slug, user=user).values("team_id").first()
-    return row["team_id"] if row else None
+    return team.pk
 
 
 class RunStreamConsumer(JsonFramesConsumer):

@@ -1,4 +1,4 @@
-"""The launch form. It validates exactly as the API does (``plan_run``, shared by create
+"""The launch form. It launches exactly as the API does (``run_launch``, shared by create
 and preview), then maps the API's error details onto the form's fields so each message
 sits next to the field it is about."""
 
@@ -9,10 +9,11 @@ from typing import Any
 
 from django import forms
 
+from apps.core.actor import Actor
 from apps.core.exceptions import InvalidInput
+from apps.runs.launch import Launch, run_launch
 from apps.runs.models import Pool, Run
 from apps.runs.specs import available_kinds
-from apps.runs.validation import RunPlan, plan_run
 from apps.teams.models import Team
 
 # Presets fill the form; they are ordinary configs, validated like any other.
@@ -135,24 +136,26 @@ class LaunchForm(forms.Form):
         return value
 
     def clean_tags(self) -> list[str]:
-        """Split only; plan_run checks each tag so the form and the API refuse alike."""
+        """Split only; run_launch checks each tag so the form and the API refuse alike."""
         return [t for t in self.cleaned_data["tags"].replace(",", " ").split() if t]
 
-    def plan(self) -> RunPlan | None:
-        """The validated plan, or None with the API's errors attached to fields."""
+    def launch(self, *, actor: Actor, preview: bool) -> Launch | None:
+        """The launch (a preview creates nothing), or None with the API's errors attached to
+        fields."""
         if not self.is_valid():
             return None
         data = self.cleaned_data
+        document = {
+            "project": data["project"], "kind": data["kind"], "config": data["config"],
+            "name": data["name"], "pool": data["pool"] or None,
+            "priority": data["priority"] or 0, "datasets": list(data["datasets"]),
+            "environment": data["environment"] or None, "tags": data["tags"],
+            # Only passed when given, so kinds without a base model never see it.
+            **({"base_model": data["base_model"].strip()}
+               if data.get("base_model", "").strip() else {}),
+        }
         try:
-            return plan_run(
-                team=self.team, project=data["project"], kind=data["kind"],
-                config=data["config"], name=data["name"], pool=data["pool"] or None,
-                priority=data["priority"] or 0, datasets=list(data["datasets"]),
-                environment=data["environment"] or None, tags=data["tags"],
-                # Only passed when given, so kinds without a base model never see it.
-                **({"base_model": data["base_model"].strip()}
-                   if data.get("base_model", "").strip() else {}),
-            )
+            return run_launch(actor=actor, team=self.team, document=document, preview=preview)
         except InvalidInput as exc:
             self._attach(exc)
             return None

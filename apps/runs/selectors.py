@@ -10,7 +10,7 @@ from apps.datasets.models import DatasetVersion
 from apps.environments.models import EnvironmentVersion
 from apps.metrics.models import MetricBatch, MetricSeries
 from apps.runs import objects
-from apps.runs.models import Checkpoint, Run
+from apps.runs.models import Checkpoint, Run, RunStatus
 from apps.teams.models import Team
 from workers.protocol import ClaimedRun, PinnedEnvironment
 
@@ -20,6 +20,14 @@ def runs_with_relations(queryset: QuerySet[Run]) -> QuerySet[Run]:
         "project", "environment_version__environment", "base_checkpoint"
     ).prefetch_related("pins__dataset_version__dataset",
                        "environment_pins__environment_version__environment", "attempts")
+
+
+def run_for_page(team: Team, run_id: str | None) -> Run | None:
+    """The team's run with everything its page shows, or None (a malformed id too)."""
+    if run_id is None:
+        return None
+    return runs_with_relations(Run.objects.filter(team=team)).select_related(
+        "created_by", "base_checkpoint__run").filter(pk=run_id).first()
 
 
 def run_for_worker(*, team_id: int | None, run: str, related: tuple[str, ...] = ()) -> Run:
@@ -187,3 +195,45 @@ def claimed_run(run: Run) -> ClaimedRun:
 def worker_view(run: Run) -> dict[str, Any]:
     """The claim as JSON (:class:`workers.protocol.ClaimedRun`)."""
     return claimed_run(run).model_dump(mode="json")
+
+
+def environment_eval_runs(version: EnvironmentVersion, limit: int) -> list[Run]:
+    """The version's succeeded eval runs that left a report, newest first."""
+    return list(Run.objects.filter(team_id=version.team_id, kind="eval",
+                                   environment_pins__environment_version=version,
+                                   status=RunStatus.SUCCEEDED)
+                .exclude(report_uri="").select_related("base_checkpoint__run")
+                .order_by("-created_at")[:limit])
+
+
+def environment_eval_reports(version: EnvironmentVersion, limit: int = 50) -> list[dict[str, Any]]:
+    """The version's evaluations, newest first: each succeeded eval run with its report's
+    policy and summary (the full report is the run's report)."""
+    rows = []
+    for run in environment_eval_runs(version, limit):
+        try:
+            report = objects.read_json(run, run.report_uri)
+        except DomainError as exc:
+            report = {"error": f"report unreadable: {exc.message}"}
+        rows.append({"run": str(run.pk), "name": run.name, "created_at": run.created_at,
+                     "report_uri": run.report_uri, "policy": report.get("policy"),
+                     "split": report.get("split"), "k": report.get("k"),
+                     "summary": report.get("summary"), "error": report.get("error")})
+    return rows
+
+
+def environment_version_runs(version: EnvironmentVersion, limit: int) -> list[Run]:
+    """The version's QC and eval runs, newest first."""
+    return list(Run.objects.filter(team_id=version.team_id, kind__in=("qc", "eval"),
+                                   environment_pins__environment_version=version)
+                .select_related("created_by").order_by("-created_at")[:limit])
+
+
+def runs_by_id(team: Team, ids: list[str]) -> dict[str, Run]:
+    """The team's runs among ``ids`` (UUID strings), keyed by id: for labelling graphs."""
+    return {str(r.pk): r for r in Run.objects.filter(team=team, pk__in=ids)}
+
+
+def checkpoints_by_id(team: Team, ids: list[int]) -> dict[str, Checkpoint]:
+    """The team's checkpoints among ``ids``, keyed by id as a string."""
+    return {str(c.pk): c for c in Checkpoint.objects.filter(run__team=team, pk__in=ids)}

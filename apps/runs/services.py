@@ -12,16 +12,21 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from apps.core import audit, events, limits
 from apps.core.actor import Actor
-from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput, LeaseError
+from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput
 from apps.core.storage import store
+from apps.environments import services as environment_services
+from apps.environments.models import EnvironmentVersion
 from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
+from apps.metrics import services as metric_services
+from apps.metrics.sequence import allocate_stream_seq
 from apps.runs import dispatch, objects
+from apps.runs.leases import leased
 from apps.runs.models import (
     ACTIVE_STATUSES,
     AttemptOutcome,
@@ -71,17 +76,6 @@ def _publish_status(run: Run, previous: str | None) -> None:
         "type": "run_status", "run": str(run.pk), "status": run.status, "from": previous,
         "updated_at": run.updated_at.isoformat(),
     })
-
-
-def allocate_stream_seq(run: Run, count: int) -> int:
-    """Reserve ``count`` consecutive positions in the run's live stream (shared by events
-    and metric batches); returns the first. The caller holds the run's row lock."""
-    table = Run._meta.db_table
-    run_id = run.pk.hex if connection.vendor == "sqlite" else run.pk
-    with connection.cursor() as cursor:  # one round trip instead of UPDATE then SELECT
-        cursor.execute(f"UPDATE {table} SET event_seq = event_seq + %s WHERE id = %s "
-                       "RETURNING event_seq", [count, run_id])
-        return cursor.fetchone()[0] - count + 1
 
 
 def _append_events(run: Run, rows: list[dict[str, Any]]) -> list[RunEvent]:
@@ -274,22 +268,32 @@ def _skip_locked() -> bool:
     return connection.features.has_select_for_update_skip_locked
 
 
-def check_lease(run: Run, lease_id: str) -> None:
-    """Raise LeaseError unless ``lease_id`` is the run's live lease."""
-    if run.status not in ACTIVE_STATUSES:
-        raise LeaseError(f"Run {run.pk} is {run.status}; stop working on it.",
-                         code="run_not_active", details={"status": run.status})
-    if not lease_id or not secrets.compare_digest(run.lease_id, lease_id):
-        raise LeaseError(f"Run {run.pk} is leased to another worker; stop working on it.")
-    if run.lease_expires_at is None or run.lease_expires_at <= timezone.now():
-        raise LeaseError(f"The lease on run {run.pk} expired; stop working on it.",
-                         code="lease_expired")
+def ingest_metrics(*, run: Run, lease_id: str, seq: Any, points: Any) -> tuple[int, bool]:
+    """A worker's metric batch, under the run's lease; returns (points stored, duplicate).
+    The lock gives the run's batches consecutive stream positions."""
+    rows = metric_services.validate_batch(seq, points)
+    with transaction.atomic():
+        run = leased(run, lease_id)
+        return metric_services.store_batch(run=run, seq=seq, rows=rows)
+
+
+def report_qc(*, actor: Actor, run: Run, lease_id: str, report: dict[str, Any],
+              uri: str) -> EnvironmentVersion:
+    """A QC run's report, under its lease: it sets the pinned version's QC status."""
+    with transaction.atomic():
+        run = leased(run, lease_id)
+        if run.kind != "qc" or run.environment_version_id is None:
+            raise InvalidInput(f"Run {run.pk} is not a QC run of an environment version.",
+                               details={"run": [run.kind]})
+        objects.check_reported(run, uri)
+        return environment_services.record_qc_report(
+            actor=actor, version=run.environment_version, report=report, run_id=str(run.pk),
+            report_uri=uri)
 
 
 def heartbeat(*, run: Run, lease_id: str) -> Run:
     with transaction.atomic():
-        run = _lock(run)
-        check_lease(run, lease_id)
+        run = leased(run, lease_id)
         run.lease_expires_at = timezone.now() + timedelta(seconds=_lease_seconds())
         run.save(update_fields=["lease_expires_at"])
     return run
@@ -305,8 +309,7 @@ def worker_transition(
         raise InvalidInput(f"Workers may set status running, succeeded or failed, not '{to}'.",
                            details={"status": [to]})
     with transaction.atomic():
-        run = _lock(run)
-        check_lease(run, lease_id)
+        run = leased(run, lease_id)
         run = transition(actor=actor, run=run, to=to, error=error, locked=True)
         if to == S.FAILED and retry:
             _retry_or_give_up(actor, run, f"attempt {run.attempt} failed")
@@ -364,8 +367,7 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
         row["message"] = row["message"][:MAX_MESSAGE]
         row["kind"] = str(row.get("kind", "log"))[:32]
     with transaction.atomic():
-        run = _lock(run)
-        check_lease(run, lease_id)
+        run = leased(run, lease_id)
         return _append_events(run, rows)
 
 
@@ -378,8 +380,7 @@ def add_checkpoint(
     then prune the run's resumable checkpoints in the object store down to the newest
     ``keep`` (see ``prune_checkpoints``; a retry prunes again, which changes nothing)."""
     with transaction.atomic():
-        run = _lock(run)
-        check_lease(run, lease_id)
+        run = leased(run, lease_id)
         existing = Checkpoint.objects.filter(run=run, step=step).first()
         if existing is not None:
             if existing.uri != uri:
@@ -467,8 +468,7 @@ def _delete_objects(uris: list[str]) -> None:
 
 def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
     with transaction.atomic():
-        run = _lock(run)
-        check_lease(run, lease_id)
+        run = leased(run, lease_id)
         Sample.objects.bulk_create(
             Sample(run=run, team_id=run.team_id, step=r["step"], prompt=r["prompt"],
                    completion=r["completion"], reward=r.get("reward"),
@@ -487,8 +487,7 @@ def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, A
 def set_report(*, actor: Actor, run: Run, lease_id: str, uri: str) -> Run:
     """Point the run at the report its worker uploaded under the run's prefix."""
     with transaction.atomic():
-        run = _lock(run)
-        check_lease(run, lease_id)
+        run = leased(run, lease_id)
         objects.check_reported(run, uri)
         previous = run.report_uri
         run.report_uri = uri

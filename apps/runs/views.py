@@ -11,15 +11,14 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
-from apps.core.pages import page_context, team_for_page
-from apps.projects.models import Project
+from apps.core.pages import page_context, team_page
+from apps.projects import selectors as project_selectors
 from apps.runs import dashboard, selectors, services
 from apps.runs.forms import (
     DEFAULT_KIND,
@@ -32,15 +31,14 @@ from apps.runs.forms import (
 from apps.runs.models import EventLevel, Run, RunKind, RunStatus
 from apps.runs.selectors import runs_with_relations
 from apps.runs.summary import run_summary
-from apps.teams.models import Role, role_at_least
+from apps.teams.models import Membership, Team
 from apps.teams.selectors import teams_for_user
 
 EVENT_TAIL = 200
 
 
-def _run(team_obj, run: str) -> Run:
-    obj = runs_with_relations(Run.objects.filter(team=team_obj)).select_related(
-        "created_by", "base_checkpoint__run").filter(pk=_uuid(run)).first()
+def _run(team_obj: Team, run: str) -> Run:
+    obj = selectors.run_for_page(team_obj, _uuid(run))
     if obj is None:
         raise Http404("No such run.")
     return obj
@@ -54,7 +52,8 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/no_team.html", {"teams": []})
 
 
-def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, Any]:
+def runs_table_context(team_obj: Team, membership: Membership,
+                       request: HttpRequest) -> dict[str, Any]:
     filters = dashboard.RunFilters.from_query(request.GET)
     page = dashboard.runs_page(team_obj, filters)
     runs = list(page.object_list)
@@ -68,9 +67,8 @@ def runs_table_context(team_obj, membership, request: HttpRequest) -> dict[str, 
     }
 
 
-@login_required
-def team_runs(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def team_runs(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     if request.GET.get("format") == "csv":
         return _runs_csv(team_obj, request)
     table = runs_table_context(team_obj, membership, request)
@@ -89,7 +87,7 @@ def team_runs(request: HttpRequest, team: str) -> HttpResponse:
     return render(request, "runs/team_runs.html", context)
 
 
-def _runs_csv(team_obj, request: HttpRequest) -> HttpResponse:
+def _runs_csv(team_obj: Team, request: HttpRequest) -> HttpResponse:
     """Every run the filters match (up to CSV_MAX_ROWS), in the table's columns."""
     import csv
     import io
@@ -136,14 +134,10 @@ def _seconds(run: Run, now: Any) -> float:
     return ((run.finished_at or now) - run.started_at).total_seconds()
 
 
-@login_required
-def team_projects(request: HttpRequest, team: str) -> HttpResponse:
-    from django.db.models import Count
-
-    team_obj, membership = team_for_page(request, team)
-    projects = Project.objects.filter(team=team_obj).annotate(n_runs=Count("runs")).order_by(
-        "slug")
-    rows = [(p, p.n_runs) for p in projects]
+@team_page()
+def team_projects(request: HttpRequest, team_obj: Team, membership: Membership
+                  ) -> HttpResponse:
+    rows = [(p, p.n_runs) for p in project_selectors.with_run_counts(team_obj)]
     return render(request, "runs/team_projects.html",
                   page_context(request, team_obj, membership, section="projects", rows=rows))
 
@@ -151,22 +145,18 @@ def team_projects(request: HttpRequest, team: str) -> HttpResponse:
 # --- launch --------------------------------------------------------------------------------
 
 
-@login_required
-def run_launch(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
-    if request.method == "POST" and not role_at_least(membership.role, Role.MEMBER):
-        raise PermissionDenied("Viewers cannot launch runs; ask a team admin for the member role.")
+@team_page(refused="Viewers cannot launch runs; ask a team admin for the member role.")
+def run_launch(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     preview = None
     if request.method == "POST":
         form = LaunchForm(request.POST, team=team_obj)
-        plan = form.plan()
-        if plan is not None and request.POST.get("action") == "launch":
-            run = services.create_run(actor=Actor.of_user(request.user),
-                                      team_id=team_obj.pk, plan=plan)
+        launched = form.launch(actor=Actor.of_user(request.user),
+                               preview=request.POST.get("action") != "launch")
+        if launched is not None and launched.run is not None:
             messages.success(request, "Run queued. It starts when a worker of its pool is free.")
-            return redirect("run-page", team=team_obj.slug, run=str(run.pk))
-        if plan is not None:
-            preview = json.dumps(plan.describe(), indent=2, sort_keys=True)
+            return redirect("run-page", team=team_obj.slug, run=str(launched.run.pk))
+        if launched is not None:
+            preview = json.dumps(launched.describe(), indent=2, sort_keys=True)
         form.mark_invalid()
     else:
         initial: dict[str, Any] = {}
@@ -194,9 +184,9 @@ def run_launch(request: HttpRequest, team: str) -> HttpResponse:
 # --- run page --------------------------------------------------------------------------------
 
 
-@login_required
-def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page(refused="Viewers cannot change runs.")
+def run_detail(request: HttpRequest, team_obj: Team, membership: Membership,
+        run: str) -> HttpResponse:
     obj = _run(team_obj, run)
     if request.method == "POST":
         return _run_action(request, team_obj, membership, obj)
@@ -217,11 +207,11 @@ def run_detail(request: HttpRequest, team: str, run: str) -> HttpResponse:
     return render(request, "runs/run_detail.html", context)
 
 
-@login_required
-def run_parts(request: HttpRequest, team: str, run: str) -> HttpResponse:
+@team_page()
+def run_parts(request: HttpRequest, team_obj: Team, membership: Membership,
+        run: str) -> HttpResponse:
     """The run page's live parts (header, summary, checkpoints, attempts, samples), rendered
     again for the page to swap in when the run changes."""
-    team_obj, membership = team_for_page(request, team)
     obj = _run(team_obj, run)
     context = page_context(request, team_obj, membership,
                            **_live_context(obj, request, selectors.report_or_none(obj)))
@@ -274,19 +264,19 @@ def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[s
             "samples": samples, "components": components, "rl_samples": rl_samples}
 
 
-@login_required
-def run_samples(request: HttpRequest, team: str, run: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def run_samples(request: HttpRequest, team_obj: Team, membership: Membership,
+        run: str) -> HttpResponse:
     obj = _run(team_obj, run)
     context = page_context(request, team_obj, membership, run=obj,
                        **_samples_context(obj, dashboard.sample_steps(obj), request))
     return render(request, "runs/_samples.html", context)
 
 
-def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpResponse:
-    """Cancel or resume from the run page (a POST to the page, ``op`` names the action)."""
-    if not role_at_least(membership.role, Role.MEMBER):
-        raise PermissionDenied("Viewers cannot change runs.")
+def _run_action(request: HttpRequest, team_obj: Team, membership: Membership,
+                obj: Run) -> HttpResponse:
+    """Cancel or resume from the run page (a POST to the page, ``op`` names the action;
+    ``team_page`` refused viewers already)."""
     action = request.POST.get("op", "")
     try:
         if action == "cancel":
@@ -303,9 +293,8 @@ def _run_action(request: HttpRequest, team_obj, membership, obj: Run) -> HttpRes
 # --- compare ---------------------------------------------------------------------------------
 
 
-@login_required
-def run_compare(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj, membership = team_for_page(request, team)
+@team_page()
+def run_compare(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     ids = dashboard.parse_run_ids(request.GET.getlist("run"))
     too_many = len(ids) > dashboard.MAX_COMPARE
     ids = ids[: dashboard.MAX_COMPARE]

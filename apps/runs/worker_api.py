@@ -18,7 +18,6 @@ from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
 from apps.core.viewsets import WorkerViewSet
-from apps.metrics import services as metric_services
 from apps.runs import selectors, services
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
@@ -68,7 +67,7 @@ class WorkerRunViewSet(WorkerViewSet):
         body = request.data if isinstance(request.data, dict) else {}
         if "seq" not in body or "points" not in body:
             raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]}.")
-        stored, duplicate = metric_services.ingest_batch(
+        stored, duplicate = services.ingest_metrics(
             run=self._run(run, related=False), lease_id=self.lease_id, seq=body["seq"],
             points=body["points"],
         )

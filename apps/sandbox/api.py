@@ -129,8 +129,10 @@ class WorkerExecutionViewSet(WorkerViewSet):
         except ValueError as exc:
             raise NotFound(f"No execution '{execution}'.") from exc
         row = services.start(execution_id=execution_id, worker=self._start_worker(),
-                             team_id=self.principal.team_id, actor=self.actor)
-        return Response({"id": str(row.pk), "request": row.request})
+                             team_id=self.principal.team_id,
+                             holder=self.principal.token.prefix, actor=self.actor)
+        return Response({"id": str(row.pk), "request": row.request, "lease_id": row.lease_id,
+                         "lease_expires_at": row.lease_expires_at})
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def result(self, request: Request, execution: str) -> Response:
@@ -153,6 +155,7 @@ class WorkerExecutionViewSet(WorkerViewSet):
 
         def handler() -> Response:
             done = services.finish(execution=row, result=result, error=str(error)[:10_000],
+                                   lease_id=self.lease_id, holder=self.principal.token.prefix,
                                    actor=self.actor)
             return Response({"status": done.status})
 

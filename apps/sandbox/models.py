@@ -37,6 +37,9 @@ class Execution(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Set by start: the result is accepted only under this lease, from the token holding it.
+    lease_id = models.CharField(max_length=64, blank=True)
+    lease_holder = models.CharField(max_length=16, blank=True)  # the worker token's prefix
 
     class Meta:
         indexes = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from apps.core import audit
 from apps.core.actor import Actor
-from apps.core.exceptions import Conflict, DomainError, InvalidInput, NotFound
+from apps.core.exceptions import Conflict, DomainError, InvalidInput, LeaseError, NotFound
 from apps.sandbox.models import ACTIVE, Execution, ExecutionStatus
 from apps.teams.models import Team
 from config.celery import app
@@ -78,8 +79,10 @@ def submit(*, actor: Actor, team: Team, requests: list[ExecutionRequest]) -> lis
     return rows
 
 
-def start(*, execution_id: object, worker: str, team_id: int | None,
+def start(*, execution_id: object, worker: str, team_id: int | None, holder: str = "",
           actor: Actor | None = None) -> Execution:
+    """Hand a queued execution to one worker under a lease (``lease_id``, held by the worker
+    token ``holder``) that its result must come back under, before the lease expires."""
     with transaction.atomic():
         qs = Execution.objects.select_for_update().filter(pk=execution_id)
         if team_id is not None:
@@ -97,20 +100,38 @@ def start(*, execution_id: object, worker: str, team_id: int | None,
         execution.worker = worker[:200]
         execution.started_at = now
         execution.lease_expires_at = now + timedelta(seconds=budget)
-        execution.save(update_fields=["status", "worker", "started_at", "lease_expires_at"])
+        execution.lease_id = secrets.token_urlsafe(24)
+        execution.lease_holder = holder[:16]
+        execution.save(update_fields=["status", "worker", "started_at", "lease_expires_at",
+                                      "lease_id", "lease_holder"])
         audit.record(actor=actor, action="sandbox.execution.start", team_id=execution.team_id,
                      target_type="execution", target_id=execution.pk,
                      data={"worker": execution.worker})
     return execution
 
 
+def leased(execution: Execution, lease_id: str, holder: str) -> Execution:
+    """The execution's row, locked for the caller's transaction, if it is running under a
+    live lease held by the worker token ``holder`` (and ``lease_id``, when the worker sends
+    it, is that lease); LeaseError (409) otherwise, as for runs."""
+    locked = Execution.objects.select_for_update().get(pk=execution.pk)
+    if locked.status != ExecutionStatus.RUNNING:
+        raise LeaseError(f"Execution {locked.pk} is {locked.status}, not running.",
+                         code="not_running", details={"status": locked.status})
+    if (not holder or not secrets.compare_digest(locked.lease_holder, holder)
+            or (lease_id and not secrets.compare_digest(locked.lease_id, lease_id))):
+        raise LeaseError(f"Execution {locked.pk} is leased to another worker; drop its result.")
+    if locked.lease_expires_at is None or locked.lease_expires_at <= timezone.now():
+        raise LeaseError(f"The lease on execution {locked.pk} expired; drop its result.",
+                         code="lease_expired")
+    return locked
+
+
 def finish(*, execution: Execution, result: dict[str, Any] | None, error: str = "",
-           actor: Actor | None = None) -> Execution:
+           lease_id: str, holder: str, actor: Actor | None = None) -> Execution:
+    """The worker's result (or the engine's error), under the execution's lease."""
     with transaction.atomic():
-        execution = Execution.objects.select_for_update().get(pk=execution.pk)
-        if execution.status != ExecutionStatus.RUNNING:
-            raise Conflict(f"Execution {execution.pk} is {execution.status}, not running.",
-                           code="not_running")
+        execution = leased(execution, lease_id, holder)
         execution.status = ExecutionStatus.ERROR if error else ExecutionStatus.DONE
         execution.result = result
         execution.error = error[:10_000]

@@ -13,14 +13,15 @@ from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from rest_framework.exceptions import Throttled
 
+from apps.core import pages
 from apps.core import selectors as audit_selectors
 from apps.core.actor import Actor
 from apps.core.audit_api import filters_from
 from apps.core.exceptions import DomainError
-from apps.core.pages import page_context, team_for_page
+from apps.core.pages import page_context
 from apps.teams import selectors, services
 from apps.teams.api import accept_throttled
-from apps.teams.models import ApiToken, Invitation, Membership, Role, TokenKind, role_at_least
+from apps.teams.models import ApiToken, Invitation, Membership, Role, Team, TokenKind, role_at_least
 
 
 def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
@@ -47,11 +48,10 @@ def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
     return render(request, "teams/team.html", context, status=status)
 
 
-@login_required
-def team_page(request: HttpRequest, team: str) -> HttpResponse:
+@pages.team_page(write=Role.VIEWER)
+def team_page(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     """GET shows the page; POST does one operation, named by the form's ``op`` field (one
     URL for the page and its forms, so every team URL is a page a viewer can open)."""
-    team_obj, membership = team_for_page(request, team)
     if request.method != "POST":
         return _page(request, team_obj, membership)
     op = request.POST.get("op", "")
@@ -191,13 +191,10 @@ def _member_change(request: HttpRequest, team_obj, membership) -> HttpResponse:
 AUDIT_PAGE_SIZE = 50
 
 
-@login_required
-def audit_page(request: HttpRequest, team: str) -> HttpResponse:
+@pages.team_page(read=Role.ADMIN, refused="Only team admins read the audit log.")
+def audit_page(request: HttpRequest, team_obj: Team, membership: Membership) -> HttpResponse:
     """The team's audit log for its admins (the same rows and filters as
     ``GET /api/v1/teams/<team>/audit-log``), newest first, 50 a page (``?before=<id>``)."""
-    team_obj, membership = team_for_page(request, team)
-    if not role_at_least(membership.role, Role.ADMIN):
-        raise Http404("Only team admins read the audit log.")
     error = ""
     try:
         filters = filters_from(request.GET)

@@ -172,6 +172,26 @@ def test_qc_report_endpoint_needs_the_lease_and_a_qc_run(member, worker, env):
     assert wrong.status_code == 400 and "not a QC run" in wrong.json()["message"]
 
 
+def test_qc_report_is_refused_under_a_wrong_or_expired_lease(member, worker, env):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    register(member, env, ARITH)
+    run = member.client.post(f"{env}/v1/qc", {}, format="json").json()
+    body = {"report": _qc_report(True),
+            "uri": put_run_object(Run.objects.get(pk=run["id"]), "qc-report.json", b"{}")}
+    lease = _claim(worker, run["id"], "sandbox")
+    url = f"{W}/runs/{run['id']}/qc"
+    wrong = worker.post(url, body, format="json", HTTP_X_CRUCIBLE_LEASE="not-the-lease")
+    assert wrong.status_code == 409 and wrong.json()["code"] == "lease_invalid"
+    Run.objects.filter(pk=run["id"]).update(lease_expires_at=timezone.now()
+                                            - timedelta(seconds=1))
+    late = worker.post(url, body, format="json", **lease)
+    assert late.status_code == 409 and late.json()["code"] == "lease_expired"
+    assert member.client.get(f"{env}/v1").json()["qc_status"] == "pending"
+
+
 def test_eval_launch_validates_the_policy(member, env):
     register(member, env, ARITH)
     none = member.client.post(f"{env}/v1/eval", {}, format="json")

@@ -277,6 +277,28 @@ def test_worker_submits_its_runs_batch_under_the_lease(worker, project, target):
     assert Batch.objects.get().run_id == run.pk
 
 
+def test_a_batch_is_refused_under_a_wrong_or_expired_lease(worker, project, target):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.runs.models import Run
+
+    run = make_run(project, name="synthesize")
+    claim = worker.post("/api/v1/worker/claim",
+                        {"pool": run.pool, "worker_id": "w1", "run_id": str(run.pk)},
+                        format="json").json()
+    url = f"/api/v1/worker/runs/{run.pk}/batches"
+    body = {"dataset": "synth-math", "records": records(10), "manifest": manifest()}
+    wrong = worker.post(url, body, format="json", HTTP_X_CRUCIBLE_LEASE="not-the-lease")
+    assert wrong.status_code == 409 and wrong.json()["code"] == "lease_invalid"
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now()
+                                         - timedelta(seconds=1))
+    late = worker.post(url, body, format="json", HTTP_X_CRUCIBLE_LEASE=claim["lease_id"])
+    assert late.status_code == 409 and late.json()["code"] == "lease_expired"
+    assert not Batch.objects.exists()
+
+
 # --- isolation and admin -----------------------------------------------------------------
 
 

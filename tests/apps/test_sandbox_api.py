@@ -58,3 +58,41 @@ def test_worker_starts_once_and_reports_result(member, worker):
 def test_other_teams_cannot_see_executions(member, outsider):
     created = member.client.post(URL, {"language": "python", "code": "print(1)"}).json()
     assert outsider.client.get(f"{URL}/{created['id']}").status_code == 404
+
+
+def test_a_result_comes_back_only_under_its_executions_lease(member, worker, db):
+    """A start hands out a lease; a result from another worker token, under another lease
+    id, or after the lease expired is refused with the runs API's 409s and stores nothing."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.core.actor import Actor
+    from apps.teams.services import worker_token_create
+    from tests.conftest import client_for_token
+
+    created = member.client.post(URL, {"language": "python", "code": "print(1)"}).json()
+    url = f"/api/v1/worker/executions/{created['id']}"
+    start = worker.post(f"{url}/start").json()
+    assert start["lease_id"] and start["lease_expires_at"]
+    body = {"result": {"status": "OK", "stdout": "1\n", "exit_code": 0}}
+    _, raw = worker_token_create(actor=Actor.system(), team=None, name="other pool")
+    other = client_for_token(raw).post(f"{url}/result", body, format="json",
+                                       HTTP_X_CRUCIBLE_LEASE=start["lease_id"])
+    assert other.status_code == 409 and other.json()["code"] == "lease_invalid"
+    wrong = worker.post(f"{url}/result", body, format="json", HTTP_X_CRUCIBLE_LEASE="nope")
+    assert wrong.status_code == 409 and wrong.json()["code"] == "lease_invalid"
+    Execution.objects.filter(pk=created["id"]).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    late = worker.post(f"{url}/result", body, format="json",
+                       HTTP_X_CRUCIBLE_LEASE=start["lease_id"])
+    assert late.status_code == 409 and late.json()["code"] == "lease_expired"
+    assert Execution.objects.get(pk=created["id"]).status == "running"
+    Execution.objects.filter(pk=created["id"]).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=60))
+    ok = worker.post(f"{url}/result", body, format="json",
+                     HTTP_X_CRUCIBLE_LEASE=start["lease_id"])
+    assert ok.status_code == 200 and ok.json() == {"status": "done"}
+    done = worker.post(f"{url}/result", body, format="json",
+                       HTTP_X_CRUCIBLE_LEASE=start["lease_id"])
+    assert done.status_code == 409 and done.json()["code"] == "not_running"

@@ -23,7 +23,9 @@ from apps.core.views import MeView
 from apps.core.viewsets import TeamScopedViewSet, WorkerViewSet
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
+from apps.review import dataset_pages
 from apps.review import views as review_views
+from apps.runs import environment_pages
 from apps.runs import views as run_views
 from apps.teams import views as team_views
 from apps.teams.api import InvitationAcceptView, MyTeamsViewSet, PersonalTokenViewSet
@@ -50,7 +52,7 @@ TEAM_PAGES = {
     ("team-projects", run_views.team_projects),
     ("run-page", run_views.run_detail),
     ("team-datasets", dataset_views.dataset_list),
-    ("dataset-page", dataset_views.dataset_detail),
+    ("dataset-page", dataset_pages.dataset_detail),
     ("dataset-diff-page", dataset_views.dataset_diff),
     ("dataset-rollback-page", dataset_views.dataset_rollback),
     ("review-queue", review_views.review_queue),
@@ -64,7 +66,7 @@ TEAM_PAGES = {
     ("team-audit", team_views.audit_page),
     ("team-environments", environment_views.environment_list),
     ("environment-page", environment_views.environment_detail),
-    ("environment-version-page", environment_views.version_detail),
+    ("environment-version-page", environment_pages.version_detail),
 }
 
 
@@ -215,6 +217,13 @@ def test_allow_list_is_tight():
     assert routed >= ALLOWED_UNSCOPED
     pages = {(r.name, r.callback) for r in team_pages()}
     assert pages == TEAM_PAGES
+
+
+def test_every_team_page_declares_its_roles_through_team_page():
+    """Pages get the API's locked base: each resolves its team and checks the role per HTTP
+    method in ``apps.core.pages.team_page`` before its own code runs."""
+    undeclared = sorted(name for name, view in TEAM_PAGES if not hasattr(view, "team_roles"))
+    assert undeclared == []
 
 
 def test_route_url_builds_resolvable_paths():

@@ -92,9 +92,9 @@ def make_run() -> str:
     from django.contrib.auth import get_user_model
 
     from apps.core.actor import Actor
-    from apps.metrics.services import ingest_batch
     from apps.projects.models import Project
     from apps.runs import services
+    from apps.runs.services import ingest_metrics
     from apps.runs.validation import plan_run
     from apps.teams.models import Membership, Role, Team
 
@@ -113,7 +113,7 @@ def make_run() -> str:
         rows = [{"name": f"metric_{k:02d}", "step": s,
                  "value": math.sin(s / (50 + k)) + k * 1e-3, "wall_time": t0 + s}
                 for s in range(start, min(POINTS, start + batch)) for k in range(SERIES)]
-        ingest_batch(run=run, lease_id=run.lease_id, seq=seq, points=rows)
+        ingest_metrics(run=run, lease_id=run.lease_id, seq=seq, points=rows)
     return str(run.pk)
 
 

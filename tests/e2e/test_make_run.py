@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.core.management.commands.up import DEMO_TRAIN
+from apps.runs.management.commands.up import DEMO_TRAIN
 
 # Synthesis, QC, training and two evaluations after the profile job: minutes on a loaded
 # machine, hence a longer limit than the default.
