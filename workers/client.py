@@ -380,10 +380,13 @@ class CrucibleClient:
         return self.request("POST", f"worker/executions/{execution_id}/start",
                             headers={"X-Crucible-Worker": worker_id})
 
-    def finish_execution(self, execution_id: str, worker_id: str, body: dict[str, Any]) -> Any:
-        """Report an execution's ``{"result"}`` or ``{"error"}`` (retried: idempotent)."""
+    def finish_execution(self, execution_id: str, worker_id: str, body: dict[str, Any],
+                         lease_id: str) -> Any:
+        """Report an execution's ``{"result"}`` or ``{"error"}`` under the lease its start
+        handed out (retried: idempotent)."""
         return self.request("POST", f"worker/executions/{execution_id}/result", json=body,
-                            headers={"X-Crucible-Worker": worker_id}, idempotent=True)
+                            headers={"X-Crucible-Worker": worker_id,
+                                     "X-Crucible-Lease": lease_id}, idempotent=True)
 
     def sweep(self) -> list[str]:
         """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""

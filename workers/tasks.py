@@ -78,7 +78,7 @@ def execute_sandbox(self: Any, execution_id: str) -> str:
         except Exception as exc:  # the engine itself failed: report, don't hang the caller
             log.exception("execution %s failed in the engine", execution_id)
             body = {"error": f"{type(exc).__name__}: {exc}"}
-        client.finish_execution(execution_id, worker_id, body)
+        client.finish_execution(execution_id, worker_id, body, job["lease_id"])
         return str(body.get("result", {}).get("status", "error"))
 
 

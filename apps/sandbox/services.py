@@ -111,15 +111,15 @@ def start(*, execution_id: object, worker: str, team_id: int | None, holder: str
 
 
 def leased(execution: Execution, lease_id: str, holder: str) -> Execution:
-    """The execution's row, locked for the caller's transaction, if it is running under a
-    live lease held by the worker token ``holder`` (and ``lease_id``, when the worker sends
-    it, is that lease); LeaseError (409) otherwise, as for runs."""
+    """The execution's row, locked for the caller's transaction, if it is running under the
+    live lease ``lease_id`` (the start's answer; the worker sends it as ``X-Crucible-Lease``)
+    held by the worker token ``holder``; LeaseError (409) otherwise, as for runs."""
     locked = Execution.objects.select_for_update().get(pk=execution.pk)
     if locked.status != ExecutionStatus.RUNNING:
         raise LeaseError(f"Execution {locked.pk} is {locked.status}, not running.",
                          code="not_running", details={"status": locked.status})
     if (not holder or not secrets.compare_digest(locked.lease_holder, holder)
-            or (lease_id and not secrets.compare_digest(locked.lease_id, lease_id))):
+            or not lease_id or not secrets.compare_digest(locked.lease_id, lease_id)):
         raise LeaseError(f"Execution {locked.pk} is leased to another worker; drop its result.")
     if locked.lease_expires_at is None or locked.lease_expires_at <= timezone.now():
         raise LeaseError(f"The lease on execution {locked.pk} expired; drop its result.",

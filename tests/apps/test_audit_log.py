@@ -35,9 +35,11 @@ def test_code_submission_and_its_execution_are_audited(team, member, worker):
         {"language": "python", "code": "print(1)"}, {"language": "bash", "code": "echo"}]})
     assert batch.status_code == 202
     assert AuditLog.objects.filter(action="sandbox.execution.submit").count() == 3
-    worker.post(f"{W}/executions/{created['id']}/start", HTTP_X_CRUCIBLE_WORKER="box-1")
+    lease = worker.post(f"{W}/executions/{created['id']}/start",
+                        HTTP_X_CRUCIBLE_WORKER="box-1").json()["lease_id"]
     worker.post(f"{W}/executions/{created['id']}/result",
-                {"result": {"status": "OK", "stdout": "x\n", "exit_code": 0}})
+                {"result": {"status": "OK", "stdout": "x\n", "exit_code": 0}},
+                HTTP_X_CRUCIBLE_LEASE=lease)
     done = AuditLog.objects.get(action="sandbox.execution.finish")
     assert done.actor_label.startswith("worker:")
     assert done.data["status"] == "done" and done.data["result"] == "OK"

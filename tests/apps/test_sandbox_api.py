@@ -44,12 +44,14 @@ def test_worker_starts_once_and_reports_result(member, worker):
     assert start.status_code == 200 and start.json()["request"]["code"] == "print(1)"
     again = worker.post(f"/api/v1/worker/executions/{created['id']}/start")
     assert again.status_code == 409
+    lease = start.json()["lease_id"]
     result = {"status": "OK", "stdout": "1\n", "exit_code": 0}
     r = worker.post(f"/api/v1/worker/executions/{created['id']}/result", {"result": result},
-                    HTTP_IDEMPOTENCY_KEY="k1")
+                    HTTP_IDEMPOTENCY_KEY="k1", HTTP_X_CRUCIBLE_LEASE=lease)
     assert r.json() == {"status": "done"}
     replay = worker.post(f"/api/v1/worker/executions/{created['id']}/result",
-                         {"result": result}, HTTP_IDEMPOTENCY_KEY="k1")
+                         {"result": result}, HTTP_IDEMPOTENCY_KEY="k1",
+                         HTTP_X_CRUCIBLE_LEASE=lease)
     assert replay.status_code == 200  # a retried report is answered, not refused
     got = member.client.get(f"{URL}/{created['id']}").json()
     assert got["status"] == "done" and got["result"]["stdout"] == "1\n"
@@ -82,6 +84,8 @@ def test_a_result_comes_back_only_under_its_executions_lease(member, worker, db)
     assert other.status_code == 409 and other.json()["code"] == "lease_invalid"
     wrong = worker.post(f"{url}/result", body, format="json", HTTP_X_CRUCIBLE_LEASE="nope")
     assert wrong.status_code == 409 and wrong.json()["code"] == "lease_invalid"
+    missing = worker.post(f"{url}/result", body, format="json")
+    assert missing.status_code == 409 and missing.json()["code"] == "lease_invalid"
     Execution.objects.filter(pk=created["id"]).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1))
     late = worker.post(f"{url}/result", body, format="json",

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from workers.reporting import Reporter
 from workers.rl import checkpoint as ckpt
 from workers.rl.distributed import all_reduce_sum
 from workers.rl.engine import frozen_copy, make_engine
@@ -22,7 +23,6 @@ from workers.rl.losses import dpo_loss, load_balancing_loss
 from workers.rl.model import build_policy, is_moe
 from workers.rl.pinned_data import PinnedData, check_roles
 from workers.rl.prompt_format import PromptFormat
-from workers.rl.sinks import MetricSink
 from workers.rl.spec import RunSpec
 from workers.rl.tasks import Example
 
@@ -37,7 +37,7 @@ class PhaseHost(Protocol):
     rank: int
     world: int
     pinned: PinnedData
-    sink: MetricSink
+    sink: Reporter
     prompt_format: PromptFormat
 
     def generator(self, *key: int) -> torch.Generator: ...
