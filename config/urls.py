@@ -1,6 +1,6 @@
 """URL map. Everything under ``/api/v1/teams/<team>/`` is a TeamScopedViewSet; everything
 under ``/api/v1/worker/`` is a WorkerViewSet, routed in config/worker_urls.py
-(tests/apps/test_urlconf.py enforces both)."""
+(tests/apps/api/test_urlconf.py enforces both)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def team_page(*, read: str = Role.VIEWER, write: str = Role.MEMBER,
                                                   f"{membership.role}.")
             return view(request, team_obj, membership, **kwargs)
 
-        # Declared on the view for tests/apps/test_urlconf.py (every team page has it).
+        # Declared on the view for tests/apps/api/test_urlconf.py (every team page has it).
         page.__dict__["team_roles"] = {"read": read, "write": write}
         return page
 

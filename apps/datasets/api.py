@@ -132,7 +132,10 @@ class DatasetViewSet(TeamScopedViewSet):
     ordering = "-created_at"
 
     def list(self, request: Request, team: str) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        # Each row shows its current version's parents: one query for the page, not per row.
+        rows = self.filter_queryset(self.get_queryset()).prefetch_related(
+            "current_version__parents")
+        page = self.paginate_queryset(rows)
         return self.get_paginated_response(DatasetSerializer(page, many=True).data)
 
     def retrieve(self, request: Request, team: str, dataset: str) -> Response:

@@ -10,6 +10,13 @@ import time
 
 import pytest
 
+# Each test's own object store, cache namespace and fast hasher, as in tests/apps.
+from tests.django_fixtures import (  # noqa: F401 - autouse fixtures, found by name
+    fast_password_hashing,
+    isolated_cache,
+    object_store,
+)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -15,7 +15,7 @@ from apps.runs import services as run_services
 from apps.runs.models import Run, RunStatus
 from apps.runs.validation import plan_run
 from apps.teams.models import Role
-from tests.apps.test_environment_pages import EVAL_REPORT, QC_REPORT
+from tests.apps.runs.test_environment_pages import EVAL_REPORT, QC_REPORT
 from tests.factories import (
     MembershipFactory,
     ProjectFactory,

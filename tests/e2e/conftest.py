@@ -14,6 +14,13 @@ from django.conf import settings
 
 from config.celery import QUEUES, app
 
+# Each test's own object store, cache namespace and fast hasher, as in tests/apps.
+from tests.django_fixtures import (  # noqa: F401 - autouse fixtures, found by name
+    fast_password_hashing,
+    isolated_cache,
+    object_store,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -145,7 +145,7 @@ def test_worker_endpoints_need_a_worker_token(member, worker, run):
 def test_team_worker_tokens_only_see_their_team(run, team, other_team):
     from apps.core.actor import Actor
     from apps.teams.services import worker_token_create
-    from tests.conftest import client_for_token
+    from tests.django_fixtures import client_for_token
 
     _, rival_raw = worker_token_create(actor=Actor.system(), team=other_team, name="rival")
     rival = client_for_token(rival_raw)
@@ -682,7 +682,7 @@ def test_reports_need_the_lease(worker, running):
 def test_only_operator_tokens_may_sweep(db, team):
     from apps.core.actor import Actor
     from apps.teams.services import worker_token_create
-    from tests.conftest import client_for_token
+    from tests.django_fixtures import client_for_token
 
     _, raw = worker_token_create(actor=Actor.system(), team=team, name="team-pool")
     r = client_for_token(raw).post("/api/v1/worker/sweep")

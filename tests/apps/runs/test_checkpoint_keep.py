@@ -10,7 +10,7 @@ import pytest
 from apps.core.actor import Actor
 from apps.environments import services as env_services
 from apps.runs.models import Checkpoint, RunEvent
-from tests.apps.test_worker_api import RUNS, W, claim
+from tests.apps.runs.test_worker_api import RUNS, W, claim
 from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 

@@ -1,6 +1,6 @@
 """Cross-tenant isolation, over every team-scoped route the URLconf serves.
 
-The route list comes from walking the URLconf (tests/apps/test_urlconf.py), so a new
+The route list comes from walking the URLconf (tests/apps/api/test_urlconf.py), so a new
 endpoint joins this matrix as soon as it is routed; if it needs a URL kwarg this file
 does not know, ``test_every_team_route_gets_a_concrete_url`` says which.
 """
@@ -22,8 +22,8 @@ from apps.runs.models import Checkpoint, Run
 from apps.teams import services as team_services
 from apps.teams.models import ApiToken, Membership, Role
 from apps.teams.services import worker_token_create
-from tests.apps.test_urlconf import Route, team_pages, team_routes, worker_routes
-from tests.conftest import client_for_token
+from tests.apps.api.test_urlconf import Route, team_pages, team_routes, worker_routes
+from tests.django_fixtures import client_for_token
 from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
 TEAM_ROUTES = team_routes()

@@ -20,7 +20,7 @@ from tests.factories import DatasetFactory, make_run
 from tests.skips import host_reason
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _claim(worker, run):

@@ -14,7 +14,7 @@ from apps.datasets.models import Dataset
 from apps.projects.models import Project
 from apps.runs.models import Run
 from apps.teams.models import ApiToken, Membership, Role, Team, TokenKind
-from tests.conftest import client_for_token
+from tests.django_fixtures import client_for_token
 from tests.factories import DatasetFactory, UserFactory, make_run
 
 RUN_DOC = {"project": "main", "kind": "profile", "config": {}, "datasets": ["qa"]}

@@ -71,7 +71,7 @@ def test_a_result_comes_back_only_under_its_executions_lease(member, worker, db)
 
     from apps.core.actor import Actor
     from apps.teams.services import worker_token_create
-    from tests.conftest import client_for_token
+    from tests.django_fixtures import client_for_token
 
     created = member.client.post(URL, {"language": "python", "code": "print(1)"}).json()
     url = f"/api/v1/worker/executions/{created['id']}"

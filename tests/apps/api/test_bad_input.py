@@ -20,7 +20,7 @@ from apps.projects.models import Project
 from apps.runs.models import Run, RunEvent, Sample
 from tests.factories import DatasetFactory, make_run, make_version, put_run_object
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TEAM = "/api/v1/teams/acme"
 W = "/api/v1/worker"
 

@@ -13,7 +13,7 @@ from django.utils.regex_helper import normalize
 from drf_spectacular.drainage import reset_generator_stats
 from openapi_spec_validator import validate
 
-from tests.apps.test_urlconf import API_PREFIX, iter_routes
+from tests.apps.api.test_urlconf import API_PREFIX, iter_routes
 
 PUBLIC = {"schema", "docs"}
 

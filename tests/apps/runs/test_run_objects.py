@@ -12,7 +12,7 @@ from apps.core.actor import Actor
 from apps.core.models import AuditLog
 from apps.runs.models import Checkpoint, Run
 from apps.teams.services import worker_token_create
-from tests.conftest import client_for_token
+from tests.django_fixtures import client_for_token
 from tests.factories import DatasetFactory, ProjectFactory, make_run, put_run_object
 
 W = "/api/v1/worker"

@@ -2,7 +2,7 @@
 server-side render time printed (no timing assertion: the machine is shared and noisy).
 
 Run it alone to read the figures:
-``pytest tests/apps/test_dashboard_scale.py -q -s -p no:cacheprovider``
+``pytest tests/apps/runs/test_dashboard_scale.py -q -s -p no:cacheprovider``
 """
 
 from __future__ import annotations

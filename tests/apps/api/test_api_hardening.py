@@ -16,7 +16,7 @@ from django.test import Client
 from apps.runs.models import Run
 from tests.factories import DatasetFactory, make_version
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUNS = "/api/v1/teams/acme/runs"
 
 

@@ -9,7 +9,7 @@ from django.test import Client
 
 from apps.core.actor import Actor
 from apps.teams.services import personal_token_create
-from tests.conftest import client_for_token
+from tests.django_fixtures import client_for_token
 
 LOGIN = "/accounts/login/"
 ME = "/api/v1/me"
