@@ -271,7 +271,7 @@ def build_report(
     for sample in samples:
         by_task[sample.task_id].append(sample)
     names = [c.name for c in env.rubric.components]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for task in tasks:
         mine = by_task[task.id]
         n = len(mine)

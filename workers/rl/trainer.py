@@ -215,7 +215,7 @@ class Trainer:
         model = build_policy(spec.model, len(tok), tok.pad_token_id, tok.eos_token_id)
         # The initial policy's held-out reward, measured as RL measures it later, so the run
         # summary can tell what SFT gained from what RL gained.
-        model.to(self.device).eval()
+        model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' to() stub
         with torch.no_grad():
             before = self.evaluate(make_backend("hf", model, tok, False), tok)
         model.train()
@@ -404,7 +404,7 @@ class Trainer:
         # The actor samples from its own plain (unsharded) copy of the policy, refreshed from
         # versioned snapshots the learner publishes after every update.
         gen_model = build_policy(lrn.model_spec, len(tok), tok.pad_token_id,
-                                 tok.eos_token_id).to(self.device).eval()
+                                 tok.eos_token_id).to(self.device).eval()  # type: ignore[arg-type]
         if use_bf16(ts):
             gen_model = gen_model.to(torch.bfloat16)
         store.publish(start, weight_snapshot(lrn.engine.module, ts.zero_stage))
@@ -426,7 +426,11 @@ class Trainer:
         else:
             backend = lrn.backend
             lockstep_agree = any_rank if (self.world > 1 and ts.zero_stage == 3) else None
-            sb = lrn.producer.produce(step, lambda s=step: (s, backend), lockstep_agree)
+
+            def current(s: int = step) -> tuple[int, Any]:
+                return s, backend
+
+            sb = lrn.producer.produce(step, current, lockstep_agree)
         t_wait = time.perf_counter() - t_step
         metrics, skipped = self.learn(lrn.engine, sb, lrn.ref, lrn.micro, lrn.moe, lrn.top_k)
         if actor is not None:
