@@ -7,7 +7,6 @@ import random
 import numpy as np
 from datasketch import MinHash
 
-from apps.datasets.records import canonical_line as app_canonical_line
 from workers.synthesis.quality import (
     distinct_n,
     exact_duplicates,
@@ -15,7 +14,7 @@ from workers.synthesis.quality import (
     shingles,
     signatures,
 )
-from workers.synthesis.records import canonical_line, derive_seed, record_uid, records_digest
+from workers.synthesis.records import derive_seed
 
 
 def test_distinct_n_by_hand() -> None:
@@ -46,13 +45,6 @@ def test_near_duplicates_find_one_word_edits_and_keep_the_first() -> None:
     assert [(d.index, d.of) for d in found] == [(50, 7)]
     assert 0.8 <= found[0].similarity < 1.0
     assert near_duplicates(texts, threshold=0.8, skip={7}) == []
-
-
-def test_canonical_lines_match_the_dataset_app() -> None:
-    record = {"b": [1, "é"], "a": {"z": None, "y": 1.5}}
-    assert canonical_line(record) == app_canonical_line(record)
-    assert records_digest([record]) == records_digest([dict(reversed(record.items()))])
-    assert record_uid(record) == record_uid({**record, "uid": "x", "verification": []})
 
 
 def test_derived_seeds_are_stable() -> None:
