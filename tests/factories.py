@@ -70,6 +70,19 @@ def make_version(dataset: Dataset, records: list[dict[str, Any]] | None = None) 
     return version
 
 
+def make_lab(role: str) -> dict[str, Any]:
+    """The browser tests' world: alice (with ``role``) in team "RL Lab", project math and a
+    dataset gsm with one version of 8 records."""
+    user = UserFactory(username="alice")
+    team = TeamFactory(slug="lab", name="RL Lab")
+    MembershipFactory(team=team, user=user, role=role)
+    project = ProjectFactory(team=team, slug="math", name="Math")
+    dataset = DatasetFactory(project=project, team=team, slug="gsm")
+    make_version(dataset, [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)])
+    dataset.refresh_from_db()
+    return {"user": user, "team": team, "project": project, "dataset": dataset}
+
+
 def make_run(project: Project, dataset: Dataset | None = None, **overrides: Any) -> Run:
     """A queued profile run pinned to ``dataset`` (created with a version if missing)."""
     if dataset is None:

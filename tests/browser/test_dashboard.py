@@ -14,13 +14,8 @@ from apps.runs.models import Run
 from apps.teams.models import ApiToken, Role
 from apps.teams.services import worker_token_create
 from tests.factories import (
-    DatasetFactory,
-    MembershipFactory,
-    ProjectFactory,
-    TeamFactory,
-    UserFactory,
+    make_lab,
     make_run,
-    make_version,
 )
 from workers.client import CrucibleClient
 
@@ -58,14 +53,7 @@ def screenshot(page, name: str) -> None:
 
 @pytest.fixture
 def lab(transactional_db):
-    user = UserFactory(username="alice")
-    team = TeamFactory(slug="lab", name="RL Lab")
-    MembershipFactory(team=team, user=user, role=Role.ADMIN)
-    project = ProjectFactory(team=team, slug="math", name="Math")
-    dataset = DatasetFactory(project=project, team=team, slug="gsm")
-    make_version(dataset, [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)])
-    dataset.refresh_from_db()
-    return {"user": user, "team": team, "project": project, "dataset": dataset}
+    return make_lab(Role.ADMIN)
 
 
 def test_launch_from_form_and_watch_it_go_live(asgi_server, browser, lab):

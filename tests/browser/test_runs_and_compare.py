@@ -16,13 +16,8 @@ from apps.teams.models import Role
 from apps.teams.services import worker_token_create
 from tests.browser.test_run_charts import login
 from tests.factories import (
-    DatasetFactory,
-    MembershipFactory,
-    ProjectFactory,
-    TeamFactory,
-    UserFactory,
+    make_lab,
     make_run,
-    make_version,
     put_run_object,
 )
 from workers.client import CrucibleClient
@@ -34,14 +29,7 @@ WAIT = 15_000
 
 @pytest.fixture
 def lab(transactional_db):
-    user = UserFactory(username="alice")
-    team = TeamFactory(slug="lab", name="RL Lab")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    project = ProjectFactory(team=team, slug="math", name="Math")
-    dataset = DatasetFactory(project=project, team=team, slug="gsm")
-    make_version(dataset, [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)])
-    dataset.refresh_from_db()
-    return {"user": user, "team": team, "project": project, "dataset": dataset}
+    return make_lab(Role.MEMBER)
 
 
 def seeded_runs(lab, asgi_server: str) -> list[Run]:

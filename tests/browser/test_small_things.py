@@ -15,13 +15,8 @@ from apps.runs.models import Run, RunStatus
 from apps.teams.models import Role
 from tests.browser.test_run_charts import login
 from tests.factories import (
-    DatasetFactory,
-    MembershipFactory,
-    ProjectFactory,
-    TeamFactory,
-    UserFactory,
+    make_lab,
     make_run,
-    make_version,
 )
 
 pytestmark = pytest.mark.slow
@@ -30,14 +25,7 @@ WAIT = 15_000
 
 @pytest.fixture
 def lab(transactional_db):
-    user = UserFactory(username="alice")
-    team = TeamFactory(slug="lab", name="RL Lab")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    project = ProjectFactory(team=team, slug="math", name="Math")
-    dataset = DatasetFactory(project=project, team=team, slug="gsm")
-    make_version(dataset, [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)])
-    dataset.refresh_from_db()
-    return {"user": user, "team": team, "project": project, "dataset": dataset}
+    return make_lab(Role.MEMBER)
 
 
 def test_404_favicon_dark_mode_launch_defaults_and_reports(asgi_server, browser, lab):
