@@ -131,3 +131,30 @@ def worker_token(db: None) -> str:
 def worker(worker_token: str) -> APIClient:
     return client_for_token(worker_token)
 
+
+@pytest.fixture
+def wsgi(db: None) -> Iterator[Any]:
+    """The Django WSGI app as an httpx transport, sharing the test's transaction: the request
+    signals must not close the connection around each request (which would end it). Django's
+    test client would reconnect them, so the SDK tests use this instead."""
+    import httpx
+    from django.core.signals import request_finished, request_started
+    from django.core.wsgi import get_wsgi_application
+    from django.db import close_old_connections
+
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield httpx.WSGITransport(app=get_wsgi_application())
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def pool(wsgi: Any, worker_token: str) -> Iterator[Any]:
+    """The worker pools' client (a worker token), in-process."""
+    from workers.client import CrucibleClient
+
+    with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
+        yield c

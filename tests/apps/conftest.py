@@ -11,9 +11,11 @@ from tests.django_fixtures import (  # noqa: F401 - pytest finds fixtures by nam
     other_team,
     outsider,
     owner,
+    pool,
     project,
     team,
     viewer,
     worker,
     worker_token,
+    wsgi,
 )

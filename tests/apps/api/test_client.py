@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
-from django.core.signals import request_finished, request_started
-from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 
 from apps.datasets.models import DatasetVersion
 from apps.metrics.models import MetricPoint
@@ -20,30 +16,8 @@ RECORDS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(6)]
 
 
 @pytest.fixture
-def wsgi(db):
-    """The Django WSGI app, sharing the test's transaction.
-
-    Like Django's own test client, keep the request signals from closing the connection
-    (which would end the test's transaction) around each request.
-    """
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield httpx.WSGITransport(app=get_wsgi_application())
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
 def api(wsgi, member):
     with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
-
-
-@pytest.fixture
-def pool(wsgi, worker_token):
-    with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
         yield c
 
 

@@ -4,11 +4,7 @@ reads. (No test here sends a packet beyond loopback: refusals happen before any 
 
 from __future__ import annotations
 
-import httpx
 import pytest
-from django.core.signals import request_finished, request_started
-from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 
 from workers.adapters import eval as eval_adapter
 from workers.adapters.common import JobError
@@ -106,23 +102,6 @@ def test_no_model_directory_is_allowed_until_roots_are_configured(member, projec
 
 
 # --- the worker checks again, with its own environment ---------------------------------------
-
-
-@pytest.fixture
-def wsgi(db):
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield httpx.WSGITransport(app=get_wsgi_application())
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def pool(wsgi, worker_token):
-    with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 @pytest.fixture

@@ -13,9 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.core.signals import request_finished, request_started
-from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 from django.utils import timezone
 
 from apps.metrics.models import MetricPoint
@@ -26,25 +23,6 @@ from workers.adapters.common import ApiReporter
 from workers.adapters.train import environment_task, prepare_train
 from workers.client import CrucibleClient, LeaseLost
 from workers.reporting import Stopped
-
-
-@pytest.fixture
-def wsgi(db):
-    """The app in-process, sharing the test's transaction (the request signals must not
-    close the connection; Django's test client would reconnect them, so it is not used)."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield httpx.WSGITransport(app=get_wsgi_application())
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def pool(wsgi, worker_token):
-    with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 @pytest.fixture
