@@ -158,3 +158,14 @@ def pool(wsgi: Any, worker_token: str) -> Iterator[Any]:
 
     with CrucibleClient("http://testserver", worker_token, transport=wsgi, retries=0) as c:
         yield c
+
+
+@pytest.fixture
+def qa(project: Project) -> Any:
+    """Dataset "qa" in the team's project, with one version of the factory's records."""
+    from tests.factories import DatasetFactory, make_version
+
+    dataset = DatasetFactory(project=project, team=project.team, slug="qa")
+    make_version(dataset)
+    dataset.refresh_from_db()
+    return dataset

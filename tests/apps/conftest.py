@@ -13,6 +13,7 @@ from tests.django_fixtures import (  # noqa: F401 - pytest finds fixtures by nam
     owner,
     pool,
     project,
+    qa,
     team,
     viewer,
     worker,

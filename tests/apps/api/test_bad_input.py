@@ -18,7 +18,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from apps.datasets.models import DatasetVersion
 from apps.projects.models import Project
 from apps.runs.models import Run, RunEvent, Sample
-from tests.factories import DatasetFactory, make_run, make_version, put_run_object
+from tests.factories import make_run, put_run_object
 
 ROOT = Path(__file__).resolve().parents[3]
 TEAM = "/api/v1/teams/acme"
@@ -37,14 +37,6 @@ def _error(response, status: int, code: str | None = None) -> dict:
     if code is not None:
         assert body["code"] == code, body
     return body
-
-
-@pytest.fixture
-def qa(project):
-    dataset = DatasetFactory(project=project, team=project.team, slug="qa")
-    make_version(dataset)
-    dataset.refresh_from_db()
-    return dataset
 
 
 @pytest.fixture

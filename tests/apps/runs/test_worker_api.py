@@ -13,19 +13,11 @@ from django.utils.dateparse import parse_datetime
 
 from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.models import Checkpoint, Pool, Run, RunEvent, Sample
-from tests.factories import DatasetFactory, make_run, make_version, put_run_object
+from tests.factories import make_run, put_run_object
 from workers.protocol import PoolName
 
 W = "/api/v1/worker"
 RUNS = "/api/v1/teams/acme/runs"
-
-
-@pytest.fixture
-def qa(project):
-    dataset = DatasetFactory(project=project, team=project.team, slug="qa")
-    make_version(dataset)
-    dataset.refresh_from_db()
-    return dataset
 
 
 @pytest.fixture

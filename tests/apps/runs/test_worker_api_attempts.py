@@ -15,19 +15,11 @@ from django.utils import timezone
 
 from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.models import Checkpoint, Run, RunEvent
-from tests.factories import DatasetFactory, make_run, make_version, put_run_object
+from tests.factories import make_run, put_run_object
 from workers.client import CrucibleClient
 
 W = "/api/v1/worker"
 RUNS = "/api/v1/teams/acme/runs"
-
-
-@pytest.fixture
-def qa(project):
-    dataset = DatasetFactory(project=project, team=project.team, slug="qa")
-    make_version(dataset)
-    dataset.refresh_from_db()
-    return dataset
 
 
 def claim(worker, run, worker_id="w1"):
