@@ -11,9 +11,10 @@ they are policies of one deployment, not part of the contract.
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
+from typing_extensions import TypedDict  # pydantic refuses typing's on Python < 3.12
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT columns
 Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
@@ -128,17 +129,31 @@ class StatusChange(BaseModel):
     retry: bool = False
 
 
-class MetricPoint(BaseModel):
-    name: str
+# A JSON number a float can hold: not NaN, not an infinity, not an int beyond float range.
+FiniteNumber = Annotated[float, Field(allow_inf_nan=False)]
+MAX_METRIC_NAME = 200
+
+
+@with_config(ConfigDict(strict=True))
+class MetricPoint(TypedDict):
+    """One point. A TypedDict, not a model: the web validates a 10,000-point batch with it in
+    one pydantic-core pass without building an object per point (faster than a hand-written
+    loop). Strict: ``"5"``, ``1.5`` and ``true`` are not steps, ``"1.5"`` is not a value.
+    ``wall_time`` (unix seconds) defaults to the time the web received the batch."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=MAX_METRIC_NAME)]
     step: Step
-    value: float
-    wall_time: float | None = None
+    value: FiniteNumber
+    wall_time: NotRequired[FiniteNumber]
+
+
+Seq = Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)]
 
 
 class MetricBatch(BaseModel):
     """Batches are numbered per run (``seq``): a retried batch is stored once."""
 
-    seq: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    seq: Seq
     points: list[MetricPoint] = Field(min_length=1)
 
 

@@ -62,8 +62,8 @@ class WorkerRunViewSet(WorkerViewSet):
 
     @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)
     def metrics(self, request: Request, run: str) -> Response:
-        """The metric service checks the points itself (the hot path: its messages name
-        ``points[i].field`` and it reads a 1000-point batch without building models)."""
+        """The metric service validates ``seq`` and the points with the protocol's own types
+        (``protocol.Seq``, ``protocol.MetricPoint``) in one pass, before it takes the lock."""
         body = request.data if isinstance(request.data, dict) else {}
         if "seq" not in body or "points" not in body:
             raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]}.")
