@@ -15,11 +15,14 @@ What it does, acting as an outside client (this process never imports Django):
    steps, steps increasing) — Crucible through `WorkerSession.log_metrics` on a claimed run,
    MLflow through `MlflowClient.log_batch` on its own run. Points / wall time from "go" to the
    last writer done; R repeats, sides interleaved, medians quoted.
+   Raw COPY: the same points into the same table from one client (no HTTP, no validation),
+   one COPY and commit per batch, each repeat: the database's own limit on this workload.
 4. Read: one series of 1,000,000 points loaded into a run with SQL, then N GETs of
    `runs/<id>/metrics?name=<series>&max_points=1000` (downsampled in the database); p95.
 
 Ends with (DESIGN.md "Benchmarks"):
-    ingest: crucible=<pts/s> mlflow=<pts/s> ratio=<c/m> target=>=5
+    ingest: crucible=<pts/s> mlflow=<pts/s> ratio=<c/m> target=>=10
+    ingest_vs_copy: crucible=<pts/s> copy=<pts/s> ratio=<c/copy> target=>=0.5
     read_1m_p95_ms: crucible=<ms> target=<=150
 Progress goes to stderr; logs of every process it starts go to var/bench/logs/.
 
@@ -316,6 +319,37 @@ class Crucible:
                                    f"expected {batches * BATCH_SIZE}")
         return rate
 
+    def copy_round(self, r: int, batches: int = BATCHES) -> float:
+        """The database's own limit on these points: raw COPY into the same table from one
+        client, one COPY and commit per batch of BATCH_SIZE (the atomic unit ingest keeps), no
+        HTTP, validation, dedup or stream. Points per second, stored counted back."""
+        run_id = uuid.UUID(self.launch(f"copy r{r}"))
+        per_batch = BATCH_SIZE // len(NAMES)
+        now = time.time()
+        with psycopg.connect(f"{PG}/{CRUCIBLE_DB}", autocommit=True) as conn:
+            buffers = []
+            for b in range(batches * WRITERS):
+                lines = []
+                for i in range(per_batch):
+                    step = b * per_batch + i
+                    for k, name in enumerate(NAMES):
+                        lines.append(f"{run_id}\t{name}\t{step}\t{math.sin(step / 100.0 + k)!r}"
+                                     f"\t{now + step / 1000.0!r}\n")
+                buffers.append("".join(lines).encode())
+            start = time.perf_counter()
+            for buffer in buffers:
+                with conn.transaction(), conn.cursor() as cur, cur.copy(
+                        "COPY metrics_metricpoint (run_id, name, step, value, wall_time) "
+                        "FROM STDIN") as copy:
+                    copy.write(buffer)
+            elapsed = time.perf_counter() - start
+            stored = conn.execute("SELECT count(*) FROM metrics_metricpoint WHERE run_id = %s",
+                                  (run_id,)).fetchone()[0]
+        if stored != batches * WRITERS * BATCH_SIZE:
+            raise RuntimeError(f"COPY stored {stored} points, expected "
+                               f"{batches * WRITERS * BATCH_SIZE}")
+        return stored / elapsed
+
     def read_1m(self) -> list[float]:
         assert self.client is not None
         run_id = self.launch("read 1m")
@@ -464,6 +498,7 @@ def main() -> int:
     procs = Processes()
     ours: list[float] = []
     theirs: list[float] = []
+    copies: list[float] = []
     try:
         crucible, mlflow = Crucible(procs), MLflow(procs)
         crucible.setup()
@@ -481,6 +516,8 @@ def main() -> int:
                 rates.append(rate)
                 say(f"repeat {r + 1}/{REPEATS} {side}: {rate:,.0f} points/s "
                     f"({WRITERS * BATCHES * BATCH_SIZE:,} points)")
+            copies.append(crucible.copy_round(r))
+            say(f"repeat {r + 1}/{REPEATS} raw COPY: {copies[-1]:,.0f} points/s")
         reads = crucible.read_1m()
         say(f"read {READ_POINTS:,} points: median {statistics.median(reads):.1f} ms, "
             f"p95 {_pct(reads, 0.95):.1f} ms, max {max(reads):.1f} ms over {len(reads)} GETs")
@@ -490,7 +527,12 @@ def main() -> int:
             drop_db(CRUCIBLE_DB)
             drop_db(MLFLOW_DB)
     c, m = statistics.median(ours), statistics.median(theirs)
-    print(f"ingest: crucible={c:.0f} mlflow={m:.0f} ratio={c / m:.2f} target=>=5", flush=True)
+    limit = statistics.median(copies)
+    load = os.getloadavg()[0]
+    print(f"ingest: crucible={c:.0f} mlflow={m:.0f} ratio={c / m:.2f} target=>=10", flush=True)
+    print(f"ingest_vs_copy: crucible={c:.0f} copy={limit:.0f} ratio={c / limit:.2f} "
+          "target=>=0.5", flush=True)
+    print(f"load_average_1m: {load:.1f}", flush=True)
     print(f"read_1m_p95_ms: crucible={_pct(reads, 0.95):.1f} target=<=150", flush=True)
     return 0
 
