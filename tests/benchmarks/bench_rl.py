@@ -41,10 +41,10 @@ import torch
 
 from workers.reporting import NullReporter
 from workers.rl.distributed import process_group
+from workers.rl.objectives import build_objective
 from workers.rl.rollout import HFRollout
 from workers.rl.sinks import NullSink
 from workers.rl.spec import RunSpec, parse_spec
-from workers.rl.tasks import build_task
 from workers.rl.tokenizer import load_tokenizer
 from workers.rl.trainer import Trainer, train
 
@@ -121,11 +121,12 @@ def trl(sft: Path, steps: int, eval_every: int, threshold: float) -> dict[str, f
     from trl import GRPOConfig, GRPOTrainer
 
     spec = rl_spec(sft, "unused", steps, eval_every)
-    task = build_task(spec.task)
+    objective = build_objective(spec.task)
     tok = load_tokenizer(sft)
     model = AutoModelForCausalLM.from_pretrained(sft, local_files_only=True,
                                                  dtype=torch.float32)
-    data = Dataset.from_list([{"prompt": e.prompt, "answer": e.reference} for e in task.train])
+    data = Dataset.from_list([{"prompt": e.prompt, "answer": e.reference}
+                              for e in objective.train])
     tokens = [0]
 
     def exact(completions, answer, completion_ids, **_):
@@ -135,11 +136,11 @@ def trl(sft: Path, steps: int, eval_every: int, threshold: float) -> dict[str, f
 
     def held_out(m) -> float:
         """The same measurement as Crucible's `Trainer.evaluate` (world of one)."""
-        reps = [e for e in task.eval for _ in range(EVAL_SAMPLES)]
+        reps = [e for e in objective.eval for _ in range(EVAL_SAMPLES)]
         g = torch.Generator()
         g.manual_seed(hash((spec.trainer.seed, 30_000)) & 0x7FFF_FFFF_FFFF)
         batch = HFRollout(m, tok).generate([e.prompt for e in reps], spec.rollout, g)
-        rewards, _ = task.reward(reps, batch.texts)
+        rewards, _ = objective.reward(reps, batch.texts)
         return sum(rewards) / len(rewards)
 
     curve: dict[int, float] = {}

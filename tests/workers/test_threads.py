@@ -71,11 +71,11 @@ def test_configure_sets_torch_openmp_and_mkl_in_a_fresh_process(torch_first):
 def test_the_inference_server_takes_its_allotment_and_reports_it(tmp_path):
     """`serve` with no setting: the usable cores over the processes sharing them."""
     from workers.rl.model import build_policy
+    from workers.rl.objectives import build_objective
     from workers.rl.spec import ModelSpec, TinyMoeSpec
-    from workers.rl.tasks import build_task
     from workers.rl.tokenizer import train_bpe
 
-    tok = train_bpe(build_task().corpus(), vocab_size=96)
+    tok = train_bpe(build_objective().corpus(), vocab_size=96)
     build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=1)), len(tok), tok.pad_token_id,
                  tok.eos_token_id).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)

@@ -60,26 +60,26 @@ def prepare_train(session: WorkerSession, store: ObjectStore, work: Path,
     return spec, True
 
 
-def environment_task(session: WorkerSession, store: ObjectStore) -> Any:
-    """The RL task made of the run's pinned environment versions (QC-quarantined tasks left
-    out), or None when it pins none and the engine uses the task in its config."""
+def environment_objective(session: WorkerSession, store: ObjectStore) -> Any:
+    """The objective made of the run's pinned environment versions (QC-quarantined tasks left
+    out), or None when it pins none and the engine builds the one its config names."""
     pinned = session.run.environments
     if not pinned:
         return None
-    from workers.envs.adapter import as_rl_task
+    from workers.envs.adapter import as_objective
     from workers.envs.load import load_environment
-    from workers.envs.mixed import MixedTask
+    from workers.envs.mixed import MixedObjective
 
-    tasks = []
+    objectives = []
     for env in pinned:
         loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
-        tasks.append(as_rl_task(loaded, quarantined=env.quarantined_ids))
+        objectives.append(as_objective(loaded, quarantined=env.quarantined_ids))
         session.log_event(f"environment {env.environment} v{env.number}: "
-                          f"{len(tasks[-1].train)} train / {len(tasks[-1].eval)} eval tasks, "
-                          f"{len(env.quarantined_ids)} quarantined by QC")
-    if len(tasks) == 1:
-        return tasks[0]
-    return MixedTask(tasks, [f"{e.environment}@v{e.number}" for e in pinned])
+                          f"{len(objectives[-1].train)} train / {len(objectives[-1].eval)} eval "
+                          f"tasks, {len(env.quarantined_ids)} quarantined by QC")
+    if len(objectives) == 1:
+        return objectives[0]
+    return MixedObjective(objectives, [f"{e.environment}@v{e.number}" for e in pinned])
 
 
 def pinned_datasets(session: WorkerSession, store: ObjectStore, spec: Any) -> Any:
@@ -113,9 +113,9 @@ def run(session: WorkerSession) -> None:
     try:
         with contextlib.ExitStack() as hold:
             spec, resume = prepare_train(session, store, work, hold)
-            task = environment_task(session, store)
+            objective = environment_objective(session, store)
             pinned = pinned_datasets(session, store, spec)
             reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep)
-            train(spec, reporter, resume=resume, task=task, pinned=pinned)
+            train(spec, reporter, resume=resume, objective=objective, pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)

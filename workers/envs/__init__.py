@@ -1,7 +1,7 @@
 """Environments: tasks with verifiable rewards (no Django).
 
 `load_environment(spec)` builds one from its spec (`workers.envs.spec`: built-in, verifiers
-package, or uploaded tasks); `as_rl_task(env)` serves it to the RL engine; `run_episodes` plays
+package, or uploaded tasks); `as_objective(env)` serves it to the RL engine; `run_episodes` plays
 multi-turn/tool episodes at the token level; `evaluate` runs a policy on a split. Submodules are
 imported lazily, so `import workers.envs.spec` (the API's validation) loads pydantic models only.
 """
@@ -14,7 +14,7 @@ from typing import Any
 _EXPORTS = {
     "EnvTask": "base", "Environment": "base", "Rubric": "base", "Component": "base",
     "Score": "base", "Reply": "base", "Tool": "base",
-    "load_environment": "load", "as_rl_task": "adapter", "EnvironmentTask": "adapter",
+    "load_environment": "load", "as_objective": "adapter", "EnvironmentObjective": "adapter",
     "run_episode": "rollout", "run_episodes": "rollout", "Episode": "rollout",
     "ChatMLCodec": "rollout",
     "evaluate": "eval", "pass_at_k": "eval", "render_html": "eval", "compare_reports": "eval",

@@ -1,5 +1,5 @@
-"""An environment as the RL engine's `Task` (workers.rl.tasks.base): train/eval Examples and a
-RewardFn returning totals and named components.
+"""An environment as the RL engine's `Objective` (workers.rl.objectives.base): train/eval
+Examples and a RewardFn returning totals and named components.
 
 A single-turn environment's Example prompt is its opening messages rendered to text and its
 completion is scored as the final answer. A multi-turn or tool-use environment says so through
@@ -40,8 +40,8 @@ def render_opening(messages: Sequence[Message]) -> str:
     return "".join(message_text(m) for m in messages)
 
 
-class EnvironmentTask:
-    """Satisfies workers.rl.tasks.base.Task. `interaction` (the environment's mode),
+class EnvironmentObjective:
+    """Satisfies workers.rl.objectives.base.Objective. `interaction` (the environment's mode),
     `environment` (its name), `episode_env` and `episode_max_tokens` (the token budget of one
     episode, prompt included) are what the RL engine reads to play multi-turn episodes."""
 
@@ -105,5 +105,6 @@ def verdict_columns(scores: Sequence[Score]) -> dict[str, list[float]]:
     return {f"verdict_{v}": [float(k == v) for k in kinds] for v in VERDICTS}
 
 
-def as_rl_task(env: Environment, *, quarantined: Collection[str] = ()) -> EnvironmentTask:
-    return EnvironmentTask(env, quarantined=quarantined)
+def as_objective(env: Environment, *, quarantined: Collection[str] = ()) -> EnvironmentObjective:
+    """The environment as what the RL engine trains on, its quarantined task ids left out."""
+    return EnvironmentObjective(env, quarantined=quarantined)

@@ -1,4 +1,4 @@
-"""Several pinned environments trained as one RL task (a run that pins more than one)."""
+"""Several pinned environments trained as one objective (a run that pins more than one)."""
 
 from __future__ import annotations
 
@@ -6,28 +6,28 @@ import dataclasses
 from typing import Any
 
 
-class MixedTask:
-    """Several environments as one RL task: their examples side by side, each completion
+class MixedObjective:
+    """Several environments' objectives as one: their examples side by side, each completion
     scored by the environment it came from. Reward components are named
     ``<environment>/<component>`` and are 0 for the other environments' examples."""
 
-    def __init__(self, tasks: list[Any], names: list[str]) -> None:
-        self.tasks, self.names = tasks, names
-        self.train = [self._tag(e, i) for i, t in enumerate(tasks) for e in t.train]
-        self.eval = [self._tag(e, i) for i, t in enumerate(tasks) for e in t.eval]
-        self.components = [f"{names[i]}/{c.name}" for i, t in enumerate(tasks)
-                           for c in t.env.rubric.components]
+    def __init__(self, objectives: list[Any], names: list[str]) -> None:
+        self.objectives, self.names = objectives, names
+        self.train = [self._tag(e, i) for i, o in enumerate(objectives) for e in o.train]
+        self.eval = [self._tag(e, i) for i, o in enumerate(objectives) for e in o.eval]
+        self.components = [f"{names[i]}/{c.name}" for i, o in enumerate(objectives)
+                           for c in o.env.rubric.components]
         self.reward = self.score
         # Multi-turn / tool-use environments are played as episodes (workers.rl.episodes);
         # single-turn ones answer episode_env with None and keep the one-shot path.
-        self.interaction = next((t.interaction for t in tasks
-                                 if getattr(t, "interaction", "single_turn") != "single_turn"),
+        self.interaction = next((o.interaction for o in objectives
+                                 if getattr(o, "interaction", "single_turn") != "single_turn"),
                                 "single_turn")
-        self.episode_max_tokens = max(getattr(t, "episode_max_tokens", 4096) for t in tasks)
+        self.episode_max_tokens = max(getattr(o, "episode_max_tokens", 4096) for o in objectives)
 
     def episode_env(self, example: Any) -> Any:
-        task = self.tasks[int(example.meta["env"])]
-        play = getattr(task, "episode_env", None)
+        objective = self.objectives[int(example.meta["env"])]
+        play = getattr(objective, "episode_env", None)
         return play(self._untag(example)) if play is not None else None
 
     @staticmethod
@@ -46,11 +46,11 @@ class MixedTask:
               ) -> tuple[list[float], dict[str, list[float]]]:
         totals = [0.0] * len(examples)
         parts = {name: [0.0] * len(examples) for name in self.components}
-        for i, task in enumerate(self.tasks):
+        for i, objective in enumerate(self.objectives):
             rows = [j for j, e in enumerate(examples) if e.meta["env"] == str(i)]
             if not rows:
                 continue
-            got, comps = task.reward([self._untag(examples[j]) for j in rows],
+            got, comps = objective.reward([self._untag(examples[j]) for j in rows],
                                      [completions[j] for j in rows])
             for k, j in enumerate(rows):
                 totals[j] = got[k]
@@ -60,4 +60,4 @@ class MixedTask:
         return totals, parts
 
     def corpus(self) -> list[str]:
-        return [line for t in self.tasks for line in t.corpus()]
+        return [line for o in self.objectives for line in o.corpus()]

@@ -189,7 +189,9 @@ class InteractionSpec(_Strict):
 # -- built-in params ---------------------------------------------------------------------------
 
 class ArithmeticSpec(_Strict):
-    """Built-in demo task: `a op b =` answered with the exact integer."""
+    """Built-in arithmetic problems, `a op b =` answered with the exact integer: the
+    `arithmetic` environment's params, and a run config's `task` section (the RL demo
+    objective)."""
 
     name: Literal["arithmetic"] = "arithmetic"
     min_operand: NonNegInt = 0

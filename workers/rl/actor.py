@@ -33,9 +33,9 @@ from workers.rl.episodes import (
     play_groups,
     plays_episodes,
 )
+from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.spec import RunSpec
-from workers.rl.tasks import Example, Task
 
 
 class AsyncStall(RuntimeError):
@@ -139,19 +139,19 @@ def lag_histogram(versions: list[int], step: int, bound: int, group: int) -> dic
 class Producer:
     """Builds StepBatches. `weights()` returns (version, backend) to generate with now;
     `agree(flag)` makes ranks agree on another round (collective under ZeRO-3 lockstep).
-    A task whose examples play as episodes (multi-turn, tool use) needs `tokenizer`: the
+    An objective whose examples play as episodes (multi-turn, tool use) needs `tokenizer`: the
     producer's own copy (tokenizers are not shared across threads)."""
 
-    def __init__(self, spec: RunSpec, task: Task, sampler: TaskSampler, pad_id: int,
+    def __init__(self, spec: RunSpec, objective: Objective, sampler: TaskSampler, pad_id: int,
                  per_rank: int, rank: int, generator: Callable[..., torch.Generator],
                  bound: int, tokenizer: Any = None):
-        self.spec, self.task, self.sampler = spec, task, sampler
+        self.spec, self.objective, self.sampler = spec, objective, sampler
         self.pad_id, self.per_rank, self.rank = pad_id, per_rank, rank
         self.generator, self.bound = generator, bound
         self.pool: list[Group] = []  # informative surplus kept for later steps (async only)
-        self.episodes = plays_episodes(task)
+        self.episodes = plays_episodes(objective)
         if self.episodes and tokenizer is None:
-            raise ValueError("a multi-turn or tool-use task needs the producer's tokenizer")
+            raise ValueError("a multi-turn or tool-use objective needs the producer's tokenizer")
         self.tokenizer = tokenizer
 
     def generate_round(
@@ -162,7 +162,7 @@ class Producer:
         Single-turn examples go through one `backend.generate` call (today's path, untouched
         when no example plays as an episode); episode examples are played turn by turn."""
         group, spec = self.spec.rollout.group_size, self.spec.rollout
-        sources = episodic(self.task, examples) if self.episodes else [None] * len(examples)
+        sources = episodic(self.objective, examples) if self.episodes else [None] * len(examples)
         single = [j for j, s in enumerate(sources) if s is None]
         multi = [j for j, s in enumerate(sources) if s is not None]
         parts: list[RolloutBatch | None] = [None] * len(examples)
@@ -179,15 +179,15 @@ class Producer:
         if single:
             reps = [examples[j] for j in single for _ in range(group)]
             batch = backend.generate([e.prompt for e in reps], spec, generator)
-            got, comps = self.task.reward(reps, batch.texts)
+            got, comps = self.objective.reward(reps, batch.texts)
             for j, part in zip(single, split_groups(batch, group), strict=True):
                 parts[j] = part
             place(single, list(got), comps)
         if multi:
             played = play_groups(
-                self.task, [examples[j] for j in multi], [sources[j] for j in multi], group,
+                self.objective, [examples[j] for j in multi], [sources[j] for j in multi], group,
                 backend, self.tokenizer, spec, generator, self.pad_id,
-                getattr(self.task, "episode_max_tokens", 4096))
+                getattr(self.objective, "episode_max_tokens", 4096))
             for j, part in zip(multi, split_groups(played.batch, group), strict=True):
                 parts[j] = part
             place(multi, played.rewards, played.components)

@@ -16,8 +16,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from workers.rl.objectives import Example
 from workers.rl.spec import CurriculumSpec
-from workers.rl.tasks import Example
 
 
 def is_uniform(rewards: Sequence[float]) -> bool:
@@ -58,7 +58,8 @@ def in_band(rate: float | None, low: float, high: float) -> bool:
 
 
 class TaskSampler:
-    """This rank's stream of training examples over seeded per-epoch shuffles of the task.
+    """This rank's stream of training examples over seeded per-epoch shuffles of the objective's
+    training split.
 
     Rank r of W reads stream positions r, r+W, r+2W, ...; with a world of one and no band this
     is exactly the shuffled order. `cursor` counts positions this rank has consumed (taken or
@@ -75,7 +76,7 @@ class TaskSampler:
         permutation: Callable[[int, int], list[int]],
     ):
         if not train:
-            raise ValueError("the task has no training examples")
+            raise ValueError("the objective has no training examples")
         self.train, self.spec, self.seed = train, spec, seed
         self.rank, self.world = rank, world
         self.permutation = permutation  # (epoch, n) -> order

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
+from workers.rl.objectives.base import Example
 from workers.rl.spec_data import DataCacheSpec
-from workers.rl.tasks.base import Example
 from workers.storage import ObjectStore
 
 MANIFEST_FORMAT = "crucible.shards/1"
@@ -581,7 +581,7 @@ def _cumsum(sizes: list[int]) -> Iterable[int]:
 
 
 class RecordExamples(Sequence[Example]):
-    """Task records as the trainer's `Task.train`, read through the cache.
+    """Task records as the trainer's `Objective.train`, read through the cache.
 
     Give `order` to `TaskSampler` as its `permutation`: it is the stream's shard-major epoch
     order, so the sampler walks one shard at a time and the shards after the current one are
@@ -630,19 +630,20 @@ def record_text(record: dict[str, Any], field: str, uri: str) -> str:
     return value
 
 
-# ---- a task whose training prompts come from the store -----------------------------------
+# ---- an objective whose training prompts come from the store ------------------------------
 
 
 @dataclass
-class RecordTask:
-    """The trainer's `Task` with `train` read from object-store records through the cache.
+class RecordObjective:
+    """The trainer's `Objective` with `train` read from object-store records through the cache.
 
-    The eval split and the reward stay the base task's: records bring prompts and reference
-    completions, the task knows how to score them. The tokenizer corpus is the base corpus
-    plus every record's text (read once, through the cache, when a tokenizer is trained).
+    The eval split and the reward stay the base objective's: records bring prompts and
+    reference completions, the objective knows how to score them. The tokenizer corpus is the
+    base corpus plus every record's text (read once, through the cache, when a tokenizer is
+    trained).
     """
 
-    base: Any  # the built-in task (workers.rl.tasks.Task)
+    base: Any  # the built-in objective (workers.rl.objectives.Objective)
     train: RecordExamples
 
     @property
@@ -661,10 +662,11 @@ class RecordTask:
         return texts
 
 
-def records_task(
+def records_objective(
     base: Any, spec: DataCacheSpec, store: ObjectStore
-) -> tuple[DataCache, RecordTask]:
-    """The cache and the task for a run whose `data.source` is set (the caller closes the cache)."""
+) -> tuple[DataCache, RecordObjective]:
+    """The cache and the objective for a run whose `data.source` is set (the caller closes the
+    cache)."""
     if spec.source is None:
         raise ValueError("data.source is not set")
     cache = DataCache(store, spec)
@@ -673,4 +675,5 @@ def records_task(
     except BaseException:
         cache.close()
         raise
-    return cache, RecordTask(base, RecordExamples(stream, spec.prompt_field, spec.reference_field))
+    examples = RecordExamples(stream, spec.prompt_field, spec.reference_field)
+    return cache, RecordObjective(base, examples)

@@ -1,11 +1,12 @@
 """Multi-turn and tool-use groups for the RL loop: episodes played through the rollout backend,
 laid out with a separate loss mask so environment and tool tokens never reach the loss.
 
-A task opts in by exposing `episode_env(example) -> (environment, env task) | None` (see
-`workers.envs.adapter.EnvironmentTask`); None, or a task without the method, keeps the
-single-turn path. Each group's episodes are played by `workers.envs.rollout.run_episodes` with a
-`Generate` backed by the step's backend (same RolloutSpec, weight version and torch generator),
-scored by the task's own reward on the final answers, and padded by `pad_episodes`:
+An objective opts in by exposing `episode_env(example) -> (environment, env task) | None`
+(see `workers.envs.adapter.EnvironmentObjective`); None, or an objective without the method,
+keeps the single-turn path. Each group's episodes are played by
+`workers.envs.rollout.run_episodes` with a `Generate` backed by the step's backend (same
+RolloutSpec, weight version and torch generator), scored by the objective's own reward on the
+final answers, and padded by `pad_episodes`:
 `completion_mask` is the attention mask (every real token, environment replies included) and
 `loss_mask` marks the tokens the policy sampled.
 
@@ -24,9 +25,9 @@ from typing import Any
 import torch
 
 from workers.envs.adapter import SEPARATOR, message_text
+from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.spec import RolloutSpec
-from workers.rl.tasks import Example, Task
 
 
 @dataclass
@@ -76,19 +77,19 @@ class PlainCodec:
         return self.tok.decode(list(token_ids), skip_special_tokens=True)
 
 
-def plays_episodes(task: Task) -> bool:
-    """Whether some of the task's examples play as multi-turn or tool-use episodes."""
-    return callable(getattr(task, "episode_env", None)) and \
-        getattr(task, "interaction", "single_turn") != "single_turn"
+def plays_episodes(objective: Objective) -> bool:
+    """Whether some of the objective's examples play as multi-turn or tool-use episodes."""
+    return callable(getattr(objective, "episode_env", None)) and \
+        getattr(objective, "interaction", "single_turn") != "single_turn"
 
 
 EPISODE_COUNTS = ("episode/turns", "episode/env_tokens", "episode/sampled_tokens",
                   "episode/retokenized_turns", "episode/max_tokens_stops")
 
 
-def episodic(task: Task, examples: Sequence[Example]) -> list[Any]:
+def episodic(objective: Objective, examples: Sequence[Example]) -> list[Any]:
     """Per example, its (environment, env task) when it plays as episodes, else None."""
-    source = getattr(task, "episode_env", None)
+    source = getattr(objective, "episode_env", None)
     if source is None:
         return [None] * len(examples)
     return [source(e) for e in examples]
@@ -124,12 +125,12 @@ class PlayedGroups:
 
 
 def play_groups(
-    task: Task, examples: Sequence[Example], sources: Sequence[Any], group: int,
+    objective: Objective, examples: Sequence[Example], sources: Sequence[Any], group: int,
     backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec, generator: torch.Generator,
     pad_id: int, max_tokens: int,
 ) -> PlayedGroups:
     """`group` episodes per example (consecutive, like a single-turn batch), scored by the
-    task's reward on each episode's final answer."""
+    objective's reward on each episode's final answer."""
     from workers.envs.rollout import pad_episodes, run_episodes
 
     codec = PlainCodec(tokenizer)
@@ -141,7 +142,7 @@ def play_groups(
     reps = [e for e in examples for _ in range(group)]
     finals = [next(m["content"] for m in reversed(ep.messages) if m["role"] == "assistant")
               for ep in episodes]
-    rewards, components = task.reward(reps, finals)
+    rewards, components = objective.reward(reps, finals)
     t = pad_episodes(episodes, pad_id)
     batch = EpisodeBatch(
         prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"],

@@ -17,8 +17,8 @@ import torch
 from workers.rl.lean import LeanQwen3Moe
 from workers.rl.lean import supported as lean_supported
 from workers.rl.losses import token_logprobs
+from workers.rl.objectives import Example
 from workers.rl.rollout import RolloutBatch, position_ids
-from workers.rl.tasks import Example
 
 Router = Sequence[torch.Tensor] | None  # one (tokens, experts) logits tensor per layer
 

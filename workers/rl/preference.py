@@ -21,10 +21,10 @@ from workers.rl.engine import frozen_copy, make_engine
 from workers.rl.forward import completion_batch, sequence_logps
 from workers.rl.losses import dpo_loss, load_balancing_loss
 from workers.rl.model import build_policy, is_moe
+from workers.rl.objectives import Example
 from workers.rl.pinned_data import PinnedData, check_roles
 from workers.rl.prompt_format import PromptFormat
 from workers.rl.spec import RunSpec
-from workers.rl.tasks import Example
 
 
 class PhaseHost(Protocol):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.envs.adapter import as_rl_task
+from workers.envs.adapter import as_objective
 from workers.envs.load import load_environment
 from workers.rl import prompt_format
 from workers.rl.episodes import plays_episodes
@@ -23,13 +23,13 @@ def preset_model_dir(env_spec: dict[str, Any], spec: ModelSpec, tok_spec: Tokeni
     if tok_spec.source != "train":
         raise SpecError("the preset model has no tokenizer of its own: tokenizer.source must "
                         "be 'train'")
-    task = as_rl_task(load_environment(env_spec, resolve_dataset=resolve))
-    tok = train_bpe(task.corpus(), tok_spec.vocab_size or DEFAULT_VOCAB_SIZE)
+    objective = as_objective(load_environment(env_spec, resolve_dataset=resolve))
+    tok = train_bpe(objective.corpus(), tok_spec.vocab_size or DEFAULT_VOCAB_SIZE)
     policy = build_policy(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
     target.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(target)
     tok.save_pretrained(target)
     # The prompts a train run on it would see: raw text, as the engine records it.
-    layout = "episode" if plays_episodes(task) else "single_turn"
+    layout = "episode" if plays_episodes(objective) else "single_turn"
     prompt_format.write(target, prompt_format.PromptFormat(format="raw", layout=layout))
     return target

@@ -91,8 +91,8 @@ def _drop_none(data: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 class TokenizerSpec(_Strict):
-    """`model`: load from the model directory; `train`: BPE trained on the task corpus, with
-    `vocab_size` tokens (default 96). A model's own tokenizer has its own vocabulary, so
+    """`model`: load from the model directory; `train`: BPE trained on the objective's corpus,
+    with `vocab_size` tokens (default 96). A model's own tokenizer has its own vocabulary, so
     `vocab_size` is refused with `source = 'model'` instead of being carried along unused."""
 
     source: Literal["model", "train"] = "train"
@@ -136,7 +136,7 @@ class SftSpec(_Strict):
     steps: NonNegInt = 0
     lr: Annotated[float, Field(gt=0.0)] = 3e-3
     batch_size: PosInt = 32
-    environment: bool = True  # also imitate the task's own reference completions
+    environment: bool = True  # also imitate the objective's own reference completions
     prompt_template: str | None = None  # pinned record -> prompt, e.g. "{problem[expression]}="
     completion_template: str | None = None  # pinned record -> completion, e.g. "{answer}"
 
@@ -266,9 +266,10 @@ class RunSpec(_Strict):
     """One RL run. Printed at start and stored next to its checkpoints.
 
     What it trains on: `environment` (any environment spec the platform accepts: a built-in,
-    uploaded tasks with a rubric, a `verifiers` module), or `task` (the built-in arithmetic
-    task's own settings), or, with neither, the arithmetic task's defaults. On the platform the
-    pinned environment versions take that place, and the launch refuses both fields there."""
+    uploaded tasks with a rubric, a `verifiers` module), or `task` (the settings of the built-in
+    arithmetic objective), or, with neither, the arithmetic objective's defaults. On the
+    platform the pinned environment versions take that place, and the launch refuses both
+    fields there."""
 
     name: str = "run"
     model: ModelSpec = ModelSpec()

@@ -25,7 +25,7 @@ class DataCacheSpec(_Strict):
 
     `source` is an object-store URI (`file:///...` or `s3://bucket/...`) of a shard manifest
     written by `workers.rl.datacache.write_shards`, or of one JSONL object (e.g. a dataset
-    version); None keeps the task's built-in records.
+    version); None keeps the objective's own training examples.
     """
 
     source: str | None = None

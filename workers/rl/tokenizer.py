@@ -1,4 +1,4 @@
-"""Tokenizers: the model directory's own, or a small BPE trained on the task corpus.
+"""Tokenizers: the model directory's own, or a small BPE trained on the objective's corpus.
 
 A trained tokenizer splits digits individually (so numbers compose from ten symbols) and is
 wrapped as a `PreTrainedTokenizerFast`, so it saves next to the checkpoint in HF format.

@@ -52,6 +52,8 @@ from workers.rl.losses import (
     token_logprobs,
 )
 from workers.rl.model import build_policy, is_moe
+from workers.rl.objectives import Example, Objective
+from workers.rl.objectives.environment import objective_from_spec
 from workers.rl.pinned_data import PinnedData
 from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.prompt_format import PromptFormat
@@ -59,8 +61,6 @@ from workers.rl.rollout import HFRollout, RolloutBatch, make_backend
 from workers.rl.samples import finish_reason, pick_samples, reports_at
 from workers.rl.sinks import JsonlSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import DEFAULT_VOCAB_SIZE, ModelSpec, RunSpec
-from workers.rl.tasks import Example, Task
-from workers.rl.tasks.environment import task_from_spec
 from workers.rl.tokenizer import load_tokenizer, train_bpe
 
 
@@ -115,31 +115,32 @@ def expert_load(counts: torch.Tensor) -> dict[str, float]:
 class Trainer:
     """One run's phases on one rank: SFT, then (in `workers.rl.preference`) DPO, then RL.
 
-    Built by `train`; holds what every phase reads (the spec, the task, the sink, the rank's
+    Built by `train`; holds what every phase reads (the spec, the objective, the sink, the rank's
     place in the world) and no engine: each phase builds its own and drops it when done."""
 
     def __init__(
-        self, spec: RunSpec, sink: Reporter | None, task: Task | None, rank: int, world: int,
-        pinned: PinnedData | None = None,
+        self, spec: RunSpec, sink: Reporter | None, objective: Objective | None, rank: int,
+        world: int, pinned: PinnedData | None = None,
     ) -> None:
         self.spec, self.rank, self.world = spec, rank, world
-        if task is not None and (spec.task is not None or spec.environment is not None):
+        if objective is not None and (spec.task is not None or spec.environment is not None):
             field = "task" if spec.task is not None else "environment"
             raise ValueError(f"this run trains on the environments it was given; its config's "
                              f"{field} would be ignored: remove it")
-        self.task = task or task_from_spec(spec)
+        self.objective = objective or objective_from_spec(spec)
         self.pinned = pinned or PinnedData()
         check_pinned(spec, self.pinned)
         # Prompts are plain text, never a chat template: recorded with every saved model.
         self.prompt_format = PromptFormat(
-            format="raw", layout="episode" if plays_episodes(self.task) else "single_turn")
+            format="raw", layout="episode" if plays_episodes(self.objective) else "single_turn")
         self.cache: Any = None  # workers.rl.datacache.DataCache when data.source is set
-        self.episode_tok: Any = None  # the evaluation's tokenizer copy for episode tasks
+        self.episode_tok: Any = None  # the evaluation's tokenizer copy for episodic objectives
         if spec.data.source is not None:
-            from workers.rl.datacache import records_task
+            from workers.rl.datacache import records_objective
             from workers.storage import default_store
 
-            self.cache, self.task = records_task(self.task, spec.data, default_store())
+            self.cache, self.objective = records_objective(self.objective, spec.data,
+                                                           default_store())
         if spec.rollout.backend == "vllm":
             from workers.rl.vllm_rollout import INSTALL_HINT, VllmUnavailable, import_vllm
 
@@ -156,7 +157,7 @@ class Trainer:
     def check_world(self) -> None:
         """Refuse, before any phase starts, a layout the ranks could not train together."""
         ts, world = self.spec.trainer, self.world
-        if world > 1 and ts.zero_stage == 3 and plays_episodes(self.task):
+        if world > 1 and ts.zero_stage == 3 and plays_episodes(self.objective):
             # ZeRO-3 ranks gather parameters collectively in every forward, but episodes take
             # as many generate calls as their turns, which differ between ranks.
             raise ValueError(
@@ -189,19 +190,19 @@ class Trainer:
         return torch.randperm(n, generator=self.generator(10_000 + epoch)).tolist()
 
     def tokenizer(self) -> Any:
-        """The model's own tokenizer, or a BPE trained on the task's and pinned data's text."""
+        """The model's own tokenizer, or a BPE trained on the objective's and pinned data's text."""
         if self.spec.tokenizer.source == "model":
             assert self.spec.model.path is not None
             return load_tokenizer(self.spec.model.path)
-        return train_bpe(self.task.corpus() + self.pinned.corpus(),
+        return train_bpe(self.objective.corpus() + self.pinned.corpus(),
                          self.spec.tokenizer.vocab_size or DEFAULT_VOCAB_SIZE)
 
     def sft_example(self, index: int) -> Example:
-        """SFT example ``index`` of the task's references (when sft.environment) followed by
+        """SFT example ``index`` of the objective's references (when sft.environment) followed by
         the pinned SFT datasets' pairs."""
-        own = len(self.task.train) if self.spec.sft.environment else 0
+        own = len(self.objective.train) if self.spec.sft.environment else 0
         if index < own:
-            return self.task.train[index]
+            return self.objective.train[index]
         prompt, completion = self.pinned.sft[index - own]
         return Example(prompt=prompt, reference=completion)
 
@@ -225,7 +226,8 @@ class Trainer:
         ts = spec.trainer.model_copy(update={"schedule": "constant", "warmup_steps": 0})
         engine = make_engine(model, ts, spec.sft.lr, spec.sft.steps, per_rank, 1)
         moe = is_moe(model)
-        n_examples = (len(self.task.train) if spec.sft.environment else 0) + len(self.pinned.sft)
+        own = len(self.objective.train) if spec.sft.environment else 0
+        n_examples = own + len(self.pinned.sft)
         for step in range(spec.sft.steps):
             g = self.generator(20_000 + step, self.rank)
             idx = torch.randint(n_examples, (per_rank,), generator=g)
@@ -260,20 +262,20 @@ class Trainer:
 
     def evaluate(self, backend: Any, tok: Any) -> float:
         """Mean reward on held-out prompts, sampled at the rollout temperature."""
-        ev = list(self.task.eval)
+        ev = list(self.objective.eval)
         mine = [e for i, e in enumerate(ev) if i % self.world == self.rank] or ev[:1]
         weight = 1.0 if any(i % self.world == self.rank for i in range(len(ev))) else 0.0
         reps = [e for e in mine for _ in range(self.spec.trainer.eval_samples)]
-        sources = episodic(self.task, mine) if plays_episodes(self.task) else []
+        sources = episodic(self.objective, mine) if plays_episodes(self.objective) else []
         if any(sources):  # multi-turn / tool use: the held-out reward of whole episodes
             rewards = play_groups(
-                self.task, mine, sources, self.spec.trainer.eval_samples, backend,
+                self.objective, mine, sources, self.spec.trainer.eval_samples, backend,
                 self.episode_tok, self.spec.rollout, self.generator(30_000),
-                tok.pad_token_id, getattr(self.task, "episode_max_tokens", 4096)).rewards
+                tok.pad_token_id, getattr(self.objective, "episode_max_tokens", 4096)).rewards
         else:
             batch = backend.generate([e.prompt for e in reps], self.spec.rollout,
                                      self.generator(30_000))
-            rewards, _ = self.task.reward(reps, batch.texts)
+            rewards, _ = self.objective.reward(reps, batch.texts)
         tot = all_reduce_sum(torch.tensor([sum(rewards) * weight, len(rewards) * weight]))
         return float(tot[0] / tot[1])
 
@@ -344,15 +346,15 @@ class Trainer:
         backend = self.rollout_backend(engine, tok, sft_dir)
         per_rank = ts.prompts_per_step // self.world
         # Store-backed records give their own shard-major order, so prefetch runs ahead.
-        order = getattr(self.task.train, "order", None) or self.permutation
-        sampler = TaskSampler(self.task.train, spec.curriculum, ts.seed, self.rank, self.world,
-                              order)
-        episodes = plays_episodes(self.task)
+        order = getattr(self.objective.train, "order", None) or self.permutation
+        sampler = TaskSampler(self.objective.train, spec.curriculum, ts.seed, self.rank,
+                              self.world, order)
+        episodes = plays_episodes(self.objective)
         # Episodes decode and re-encode turns: the producer (the actor thread when async) and
         # the learner's evaluation each get their own tokenizer copy.
         self.episode_tok = copy.deepcopy(tok) if episodes else None
-        producer = Producer(spec, self.task, sampler, tok.pad_token_id, per_rank, self.rank,
-                            self.generator, ts.max_async_steps,
+        producer = Producer(spec, self.objective, sampler, tok.pad_token_id, per_rank,
+                            self.rank, self.generator, ts.max_async_steps,
                             tokenizer=copy.deepcopy(tok) if episodes else None)
         return Learner(engine=engine, ref=ref, backend=backend, producer=producer,
                        sampler=sampler, model_spec=model_spec, micro=micro, moe=moe,
@@ -778,12 +780,12 @@ def announce(trainer: Trainer, resume: bool) -> None:
 
 def train(
     spec: RunSpec, sink: Reporter | None = None, *, resume: bool = False,
-    task: Task | None = None, pinned: PinnedData | None = None,
+    objective: Objective | None = None, pinned: PinnedData | None = None,
 ) -> RunResult:
     """Run (or resume) one training run. Callable from the CLI, torchrun or a Celery task.
     ``pinned``: the run's pinned SFT / preference datasets (see pinned_data.py)."""
     with process_group() as (rank, world):
-        trainer = Trainer(spec, sink, task, rank, world, pinned)
+        trainer = Trainer(spec, sink, objective, rank, world, pinned)
         announce(trainer, resume)
         trainer.barrier()
         tok = start_tokenizer(trainer, resume)

@@ -20,7 +20,7 @@ from apps.runs.models import Checkpoint, Run, RunEvent
 from workers import adapters
 from workers.adapters import execute, retryable
 from workers.adapters.common import ApiReporter
-from workers.adapters.train import environment_task, prepare_train
+from workers.adapters.train import environment_objective, prepare_train
 from workers.client import CrucibleClient, LeaseLost
 from workers.reporting import Stopped
 
@@ -213,19 +213,19 @@ def test_pinned_environments_become_the_training_task_without_quarantined_tasks(
     session = pool.claim("gpu", "w1", run_id=run["id"])
     assert session.run.environments[0].quarantined_ids == ["1+1", "2+2"]
 
-    task = environment_task(session, object_store)
-    ids = {e.meta["task_id"] for e in task.train + task.eval}
+    objective = environment_objective(session, object_store)
+    ids = {e.meta["task_id"] for e in objective.train + objective.eval}
     assert not {"0:1+1", "0:2+2"} & ids and "0:1+2" in ids
-    assert {e.meta["env"] for e in task.eval} == {"0", "1"}
-    assert len([e for e in task.eval if e.meta["env"] == "1"]) == 3
+    assert {e.meta["env"] for e in objective.eval} == {"0", "1"}
+    assert len([e for e in objective.eval if e.meta["env"] == "1"]) == 3
     # Each completion is scored by its own environment; right answers get full reward.
-    sample = [e for e in task.train if e.meta["env"] == "0"][:2] + \
-        [e for e in task.train if e.meta["env"] == "1"][:2]
-    totals, parts = task.reward(sample, [e.reference for e in sample[:3]] + ["wrong"])
+    sample = [e for e in objective.train if e.meta["env"] == "0"][:2] + \
+        [e for e in objective.train if e.meta["env"] == "1"][:2]
+    totals, parts = objective.reward(sample, [e.reference for e in sample[:3]] + ["wrong"])
     assert totals == [1.0, 1.0, 1.0, 0.0]
     assert parts["add@v1/exact_match"] == [1.0, 1.0, 0.0, 0.0]
     assert parts["mul@v1/exact_match"] == [0.0, 0.0, 1.0, 0.0]
-    assert set(parts) == set(task.components)
-    assert task.corpus()
+    assert set(parts) == set(objective.components)
+    assert objective.corpus()
     assert RunEvent.objects.filter(run_id=run["id"],
                                    message__contains="2 quarantined by QC").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.envs import load_environment
-from workers.envs.builtins.arithmetic import ArithmeticTask
+from workers.envs.builtins.arithmetic import ArithmeticObjective
 from workers.envs.builtins.problems import PROBLEMS, fenced
 from workers.envs.checkers import Sandbox, extract_code
 from workers.envs.spec import ArithmeticSpec
@@ -14,7 +14,7 @@ from workers.envs.spec import ArithmeticSpec
 def test_arithmetic_wraps_the_demo_task_exactly() -> None:
     env = load_environment({"source": "builtin", "name": "arithmetic",
                             "params": {"ops": ["+", "-"], "eval_size": 30}})
-    demo = ArithmeticTask(ArithmeticSpec(ops=["+", "-"], eval_size=30))
+    demo = ArithmeticObjective(ArithmeticSpec(ops=["+", "-"], eval_size=30))
     assert [t.prompt for t in env.split("eval")] == [e.prompt for e in demo.eval]
     assert [t.prompt for t in env.split("train")] == [e.prompt for e in demo.train]
     tasks = env.split("eval")[:3]

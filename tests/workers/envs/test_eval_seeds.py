@@ -93,12 +93,12 @@ def sampled_server(tmp_path_factory):
 
     from workers.inference import start_server
     from workers.rl.model import build_policy
+    from workers.rl.objectives import build_objective
     from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
-    from workers.rl.tasks import build_task
     from workers.rl.tokenizer import train_bpe
 
     torch.set_num_threads(1)
-    tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
+    tok = train_bpe(build_objective(ArithmeticSpec()).corpus(), vocab_size=96)
     model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
                          tok.pad_token_id, tok.eos_token_id)
     out = tmp_path_factory.mktemp("sampled-policy")

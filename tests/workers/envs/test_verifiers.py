@@ -43,12 +43,12 @@ def test_scores_come_from_the_tasksets_own_rewards() -> None:
 
 
 def test_qc_and_the_rl_adapter_work_on_a_verifiers_environment() -> None:
-    from workers.envs import as_rl_task
+    from workers.envs import as_objective
     from workers.qc import run_qc_spec
 
     report = run_qc_spec(SPEC)
     assert report["passed"] and report["summary"]["reference_full_reward"] == 12
-    rl = as_rl_task(load_environment(SPEC))
+    rl = as_objective(load_environment(SPEC))
     totals, parts = rl.reward(rl.eval, [e.reference for e in rl.eval])
     assert totals == [1.25] * 3 and parts["correct"] == [1.0] * 3
 
@@ -66,12 +66,12 @@ def model_dir(tmp_path_factory):
     import torch
 
     from workers.rl.model import build_policy
+    from workers.rl.objectives import build_objective
     from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
-    from workers.rl.tasks import build_task
     from workers.rl.tokenizer import train_bpe
 
     torch.set_num_threads(1)
-    tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
+    tok = train_bpe(build_objective(ArithmeticSpec()).corpus(), vocab_size=96)
     model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
                          tok.pad_token_id, tok.eos_token_id)
     out = tmp_path_factory.mktemp("policy")
@@ -141,9 +141,9 @@ def test_a_split_named_in_the_task_data_is_honoured() -> None:
     # "test" means held out: exactly the package's four, whatever eval_fraction says.
     assert sorted(t.id for t in env.split("eval")) == ["e6", "e7", "e8", "e9"]
     assert len(env.split("train")) == 6
-    from workers.envs import as_rl_task
+    from workers.envs import as_objective
 
-    assert sorted(e.meta["task_id"] for e in as_rl_task(env).eval) == ["e6", "e7", "e8", "e9"]
+    assert sorted(e.meta["task_id"] for e in as_objective(env).eval) == ["e6", "e7", "e8", "e9"]
 
 
 def test_an_unknown_split_name_is_refused(monkeypatch) -> None:

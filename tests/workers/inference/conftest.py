@@ -9,8 +9,8 @@ import torch
 
 from workers.inference import start_server
 from workers.rl.model import build_policy
+from workers.rl.objectives import build_objective
 from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
-from workers.rl.tasks import build_task
 from workers.rl.tokenizer import train_bpe
 
 KEY = "test-key"
@@ -18,7 +18,7 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
+    tok = train_bpe(build_objective(ArithmeticSpec()).corpus(), vocab_size=96)
     model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
                          tok.pad_token_id, tok.eos_token_id)
     out = tmp_path_factory.mktemp("policy")

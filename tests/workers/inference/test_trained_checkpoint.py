@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from workers.inference import start_server
+from workers.rl.objectives import build_objective
 from workers.rl.sinks import NullSink
 from workers.rl.spec import parse_spec
-from workers.rl.tasks import build_task
 from workers.rl.trainer import train
 
 
@@ -31,7 +31,7 @@ def trained(tmp_path_factory):
         "output": {"stdout": False},
     })
     result = train(spec, NullSink())
-    return result.final_dir, build_task(spec.task)
+    return result.final_dir, build_objective(spec.task)
 
 
 def test_checkpoints_record_the_prompt_format_they_were_trained_with(trained):
@@ -43,19 +43,19 @@ def test_checkpoints_record_the_prompt_format_they_were_trained_with(trained):
 
 
 def test_served_with_defaults_chat_scores_as_raw_completions(trained):
-    final, task = trained
+    final, objective = trained
     with start_server(final, name="policy") as srv:  # the README's serve command's defaults
         assert srv.openai_app.policy.chat_format == "raw"
         client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
-        prompts = [e.prompt for e in task.eval]
+        prompts = [e.prompt for e in objective.eval]
         raw = client.completions.create(model="policy", prompt=prompts, max_tokens=3,
                                         temperature=0)
         raw_text = [c.text for c in sorted(raw.choices, key=lambda c: c.index)]
         chat_text = [client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": p}], max_tokens=3,
             temperature=0).choices[0].message.content for p in prompts]
-    raw_score, _ = task.reward(task.eval, raw_text)
-    chat_score, _ = task.reward(task.eval, chat_text)
+    raw_score, _ = objective.reward(objective.eval, raw_text)
+    chat_score, _ = objective.reward(objective.eval, chat_text)
     print(f"held-out greedy exact match: raw {sum(raw_score)}/{len(prompts)}, "
           f"chat {sum(chat_score)}/{len(prompts)}")
     assert sum(raw_score) >= 2  # the model learned something, so equality is not 0 == 0
@@ -87,8 +87,8 @@ def test_eos_is_not_text_but_rl_clients_get_it_as_a_token(trained):
     the sampled ids with the eos and a logprob for each."""
     requests = pytest.importorskip("requests")
     vllm_client = pytest.importorskip("trl.generation.vllm_client")
-    final, task = trained
-    prompts = [e.prompt for e in task.eval[:6]]
+    final, objective = trained
+    prompts = [e.prompt for e in objective.eval[:6]]
     with start_server(final, name="policy") as srv:
         eos = srv.openai_app.policy.tok.eos_token_id
         client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)

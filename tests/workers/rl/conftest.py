@@ -1,12 +1,12 @@
-"""Fixtures for RL engine tests: a tokenizer trained on the demo task and a tiny MoE built
+"""Fixtures for RL engine tests: a tokenizer trained on the demo objective and a tiny MoE built
 from a config (no downloads)."""
 
 import pytest
 import torch
 
 from workers.rl.model import build_policy
+from workers.rl.objectives import build_objective
 from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
-from workers.rl.tasks import build_task
 from workers.rl.tokenizer import train_bpe
 
 
@@ -20,13 +20,13 @@ def _single_thread():
 
 
 @pytest.fixture(scope="session")
-def task():
-    return build_task(ArithmeticSpec())
+def objective():
+    return build_objective(ArithmeticSpec())
 
 
 @pytest.fixture(scope="session")
-def tokenizer(task):
-    return train_bpe(task.corpus(), vocab_size=96)
+def tokenizer(objective):
+    return train_bpe(objective.corpus(), vocab_size=96)
 
 
 @pytest.fixture

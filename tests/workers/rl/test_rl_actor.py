@@ -21,10 +21,10 @@ from workers.rl.actor import (
     take_fresh,
 )
 from workers.rl.curriculum import PassRates, TaskSampler, group_pass_rate, in_band, is_uniform
+from workers.rl.objectives import Example, build_objective
 from workers.rl.rollout import HFRollout, RolloutBatch
 from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import CurriculumSpec, parse_spec
-from workers.rl.tasks import Example, build_task
 from workers.rl.trainer import train
 
 TINY = {"preset": {"num_layers": 2, "num_experts": 4, "hidden_size": 32,
@@ -139,12 +139,12 @@ def test_weight_hand_off_is_versioned_and_times_out():
 # ---- producer and actor with a real tiny policy ---------------------------------------------
 
 
-class ParityTask:
+class ParityObjective:
     """The arithmetic prompts, rewarded 1 when a completion's length is even: sampled groups
     from a random policy are mixed, so the filter keeps most of them."""
 
     def __init__(self):
-        base = build_task(parse_spec({}).task)
+        base = build_objective(parse_spec({}).task)
         self.train, self.eval, self._base = base.train, base.eval, base
 
     def corpus(self):
@@ -155,15 +155,15 @@ class ParityTask:
         return r, {"parity": r}
 
 
-def make_producer(spec, task, tokenizer, per_rank=3, bound=0):
-    sampler = TaskSampler(task.train, spec.curriculum, 0, 0, 1,
+def make_producer(spec, objective, tokenizer, per_rank=3, bound=0):
+    sampler = TaskSampler(objective.train, spec.curriculum, 0, 0, 1,
                           lambda e, n: torch.randperm(n, generator=torch.Generator()
                                                       .manual_seed(e)).tolist())
 
     def gen(*key):
         return torch.Generator().manual_seed(hash(key) & 0xFFFF_FFFF)
 
-    return Producer(spec, task, sampler, tokenizer.pad_token_id, per_rank, 0, gen, bound)
+    return Producer(spec, objective, sampler, tokenizer.pad_token_id, per_rank, 0, gen, bound)
 
 
 def test_producer_replaces_uniform_groups_by_sampling_more(tokenizer, tiny_model):
@@ -172,14 +172,14 @@ def test_producer_replaces_uniform_groups_by_sampling_more(tokenizer, tiny_model
     backend = HFRollout(tiny_model, tokenizer)
     # Exact match from a random policy: every group is all-zero, so all rounds are used and
     # the batch falls back to (counted) uniform groups.
-    task = build_task(spec.task)
-    sb = make_producer(spec, task, tokenizer).produce(5, lambda: (5, backend))
+    objective = build_objective(spec.task)
+    sb = make_producer(spec, objective, tokenizer).produce(5, lambda: (5, backend))
     assert sb.counts["filter/rounds"] == 6 and sb.counts["filter/fallback_groups"] == 3
     assert sb.counts["filter/uniform_groups"] >= 3
     assert sb.batch.completion_ids.shape[0] == 12 and sb.versions == [5, 5, 5]
     assert sb.counts["curriculum/tracked_tasks"] == sb.sampler_state["cursor"]
     # A reward that splits groups: whatever the batch holds is informative.
-    sb = make_producer(spec, ParityTask(), tokenizer).produce(0, lambda: (0, backend))
+    sb = make_producer(spec, ParityObjective(), tokenizer).produce(0, lambda: (0, backend))
     groups = sb.rewards.view(-1, 4)
     assert sb.counts["filter/fallback_groups"] == 0
     assert all(not is_uniform(g.tolist()) for g in groups)
@@ -188,7 +188,7 @@ def test_producer_replaces_uniform_groups_by_sampling_more(tokenizer, tiny_model
 
 def test_async_actor_runs_ahead_within_the_bound(tokenizer, tiny_model):
     spec = parse_spec({"rollout": {"group_size": 2, "max_new_tokens": 3}})
-    producer = make_producer(spec, build_task(spec.task), tokenizer, per_rank=2, bound=2)
+    producer = make_producer(spec, build_objective(spec.task), tokenizer, per_rank=2, bound=2)
     store = WeightStore()
     store.publish(0, {k: v.clone() for k, v in tiny_model.state_dict().items()})
     actor = AsyncActor(producer, tiny_model, HFRollout(tiny_model, tokenizer), store, 0, 5,
@@ -209,7 +209,7 @@ def test_async_actor_runs_ahead_within_the_bound(tokenizer, tiny_model):
 
 def test_a_stalled_weight_sync_fails_loudly(tokenizer, tiny_model):
     spec = parse_spec({"rollout": {"group_size": 2, "max_new_tokens": 2}})
-    producer = make_producer(spec, build_task(spec.task), tokenizer, per_rank=1, bound=1)
+    producer = make_producer(spec, build_objective(spec.task), tokenizer, per_rank=1, bound=1)
     store = WeightStore()
     store.publish(0, {k: v.clone() for k, v in tiny_model.state_dict().items()})
     actor = AsyncActor(producer, tiny_model, HFRollout(tiny_model, tokenizer), store, 0, 4,
@@ -249,7 +249,7 @@ def test_async_run_reports_staleness_and_idle_fractions(tmp_path):
     spec = run_spec(tmp_path, "async", trainer={"max_async_steps": 2, "steps": 5},
                     curriculum={"filter_uniform": True, "max_rounds": 2},
                     algorithm={"importance": "tis"})
-    result = train(spec, JsonlSink(tmp_path / "m.jsonl"), task=ParityTask())
+    result = train(spec, JsonlSink(tmp_path / "m.jsonl"), objective=ParityObjective())
     assert sorted(result.losses) == [1, 2, 3, 4, 5]
     steps = [r["metrics"] for r in read_jsonl(tmp_path / "m.jsonl")
              if r["kind"] == "metrics" and "loss" in r["metrics"]]
@@ -268,7 +268,7 @@ def test_resume_restores_the_curriculum_buffer_exactly(tmp_path):
     cur = {"filter_uniform": True, "max_rounds": 3, "band_low": 0.1, "band_high": 0.9,
            "explore": 0.3}
     spec = run_spec(tmp_path, "full", curriculum=cur)
-    full = train(spec, task=ParityTask())
+    full = train(spec, objective=ParityObjective())
     assert full.curriculum["buffer"], "the buffer holds pass rates"
     # The same run as if killed after its step-2 checkpoint: step 4 is gone.
     shutil.copytree(tmp_path / "full", tmp_path / "part")
@@ -277,7 +277,7 @@ def test_resume_restores_the_curriculum_buffer_exactly(tmp_path):
     assert saved["sampler"]["cursor"] < full.curriculum["cursor"]
     part = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
         update={"dir": str(tmp_path / "part")})})
-    resumed = train(part, resume=True, task=ParityTask())
+    resumed = train(part, resume=True, objective=ParityObjective())
     assert resumed.curriculum == full.curriculum  # buffer, data position and counters
     assert sorted(resumed.losses) == [3, 4]
     for step in (3, 4):

@@ -10,9 +10,9 @@ import pytest
 
 from workers.envs import load_environment
 from workers.rl.__main__ import main
+from workers.rl.objectives.environment import objective_from_spec
 from workers.rl.sinks import read_jsonl
 from workers.rl.spec import SpecError, load_spec, parse_spec
-from workers.rl.tasks.environment import task_from_spec
 
 TINY = """
 name = "cli-env"
@@ -113,7 +113,7 @@ def test_a_bad_environment_is_refused_before_training(tmp_path, capsys):
         "source": "tasks", "dataset": {"dataset": "d", "version": 1, "digest": "0" * 64},
         "rubric": {"components": [{"name": "x", "checker": "exact_match"}]}}})
     with pytest.raises(ValueError, match="environment.dataset names a platform dataset"):
-        task_from_spec(on_platform)
+        objective_from_spec(on_platform)
 
 
 def test_frozen_configs_carry_no_phantom_fields(tmp_path):

@@ -1,4 +1,4 @@
-"""Task, tokenizer, model loading, rollouts and sinks."""
+"""Objective, tokenizer, model loading, rollouts and sinks."""
 
 import io
 import json
@@ -11,22 +11,22 @@ from transformers import AutoModelForCausalLM
 from workers.reporting import Reporter
 from workers.rl.losses import token_logprobs
 from workers.rl.model import ModelDirError, build_policy, check_model_dir
+from workers.rl.objectives import Example, build_objective, exact_match
 from workers.rl.rollout import HFRollout, cut_at_stop, position_ids, top_p_filter
 from workers.rl.sinks import JsonlSink, MultiSink, StdoutSink, read_jsonl
 from workers.rl.spec import ArithmeticSpec, ModelSpec, RolloutSpec
-from workers.rl.tasks import Example, build_task, exact_match
 
 
-def test_arithmetic_split_is_disjoint_and_reward_is_exact_match(task):
-    assert len(task.eval) == 20 and len(task.train) == 80
-    assert not {e.prompt for e in task.eval} & {e.prompt for e in task.train}
+def test_arithmetic_split_is_disjoint_and_reward_is_exact_match(objective):
+    assert len(objective.eval) == 20 and len(objective.train) == 80
+    assert not {e.prompt for e in objective.eval} & {e.prompt for e in objective.train}
     ex = [Example("3+4=", "7")] * 4
     rewards, parts = exact_match(ex, ["7", "7\n1+1=2", "8", " 7 "])
     assert rewards == [1.0, 1.0, 0.0, 1.0] and parts["is_number"] == [1.0] * 4
-    mult = build_task(ArithmeticSpec(ops=["*"], eval_size=5))
+    mult = build_objective(ArithmeticSpec(ops=["*"], eval_size=5))
     assert all(str(eval(e.prompt[:-1])) == e.reference for e in mult.train)
     with pytest.raises(ValueError, match="eval_size"):
-        build_task(ArithmeticSpec(max_operand=1, eval_size=4))
+        build_objective(ArithmeticSpec(max_operand=1, eval_size=4))
 
 
 def test_tokenizer_splits_digits_and_round_trips(tokenizer):

@@ -5,9 +5,9 @@ import torch
 
 from tests.skips import host_reason
 from workers.rl.datacache import write_shards
+from workers.rl.objectives import build_objective
 from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import SpecError, parse_spec
-from workers.rl.tasks import build_task
 from workers.rl.trainer import train
 from workers.rl.vllm_rollout import VllmUnavailable
 from workers.storage import open_store
@@ -16,10 +16,10 @@ from .test_rl_trainer import tiny_spec
 
 
 class Recording:
-    """The arithmetic task, remembering every prompt its reward scores."""
+    """The arithmetic objective, remembering every prompt its reward scores."""
 
     def __init__(self) -> None:
-        base = build_task(parse_spec({}).task)
+        base = build_objective(parse_spec({}).task)
         self.train, self.eval, self._base = base.train, base.eval, base
         self.scored: set[str] = set()
 
@@ -36,20 +36,21 @@ def test_training_prompts_come_from_store_records_through_the_cache(tmp_path, mo
     root.mkdir()
     monkeypatch.setenv("OBJECT_STORE_URL", root.as_uri())
     store = open_store(root.as_uri())
-    # Subtraction problems: the built-in task (addition) never shows a '-' prompt.
+    # Subtraction problems: the built-in objective (addition) never shows a '-' prompt.
     records = [{"prompt": f"{a}-{b}=", "reference": str(a - b)}
                for a in range(10) for b in range(10)]
     source = write_shards(store, "tasks/sub", records, shard_records=25)
     spec = tiny_spec(tmp_path, data={"source": source, "disk_dir": str(tmp_path / "cache")},
                      sft={"steps": 2}, trainer={"steps": 3}, checkpoint={"every": 0})
-    task = Recording()
-    train(spec, JsonlSink(tmp_path / "m.jsonl"), task=task)
+    objective = Recording()
+    train(spec, JsonlSink(tmp_path / "m.jsonl"), objective=objective)
 
     record_prompts = {r["prompt"] for r in records}
-    eval_prompts = {e.prompt for e in task.eval}
-    assert task.scored & record_prompts, "no training prompt came from the records"
-    assert task.scored <= record_prompts | eval_prompts
-    assert not task.scored & {e.prompt for e in task.train}, "built-in training prompts leaked"
+    eval_prompts = {e.prompt for e in objective.eval}
+    assert objective.scored & record_prompts, "no training prompt came from the records"
+    assert objective.scored <= record_prompts | eval_prompts
+    assert not objective.scored & {e.prompt for e in objective.train}, \
+        "built-in training prompts leaked"
 
     steps = [r["metrics"] for r in read_jsonl(tmp_path / "m.jsonl")
              if r["kind"] == "metrics" and "loss" in r["metrics"]]

@@ -1,4 +1,4 @@
-"""Proof of learning on CPU: tiny MoE, BPE trained on the task, SFT warm start, then GRPO.
+"""Proof of learning on CPU: tiny MoE, BPE trained on the objective, SFT warm start, then GRPO.
 
 Setup (synchronous, deterministic per machine): a 4-layer Qwen3-MoE (8 experts, top-2) from the
 preset is warm-started with 250 SFT steps; sampling at temperature 1.5 it then solves roughly

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from workers.envs import as_rl_task, load_environment
+from workers.envs import as_objective, load_environment
 from workers.envs.rollout import Episode, pad_episodes
 from workers.rl.actor import merge, split_groups
 from workers.rl.episodes import EpisodeBatch, PlainCodec, loss_mask
@@ -151,14 +151,15 @@ def test_plain_codec_layout_matches_the_examples_prompt():
                             "rubric": {"components": [{"name": "c", "checker": "math_equiv"}]},
                             "interaction": {"mode": "tool_use", "max_turns": 2,
                                             "tools": ["calculator"]}})
-    task = as_rl_task(env)
-    assert task.interaction == "tool_use" and task.episode_env(task.train[0])[1].id == "t"
-    tokenizer = train_bpe(task.corpus(), 200)
+    objective = as_objective(env)
+    assert objective.interaction == "tool_use"
+    assert objective.episode_env(objective.train[0])[1].id == "t"
+    tokenizer = train_bpe(objective.corpus(), 200)
     codec = PlainCodec(tokenizer)
     opening = [i for m in env.initial_messages(env.task("t")) for i in codec.encode_message(m)]
-    assert codec.decode(opening) == task.train[0].prompt
+    assert codec.decode(opening) == objective.train[0].prompt
     assert codec.end_of_turn == [tokenizer.eos_token_id]
-    single = as_rl_task(load_environment({"source": "builtin", "name": "arithmetic"}))
+    single = as_objective(load_environment({"source": "builtin", "name": "arithmetic"}))
     assert single.interaction == "single_turn" and single.episode_env(single.train[0]) is None
 
 
@@ -171,7 +172,7 @@ def _sandbox():
     return shared_sandbox()
 
 
-def test_zero3_on_several_ranks_is_refused_for_episode_tasks(tmp_path):
+def test_zero3_on_several_ranks_is_refused_for_episodic_objectives(tmp_path):
     env = load_environment({"source": "tasks",
                             "tasks": [{"id": "t", "prompt": "6*7?", "answer": "42"}],
                             "rubric": {"components": [{"name": "c", "checker": "math_equiv"}]},
@@ -180,8 +181,8 @@ def test_zero3_on_several_ranks_is_refused_for_episode_tasks(tmp_path):
     spec = parse_spec({"trainer": {"zero_stage": 3, "prompts_per_step": 2},
                        "checkpoint": {"dir": str(tmp_path)}, "output": {"stdout": False}})
     with pytest.raises(ValueError, match="zero_stage = 3 on 2 ranks"):
-        Trainer(spec, NullSink(), as_rl_task(env), 0, 2)
-    Trainer(spec, NullSink(), as_rl_task(env), 0, 1)  # one rank: fine
+        Trainer(spec, NullSink(), as_objective(env), 0, 2)
+    Trainer(spec, NullSink(), as_objective(env), 0, 1)  # one rank: fine
 
 
 @pytest.mark.parametrize("async_steps", [0, 1])
@@ -189,7 +190,7 @@ def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch
     sandbox = _sandbox()
     env = load_environment({"source": "builtin", "name": "code_repair",
                             "params": {"max_turns": 2}}, sandbox=sandbox)
-    task = as_rl_task(env)
+    objective = as_objective(env)
     spec = parse_spec({
         "model": {"preset": {"num_layers": 1, "num_experts": 2, "experts_per_token": 1,
                              "hidden_size": 32, "moe_intermediate_size": 32}},
@@ -211,7 +212,7 @@ def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch
     monkeypatch.setattr(Trainer, "learn", spy)
     from workers.rl.trainer import train
 
-    result = train(spec, JsonlSink(tmp_path / "m.jsonl"), task=task)
+    result = train(spec, JsonlSink(tmp_path / "m.jsonl"), objective=objective)
     assert result.steps == 2 and set(result.eval_reward) == {0, 2}
     steps = [r for r in read_jsonl(tmp_path / "m.jsonl")
              if r["kind"] == "metrics" and "loss" in r["metrics"]]

@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from workers.rl import checkpoint as ckpt
+from workers.rl.objectives import build_objective
 from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import parse_spec
-from workers.rl.tasks import build_task
 from workers.rl.trainer import TrainingFailed, train
 
 TINY = {"preset": {"num_layers": 2, "num_experts": 4, "hidden_size": 32,
@@ -71,10 +71,10 @@ def test_zero3_run_writes_atomic_checkpoints_and_reports_metrics(tmp_path):
 
 
 class NaNAfter:
-    """The arithmetic task, but its reward turns NaN after `good` calls (a broken reward)."""
+    """The arithmetic objective, but its reward turns NaN after `good` calls (a broken reward)."""
 
     def __init__(self, good: int):
-        base = build_task(parse_spec({}).task)
+        base = build_objective(parse_spec({}).task)
         self.train, self.eval, self.good, self.calls = base.train, base.eval, good, 0
         self._base = base
 
@@ -95,9 +95,9 @@ def test_nan_steps_are_skipped_then_the_run_fails_with_checkpoint_intact(tmp_pat
     sink = JsonlSink(tmp_path / "m.jsonl")
     # call 1 is the held-out evaluation before SFT, call 2 the one at RL step 0, then steps
     # 1 and 2
-    task = NaNAfter(good=4)
+    objective = NaNAfter(good=4)
     with pytest.raises(TrainingFailed, match="2 consecutive non-finite losses at step 4"):
-        train(spec, sink, task=task)
+        train(spec, sink, objective=objective)
     root = tmp_path / "ckpt"
     assert [p.name for p in ckpt.list_checkpoints(root)] == ["step-000002"]
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
@@ -138,7 +138,7 @@ def test_nan_in_a_later_micro_batch_drops_only_that_micro_batch(tmp_path):
                      checkpoint={"every": 0})
     sink = JsonlSink(tmp_path / "m.jsonl")
     # calls 1 and 2: held-out evaluations before SFT and at RL step 0; call 4 is step 2
-    result = train(spec, sink, task=NaNInSecondGroup(call=4))
+    result = train(spec, sink, objective=NaNInSecondGroup(call=4))
     assert result.skipped_steps == [] and sorted(result.losses) == [1, 2, 3]
     assert all(v == v for v in result.losses.values())  # no NaN reported as a loss
     by_step = {r["step"]: r["metrics"] for r in read_jsonl(tmp_path / "m.jsonl")

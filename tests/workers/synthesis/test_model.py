@@ -120,11 +120,11 @@ def test_junk_from_our_inference_server_is_rejected_with_reasons(tmp_path) -> No
     torch = pytest.importorskip("torch")
     from workers.inference import start_server
     from workers.rl.model import build_policy
+    from workers.rl.objectives import build_objective
     from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
-    from workers.rl.tasks import build_task
     from workers.rl.tokenizer import train_bpe
 
-    tok = train_bpe(build_task(ArithmeticSpec()).corpus(), vocab_size=96)
+    tok = train_bpe(build_objective(ArithmeticSpec()).corpus(), vocab_size=96)
     model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=1, max_position_embeddings=512)),
                          len(tok),
                          tok.pad_token_id, tok.eos_token_id)

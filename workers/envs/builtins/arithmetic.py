@@ -1,7 +1,7 @@
-"""The built-in arithmetic task: `a+b=` answered with the exact integer, rewarded by exact
-match, both as the RL engine's demo task (`ArithmeticTask`, what a run config's `task` builds)
-and as the `arithmetic` environment (same problems, same split, same reward: exact match plus
-the weight-0 `is_number` metric).
+"""The built-in arithmetic problems: `a+b=` answered with the exact integer, rewarded by exact
+match, both as the RL engine's demo objective (`ArithmeticObjective`, what a run config's `task`
+section builds) and as the `arithmetic` environment (same problems, same split, same reward:
+exact match plus the weight-0 `is_number` metric).
 
 Problems are enumerated exhaustively and split with a fixed seed, so the held-out prompts are
 never seen in SFT or RL. Kept here, below the RL engine, so environments never import it.
@@ -34,9 +34,9 @@ def exact_match(
     return correct, {"exact_match": correct, "is_number": numeric}
 
 
-class ArithmeticTask:
+class ArithmeticObjective:
     """Every `a op b` in the spec's operand range, shuffled once by its seed and split into
-    held-out and training problems (the RL engine's `Task`)."""
+    held-out and training problems (the RL engine's `Objective`)."""
 
     def __init__(self, spec: ArithmeticSpec) -> None:
         rng = random.Random(spec.seed)
@@ -62,9 +62,9 @@ class ArithmeticTask:
         return [ex.prompt + ex.reference for ex in self.train + self.eval] + ["\n"]
 
 
-def build_task(spec: ArithmeticSpec | None = None) -> ArithmeticTask:
-    """The arithmetic task; None (a run config without `task`) means its defaults."""
-    return ArithmeticTask(spec or ArithmeticSpec())
+def build_objective(spec: ArithmeticSpec | None = None) -> ArithmeticObjective:
+    """The arithmetic objective; None (a run config without `task`) means its defaults."""
+    return ArithmeticObjective(spec or ArithmeticSpec())
 
 
 def _task(example: Example, split: str) -> EnvTask:
@@ -89,7 +89,7 @@ class ArithmeticEnvironment(Environment):
     version = "1"
 
     def __init__(self, spec: ArithmeticSpec) -> None:
-        demo = ArithmeticTask(spec)
+        demo = ArithmeticObjective(spec)
         tasks = [_task(e, "train") for e in demo.train] + [_task(e, "eval") for e in demo.eval]
         super().__init__(tasks=tasks, rubric=Rubric((_component("exact_match"),
                                                      _component("is_number"))),

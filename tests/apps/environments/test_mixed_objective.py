@@ -1,14 +1,14 @@
-"""Several pinned environments as one RL task: multi-turn ones are still played as episodes."""
+"""Several pinned environments as one objective: multi-turn ones are still played as episodes."""
 
-from workers.envs.adapter import as_rl_task
+from workers.envs.adapter import as_objective
 from workers.envs.load import load_environment
-from workers.envs.mixed import MixedTask
+from workers.envs.mixed import MixedObjective
 
 
-def test_mixed_task_plays_only_its_multi_turn_environment_as_episodes():
-    arith = as_rl_task(load_environment({"env": {"source": "builtin", "name": "arithmetic"}}))
-    repair = as_rl_task(load_environment({"env": {"source": "builtin", "name": "code_repair"}}))
-    mixed = MixedTask([arith, repair], ["arith@v1", "repair@v1"])
+def test_mixed_objective_plays_only_its_multi_turn_environment_as_episodes():
+    arith = as_objective(load_environment({"env": {"source": "builtin", "name": "arithmetic"}}))
+    repair = as_objective(load_environment({"env": {"source": "builtin", "name": "code_repair"}}))
+    mixed = MixedObjective([arith, repair], ["arith@v1", "repair@v1"])
 
     assert mixed.interaction == "multi_turn"
     assert mixed.episode_max_tokens == max(arith.episode_max_tokens, repair.episode_max_tokens)
@@ -21,7 +21,7 @@ def test_mixed_task_plays_only_its_multi_turn_environment_as_episodes():
 
 
 def test_single_turn_environments_stay_single_turn():
-    a = as_rl_task(load_environment({"env": {"source": "builtin", "name": "arithmetic"}}))
-    mixed = MixedTask([a, a], ["a@v1", "a@v2"])
+    a = as_objective(load_environment({"env": {"source": "builtin", "name": "arithmetic"}}))
+    mixed = MixedObjective([a, a], ["a@v1", "a@v2"])
     assert mixed.interaction == "single_turn"
     assert all(mixed.episode_env(e) is None for e in mixed.train[:5])
