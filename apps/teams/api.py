@@ -1,4 +1,4 @@
-"""Teams, members, and tokens."""
+"""Teams, members and tokens, and ``/api/v1/me``: the caller and the teams they are in."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.cache import add_never_cache_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
@@ -16,7 +17,6 @@ from apps.core.actor import Actor
 from apps.core.exceptions import Forbidden, NotFound
 from apps.core.permissions import AuthenticatedOrThrottled
 from apps.core.throttles import AuthFailureThrottle, client_ip
-from apps.core.viewsets import TeamScopedViewSet
 from apps.teams import selectors, services
 from apps.teams.authentication import WorkerPrincipal
 from apps.teams.models import ApiToken, Invitation, Membership, Role, Team, TokenKind
@@ -35,6 +35,7 @@ from apps.teams.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 def secret_response(data: dict) -> Response:
@@ -62,6 +63,24 @@ class UserOnly(AuthenticatedOrThrottled):
         if isinstance(request.user, WorkerPrincipal):
             raise Forbidden("Worker tokens can only call /api/v1/worker/ endpoints.")
         return super().has_permission(request, view)
+
+
+class MeView(APIView):
+    """The caller's identity: a worker token and its team, or a user and their teams."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        if isinstance(request.user, WorkerPrincipal):
+            token = request.user.token
+            return Response({"kind": "worker", "token": token.prefix,
+                             "team": token.team.slug if token.team else None})
+        teams = selectors.teams_for_user(request.user).order_by("slug")
+        return Response({
+            "kind": "user",
+            "username": request.user.username,
+            "teams": [{"slug": t.slug, "name": t.name, "role": getattr(t, "my_role", None)}
+                      for t in teams],
+        })
 
 
 class MyTeamsViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

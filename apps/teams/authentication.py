@@ -12,6 +12,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from apps.core.actor import WorkerCaller
 from apps.core.throttles import AuthFailureThrottle, client_ip
 from apps.teams import tokens
 from apps.teams.models import ApiToken, TokenKind
@@ -27,7 +28,7 @@ class TokenGuess(exceptions.AuthenticationFailed):
 
 
 @dataclass(frozen=True)
-class WorkerPrincipal:
+class WorkerPrincipal(WorkerCaller):
     token: ApiToken
 
     is_authenticated = True
@@ -39,6 +40,10 @@ class WorkerPrincipal:
     @property
     def pk(self) -> None:
         return None
+
+    @property
+    def worker_token_prefix(self) -> str:
+        return self.token.prefix
 
     @property
     def team_id(self) -> int | None:
