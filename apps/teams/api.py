@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.cache import add_never_cache_headers
@@ -100,7 +102,7 @@ class MyTeamsViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         data = TeamCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         team = services.team_create(actor=Actor.of_user(request.user), **data.validated_data)
-        team.my_role = Role.OWNER
+        team.my_role = Role.OWNER  # type: ignore[attr-defined]  # read by TeamSerializer
         return Response(TeamSerializer(team).data, status=status.HTTP_201_CREATED)
 
 
@@ -113,16 +115,17 @@ class TeamViewSet(TeamScopedViewSet):
     lookup_url_kwarg = "team"
 
     def retrieve(self, request: Request, team: str) -> Response:
-        obj = self.get_object()
-        obj.my_role = self.membership.role
+        obj = cast(Team, self.get_object())
+        obj.my_role = self.membership.role  # type: ignore[attr-defined]
         return Response(TeamSerializer(obj).data)
 
     @extend_schema(request=TeamUpdateSerializer, responses=TeamSerializer)
     def partial_update(self, request: Request, team: str) -> Response:
         data = TeamUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        obj = services.team_update(actor=self.actor, team=self.get_object(), **data.validated_data)
-        obj.my_role = self.membership.role
+        obj = services.team_update(actor=self.actor, team=cast(Team, self.get_object()),
+                                   **data.validated_data)
+        obj.my_role = self.membership.role  # type: ignore[attr-defined]
         return Response(TeamSerializer(obj).data)
 
 
@@ -150,12 +153,14 @@ class MembershipViewSet(TeamScopedViewSet):
         data = MembershipUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.membership_change_role(
-            actor=self.actor, membership=self.get_object(), **data.validated_data
+            actor=self.actor, membership=cast(Membership, self.get_object()),
+            **data.validated_data
         )
         return Response(MembershipSerializer(membership).data)
 
     def destroy(self, request: Request, team: str, username: str) -> Response:
-        services.membership_remove(actor=self.actor, membership=self.get_object())
+        services.membership_remove(actor=self.actor,
+                                   membership=cast(Membership, self.get_object()))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -189,7 +194,8 @@ class InvitationViewSet(TeamScopedViewSet):
         return secret_response(InvitationCreatedSerializer(invitation).data)
 
     def destroy(self, request: Request, team: str, prefix: str) -> Response:
-        services.invitation_revoke(actor=self.actor, invitation=self.get_object())
+        services.invitation_revoke(actor=self.actor,
+                                   invitation=cast(Invitation, self.get_object()))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -247,7 +253,7 @@ class WorkerTokenViewSet(TeamScopedViewSet):
         return secret_response(TokenCreatedSerializer(token).data)
 
     def destroy(self, request: Request, team: str, prefix: str) -> Response:
-        services.token_revoke(actor=self.actor, token=self.get_object())
+        services.token_revoke(actor=self.actor, token=cast(ApiToken, self.get_object()))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

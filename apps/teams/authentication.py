@@ -66,7 +66,8 @@ def verify_token(raw: str) -> ApiToken:
         raise exceptions.AuthenticationFailed("Token has been revoked.")
     if token.expires_at is not None and token.expires_at <= timezone.now():
         raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
-    if token.kind == TokenKind.PERSONAL and not token.user.is_active:
+    # A personal token always has a user (the token_kind_owner constraint).
+    if token.kind == TokenKind.PERSONAL and (token.user is None or not token.user.is_active):
         raise exceptions.AuthenticationFailed("User is inactive.")
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:

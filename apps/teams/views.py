@@ -93,7 +93,9 @@ def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:
 
 def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:
     prefix = request.POST.get("prefix", "")
-    mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user, prefix=prefix)
+    # A team page: the caller is logged in, never AnonymousUser.
+    mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user,  # type: ignore[misc]
+                                   prefix=prefix)
     token = mine.first()
     if token is None and role_at_least(membership.role, Role.ADMIN):
         token = ApiToken.objects.filter(kind=TokenKind.WORKER, team=team_obj,
