@@ -11,7 +11,6 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import SimpleRouter
 
 from apps.core import views as core_views
-from apps.core.audit_api import AuditLogViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
@@ -25,11 +24,13 @@ from apps.teams.api import (
     InvitationAcceptView,
     InvitationViewSet,
     MembershipViewSet,
+    MeView,
     MyTeamsViewSet,
     PersonalTokenViewSet,
     TeamViewSet,
     WorkerTokenViewSet,
 )
+from apps.teams.audit_api import AuditLogViewSet
 
 TEAM = r"teams/(?P<team>[-a-zA-Z0-9_]+)"
 
@@ -60,7 +61,7 @@ router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 
 api_v1 = [
-    path("me", core_views.MeView.as_view(), name="me"),
+    path("me", MeView.as_view(), name="me"),
     path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
@@ -91,5 +92,5 @@ urlpatterns = [
 ]
 
 handler400 = "apps.core.errors.bad_request"
-handler404 = "apps.core.errors.not_found"
+handler404 = "apps.teams.views.not_found"
 handler500 = "apps.core.errors.server_error"

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class WorkerCaller(Protocol):
+    """A request's caller that is a worker token, not a person (teams' ``WorkerPrincipal``
+    says so by subclassing this). Core code that must tell the two apart, such as the
+    throttles, checks this instead of importing teams, which builds on core."""
+
+    @property
+    def worker_token_prefix(self) -> str:
+        """The token's public prefix: what its rate limit and audit label key on."""
+        ...
 
 
 @dataclass(frozen=True)

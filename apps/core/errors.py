@@ -94,17 +94,10 @@ def bad_request(request: HttpRequest, exception: Exception):
     return default(request, exception)
 
 
-def not_found(request: HttpRequest, exception: Exception | None = None):
-    if request.path.startswith("/api/"):
-        return _json_error(status.HTTP_404_NOT_FOUND, "not_found", f"No such URL: {request.path}")
-    from django.shortcuts import render
-
-    teams = []
-    if getattr(request, "user", None) is not None and request.user.is_authenticated:
-        from apps.teams.selectors import teams_for_user
-
-        teams = list(teams_for_user(request.user).order_by("slug")[:20])
-    return render(request, "404.html", {"user_teams": teams}, status=404)
+def api_not_found(request: HttpRequest) -> JsonResponse:
+    """The 404 of an API path that matches no URL. Django's 404 handler is
+    ``apps.teams.views.not_found``: its page for the dashboard lists the caller's teams."""
+    return _json_error(status.HTTP_404_NOT_FOUND, "not_found", f"No such URL: {request.path}")
 
 
 def server_error(request: HttpRequest):

@@ -22,6 +22,8 @@ from django.http import HttpRequest
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import SimpleRateThrottle
 
+from apps.core.actor import WorkerCaller
+
 
 def client_ip(request: HttpRequest) -> str:
     """The caller's address: ``REMOTE_ADDR``, or, behind ``CRUCIBLE_TRUSTED_PROXIES`` proxies
@@ -51,11 +53,9 @@ class _RateFromSettings(SimpleRateThrottle):
 
 def _principal(request: Any) -> tuple[str, str] | None:
     """("worker"|"user", key) for an authenticated request, None for an anonymous one."""
-    from apps.teams.authentication import WorkerPrincipal
-
     user = request.user
-    if isinstance(user, WorkerPrincipal):
-        return "worker", f"wtok:{user.token.prefix}"
+    if isinstance(user, WorkerCaller):
+        return "worker", f"wtok:{user.worker_token_prefix}"
     if getattr(user, "is_authenticated", False):
         token = getattr(request, "auth", None)
         prefix = getattr(token, "prefix", None)

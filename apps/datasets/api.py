@@ -15,12 +15,12 @@ from apps.core import limits
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
 from apps.core.parsers import FastJSONParser
-from apps.core.viewsets import TeamScopedViewSet
 from apps.datasets import records as rec
 from apps.datasets import selectors, services
 from apps.datasets.diff import DEFAULT_KEYS
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.projects.selectors import project_by_slug
+from apps.teams.viewsets import TeamScopedViewSet
 
 MAX_OFFSET = 2**63 - 1  # record counts are BIGINT-sized; beyond that no record exists
 

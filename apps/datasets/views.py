@@ -14,10 +14,10 @@ from django.views.decorators.http import require_http_methods
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
-from apps.core.pages import page_context, team_page
 from apps.datasets import selectors, services
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.teams.models import Membership, Role, Team, role_at_least
+from apps.teams.pages import page_context, team_page
 
 VERSIONS_SHOWN = 100
 #: The page diffs its two newest versions on load only when both are this small; larger

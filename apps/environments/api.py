@@ -8,10 +8,10 @@ from rest_framework.response import Response
 from apps.core import limits
 from apps.core.exceptions import NotFound
 from apps.core.idempotency import idempotent
-from apps.core.viewsets import TeamScopedViewSet
 from apps.environments import selectors, services
 from apps.environments.models import Environment, EnvironmentVersion, QcStatus
 from apps.projects.selectors import project_by_slug
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 class EnvironmentVersionSerializer(serializers.ModelSerializer):

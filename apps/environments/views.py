@@ -13,10 +13,10 @@ from typing import Any
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from apps.core.pages import page_context, team_page
 from apps.environments import selectors, services
 from apps.environments.models import Environment
 from apps.teams.models import Membership, Team
+from apps.teams.pages import page_context, team_page
 
 VERSIONS_SHOWN = 100
 QUARANTINE_ROWS = 500  # a pathological report still renders in bounded time

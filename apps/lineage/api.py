@@ -6,9 +6,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core.exceptions import InvalidInput
-from apps.core.viewsets import TeamScopedViewSet
 from apps.lineage import selectors
 from apps.lineage.models import ArtifactType, LineageEdge
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 class LineageViewSet(TeamScopedViewSet):

@@ -6,9 +6,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core import limits
-from apps.core.viewsets import TeamScopedViewSet
 from apps.projects import services
 from apps.projects.models import Project
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 class ProjectSerializer(serializers.ModelSerializer):

@@ -14,7 +14,6 @@ from rest_framework.response import Response
 from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
-from apps.core.viewsets import TeamScopedViewSet
 from apps.datasets.models import Dataset
 from apps.review import selectors, services
 from apps.review.models import (
@@ -26,6 +25,7 @@ from apps.review.models import (
     Verdict,
 )
 from apps.runs.models import Run
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 class VersionRefSerializer(serializers.Serializer):

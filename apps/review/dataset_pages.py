@@ -12,7 +12,6 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
-from apps.core.pages import team_page
 from apps.datasets import lineage_svg
 from apps.datasets import selectors as dataset_selectors
 from apps.datasets.manifests import present
@@ -28,6 +27,7 @@ from apps.lineage import selectors as lineage_selectors
 from apps.review import selectors
 from apps.runs import selectors as run_selectors
 from apps.teams.models import Membership, Team
+from apps.teams.pages import team_page
 
 LINEAGE_VERSIONS = 12  # versions whose neighbourhood the graph shows
 LINEAGE_DEPTH = 3

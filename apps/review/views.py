@@ -15,11 +15,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from apps.core.pages import team_page
 from apps.datasets.manifests import present
 from apps.review import selectors
 from apps.review.models import OPEN_BATCH_STATUSES, Batch
 from apps.teams.models import Membership, Role, Team, role_at_least
+from apps.teams.pages import team_page
 from apps.teams.selectors import teams_for_user
 
 

@@ -12,7 +12,6 @@ from apps.core import limits
 from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
-from apps.core.viewsets import WorkerViewSet
 from apps.datasets.models import Dataset
 from apps.review import services
 from apps.review.api import BatchSerializer
@@ -20,6 +19,7 @@ from apps.review.models import Batch
 from apps.review.selectors import with_counts
 from apps.runs.models import Run
 from apps.runs.selectors import run_for_worker
+from apps.teams.viewsets import WorkerViewSet
 from workers import protocol
 
 

@@ -16,7 +16,6 @@ from rest_framework.response import Response
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
 from apps.core.storage import store
-from apps.core.viewsets import TeamScopedViewSet
 from apps.metrics import selectors as metric_selectors
 from apps.runs import comparison, selectors, services
 from apps.runs.dashboard import MAX_COMPARE
@@ -30,6 +29,7 @@ from apps.runs.serializers import (
     SampleSerializer,
 )
 from apps.runs.validation import TAG_PATTERN
+from apps.teams.viewsets import TeamScopedViewSet
 from workers.storage import S3Store
 
 

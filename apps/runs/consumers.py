@@ -17,11 +17,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.core import jsonsafe
-from apps.core.access import access_team
 from apps.core.events import run_group, team_group
 from apps.core.exceptions import NotFound
 from apps.runs.models import Run
 from apps.runs.stream import messages_after
+from apps.teams.access import access_team
 
 CLOSE_NOT_FOUND = 4404
 CLOSE_UNSUPPORTED_DATA = 1003  # RFC 6455: a binary frame where only text is accepted

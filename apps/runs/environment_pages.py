@@ -16,7 +16,6 @@ from django.views.decorators.http import require_http_methods
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError, InvalidInput
-from apps.core.pages import team_page
 from apps.environments import selectors as environment_selectors
 from apps.environments import services as environment_services
 from apps.environments.models import Environment, EnvironmentVersion
@@ -31,6 +30,7 @@ from apps.runs import objects, selectors
 from apps.runs.launch import run_launch
 from apps.runs.models import Pool, Run
 from apps.teams.models import Membership, Role, Team, role_at_least
+from apps.teams.pages import team_page
 
 EVAL_REPORTS_SHOWN = 10  # full reports read from the object store per page view
 VERSION_RUNS_SHOWN = 20

@@ -9,10 +9,10 @@ from rest_framework.response import Response
 
 from apps.core import limits
 from apps.core.protocol import parse
-from apps.core.viewsets import WorkerViewSet
 from apps.runs import services
 from apps.runs.models import Run
 from apps.runs.selectors import run_for_worker
+from apps.teams.viewsets import WorkerViewSet
 from workers import protocol
 
 

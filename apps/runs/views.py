@@ -17,7 +17,6 @@ from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
-from apps.core.pages import page_context, team_page
 from apps.projects import selectors as project_selectors
 from apps.runs import dashboard, selectors, services
 from apps.runs.forms import (
@@ -32,6 +31,7 @@ from apps.runs.models import EventLevel, Run, RunKind, RunStatus
 from apps.runs.selectors import runs_with_relations
 from apps.runs.summary import run_summary
 from apps.teams.models import Membership, Team
+from apps.teams.pages import page_context, team_page
 from apps.teams.selectors import teams_for_user
 
 EVENT_TAIL = 200

@@ -17,11 +17,11 @@ from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
-from apps.core.viewsets import WorkerViewSet
 from apps.runs import selectors, services
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
 from apps.sandbox import services as sandbox_services
+from apps.teams.viewsets import WorkerViewSet
 from workers import protocol
 
 

@@ -15,9 +15,9 @@ from rest_framework.response import Response
 
 from apps.core.exceptions import InvalidInput, NotFound, PayloadTooLarge
 from apps.core.idempotency import idempotent
-from apps.core.viewsets import TeamScopedViewSet, WorkerViewSet
 from apps.sandbox import services
 from apps.sandbox.models import ACTIVE, Execution
+from apps.teams.viewsets import TeamScopedViewSet, WorkerViewSet
 
 MAX_WAIT_S = 60
 POLL_S = 0.05

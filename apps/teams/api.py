@@ -1,11 +1,14 @@
-"""Teams, members, and tokens."""
+"""Teams, members and tokens, and ``/api/v1/me``: the caller and the teams they are in."""
 
 from __future__ import annotations
+
+from typing import cast
 
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.cache import add_never_cache_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
@@ -16,7 +19,6 @@ from apps.core.actor import Actor
 from apps.core.exceptions import Forbidden, NotFound
 from apps.core.permissions import AuthenticatedOrThrottled
 from apps.core.throttles import AuthFailureThrottle, client_ip
-from apps.core.viewsets import TeamScopedViewSet
 from apps.teams import selectors, services
 from apps.teams.authentication import WorkerPrincipal
 from apps.teams.models import ApiToken, Invitation, Membership, Role, Team, TokenKind
@@ -35,6 +37,7 @@ from apps.teams.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 def secret_response(data: dict) -> Response:
@@ -64,6 +67,24 @@ class UserOnly(AuthenticatedOrThrottled):
         return super().has_permission(request, view)
 
 
+class MeView(APIView):
+    """The caller's identity: a worker token and its team, or a user and their teams."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        if isinstance(request.user, WorkerPrincipal):
+            token = request.user.token
+            return Response({"kind": "worker", "token": token.prefix,
+                             "team": token.team.slug if token.team else None})
+        teams = selectors.teams_for_user(request.user).order_by("slug")
+        return Response({
+            "kind": "user",
+            "username": request.user.username,
+            "teams": [{"slug": t.slug, "name": t.name, "role": getattr(t, "my_role", None)}
+                      for t in teams],
+        })
+
+
 class MyTeamsViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Teams the caller belongs to; creating one makes the caller its owner."""
 
@@ -81,7 +102,7 @@ class MyTeamsViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         data = TeamCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         team = services.team_create(actor=Actor.of_user(request.user), **data.validated_data)
-        team.my_role = Role.OWNER
+        team.my_role = Role.OWNER  # type: ignore[attr-defined]  # read by TeamSerializer
         return Response(TeamSerializer(team).data, status=status.HTTP_201_CREATED)
 
 
@@ -94,16 +115,17 @@ class TeamViewSet(TeamScopedViewSet):
     lookup_url_kwarg = "team"
 
     def retrieve(self, request: Request, team: str) -> Response:
-        obj = self.get_object()
-        obj.my_role = self.membership.role
+        obj = cast(Team, self.get_object())
+        obj.my_role = self.membership.role  # type: ignore[attr-defined]
         return Response(TeamSerializer(obj).data)
 
     @extend_schema(request=TeamUpdateSerializer, responses=TeamSerializer)
     def partial_update(self, request: Request, team: str) -> Response:
         data = TeamUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        obj = services.team_update(actor=self.actor, team=self.get_object(), **data.validated_data)
-        obj.my_role = self.membership.role
+        obj = services.team_update(actor=self.actor, team=cast(Team, self.get_object()),
+                                   **data.validated_data)
+        obj.my_role = self.membership.role  # type: ignore[attr-defined]
         return Response(TeamSerializer(obj).data)
 
 
@@ -131,12 +153,14 @@ class MembershipViewSet(TeamScopedViewSet):
         data = MembershipUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.membership_change_role(
-            actor=self.actor, membership=self.get_object(), **data.validated_data
+            actor=self.actor, membership=cast(Membership, self.get_object()),
+            **data.validated_data
         )
         return Response(MembershipSerializer(membership).data)
 
     def destroy(self, request: Request, team: str, username: str) -> Response:
-        services.membership_remove(actor=self.actor, membership=self.get_object())
+        services.membership_remove(actor=self.actor,
+                                   membership=cast(Membership, self.get_object()))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -170,7 +194,8 @@ class InvitationViewSet(TeamScopedViewSet):
         return secret_response(InvitationCreatedSerializer(invitation).data)
 
     def destroy(self, request: Request, team: str, prefix: str) -> Response:
-        services.invitation_revoke(actor=self.actor, invitation=self.get_object())
+        services.invitation_revoke(actor=self.actor,
+                                   invitation=cast(Invitation, self.get_object()))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -228,7 +253,7 @@ class WorkerTokenViewSet(TeamScopedViewSet):
         return secret_response(TokenCreatedSerializer(token).data)
 
     def destroy(self, request: Request, team: str, prefix: str) -> Response:
-        services.token_revoke(actor=self.actor, token=self.get_object())
+        services.token_revoke(actor=self.actor, token=cast(ApiToken, self.get_object()))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from apps.core.actor import WorkerCaller
 from apps.core.throttles import AuthFailureThrottle, client_ip
 from apps.teams import tokens
 from apps.teams.models import ApiToken, TokenKind
@@ -27,7 +28,7 @@ class TokenGuess(exceptions.AuthenticationFailed):
 
 
 @dataclass(frozen=True)
-class WorkerPrincipal:
+class WorkerPrincipal(WorkerCaller):
     token: ApiToken
 
     is_authenticated = True
@@ -39,6 +40,10 @@ class WorkerPrincipal:
     @property
     def pk(self) -> None:
         return None
+
+    @property
+    def worker_token_prefix(self) -> str:
+        return self.token.prefix
 
     @property
     def team_id(self) -> int | None:
@@ -61,7 +66,8 @@ def verify_token(raw: str) -> ApiToken:
         raise exceptions.AuthenticationFailed("Token has been revoked.")
     if token.expires_at is not None and token.expires_at <= timezone.now():
         raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
-    if token.kind == TokenKind.PERSONAL and not token.user.is_active:
+    # A personal token always has a user (the token_kind_owner constraint).
+    if token.kind == TokenKind.PERSONAL and (token.user is None or not token.user.is_active):
         raise exceptions.AuthenticationFailed("User is inactive.")
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:

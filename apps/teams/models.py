@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -30,7 +32,7 @@ class Team(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
         related_name="+",
     )
-    members = models.ManyToManyField(
+    members: models.ManyToManyField[Any, Membership] = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"
     )
 
@@ -91,6 +93,9 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
+    #: The secret, set on the instance just created only, for the one response that shows it.
+    token: str
+
     class Meta:
         constraints = [
             models.CheckConstraint(
@@ -130,6 +135,9 @@ class Invitation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    #: The code, set on the instance just created only, for the one response that shows it.
+    code: str
 
     def __str__(self) -> str:
         return f"invitation {self.prefix} to {self.team_id} ({self.role})"

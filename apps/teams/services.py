@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -131,7 +132,7 @@ def _validate_expiry(expires_at: datetime | None) -> None:
 
 @transaction.atomic
 def personal_token_create(
-    *, actor: Actor, user: object, name: str, expires_at: datetime | None = None
+    *, actor: Actor, user: Any, name: str, expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
     _validate_expiry(expires_at)
     raw, prefix, digest = tokens.generate(tokens.PERSONAL_SCHEME)

@@ -1,4 +1,5 @@
-"""Team pages: members and roles, the caller's API tokens, and the team's worker tokens.
+"""Team pages: members and roles, the caller's API tokens, and the team's worker tokens;
+and the dashboard's 404 page, which lists the caller's teams.
 
 Every write goes through ``apps.teams.services`` (audit rows, owner rules). A new token's
 secret is rendered once, in the response to the POST that made it, and never again."""
@@ -13,15 +14,15 @@ from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from rest_framework.exceptions import Throttled
 
-from apps.core import pages
 from apps.core import selectors as audit_selectors
 from apps.core.actor import Actor
-from apps.core.audit_api import filters_from
+from apps.core.errors import api_not_found
 from apps.core.exceptions import DomainError
-from apps.core.pages import page_context
-from apps.teams import selectors, services
+from apps.teams import pages, selectors, services
 from apps.teams.api import accept_throttled
+from apps.teams.audit_api import filters_from
 from apps.teams.models import ApiToken, Invitation, Membership, Role, Team, TokenKind, role_at_least
+from apps.teams.pages import page_context
 
 
 def _page(request: HttpRequest, team, membership, *, new_token=None, status=200,
@@ -92,7 +93,9 @@ def _token_create(request: HttpRequest, team_obj, membership) -> HttpResponse:
 
 def _token_revoke(request: HttpRequest, team_obj, membership) -> HttpResponse:
     prefix = request.POST.get("prefix", "")
-    mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user, prefix=prefix)
+    # A team page: the caller is logged in, never AnonymousUser.
+    mine = ApiToken.objects.filter(kind=TokenKind.PERSONAL, user=request.user,  # type: ignore[misc]
+                                   prefix=prefix)
     token = mine.first()
     if token is None and role_at_least(membership.role, Role.ADMIN):
         token = ApiToken.objects.filter(kind=TokenKind.WORKER, team=team_obj,
@@ -216,3 +219,14 @@ def audit_page(request: HttpRequest, team_obj: Team, membership: Membership) -> 
                            values={k: request.GET.get(k, "") for k in
                                    ("actor", "action", "object", "since", "until")})
     return render(request, "teams/audit.html", context, status=400 if error else 200)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 404 handler: the JSON error shape on API paths; elsewhere a page that links
+    the caller's teams, so a mistyped (or not-yours) team URL is one click from theirs."""
+    if request.path.startswith("/api/"):
+        return api_not_found(request)
+    teams: list[Team] = []
+    if getattr(request, "user", None) is not None and request.user.is_authenticated:
+        teams = list(selectors.teams_for_user(request.user).order_by("slug")[:20])
+    return render(request, "404.html", {"user_teams": teams}, status=404)

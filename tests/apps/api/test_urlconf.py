@@ -19,8 +19,6 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework import viewsets
 from rest_framework.views import APIView
 
-from apps.core.views import MeView
-from apps.core.viewsets import TeamScopedViewSet, WorkerViewSet
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
 from apps.review import dataset_pages
@@ -28,7 +26,8 @@ from apps.review import views as review_views
 from apps.runs import environment_pages
 from apps.runs import views as run_views
 from apps.teams import views as team_views
-from apps.teams.api import InvitationAcceptView, MyTeamsViewSet, PersonalTokenViewSet
+from apps.teams.api import InvitationAcceptView, MeView, MyTeamsViewSet, PersonalTokenViewSet
+from apps.teams.viewsets import TeamScopedViewSet, WorkerViewSet
 
 API_PREFIX = "api/v1/"
 WORKER_PREFIX = "api/v1/worker/"
@@ -46,7 +45,7 @@ ALLOWED_UNSCOPED = {
 }
 
 #: Dashboard pages (HTML, session login) with a <team> outside /api/v1/: (url name, view).
-#: Each scopes through apps.core.access.access_team; test_cross_tenant.py proves it.
+#: Each scopes through apps.teams.access.access_team; test_cross_tenant.py proves it.
 TEAM_PAGES = {
     ("team-runs", run_views.team_runs),
     ("team-projects", run_views.team_projects),
@@ -221,7 +220,7 @@ def test_allow_list_is_tight():
 
 def test_every_team_page_declares_its_roles_through_team_page():
     """Pages get the API's locked base: each resolves its team and checks the role per HTTP
-    method in ``apps.core.pages.team_page`` before its own code runs."""
+    method in ``apps.teams.pages.team_page`` before its own code runs."""
     undeclared = sorted(name for name, view in TEAM_PAGES if not hasattr(view, "team_roles"))
     assert undeclared == []
 

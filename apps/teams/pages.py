@@ -13,8 +13,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 
-from apps.core.access import access_team
 from apps.core.exceptions import NotFound
+from apps.teams.access import access_team
 from apps.teams.models import Membership, Role, Team, role_at_least
 from apps.teams.selectors import teams_for_user
 

@@ -23,8 +23,8 @@ from apps.core import selectors
 from apps.core.exceptions import InvalidInput
 from apps.core.models import AuditLog
 from apps.core.pagination import CursorPagination
-from apps.core.viewsets import TeamScopedViewSet
 from apps.teams.models import Role
+from apps.teams.viewsets import TeamScopedViewSet
 
 
 class AuditLogSerializer(serializers.ModelSerializer):

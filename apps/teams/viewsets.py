@@ -15,9 +15,9 @@ from django.db.models import Model, QuerySet
 from rest_framework import viewsets
 from rest_framework.request import Request
 
-from apps.core.access import access_team
 from apps.core.actor import Actor
 from apps.core.exceptions import Forbidden, NotFound
+from apps.teams.access import access_team
 from apps.teams.authentication import WorkerPrincipal
 from apps.teams.models import Membership, Role, Team, role_at_least
 
