@@ -29,9 +29,9 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import metadata
 from types import FrameType
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
@@ -51,10 +51,9 @@ def agent_version() -> str:
         return "dev"
 
 
-@dataclass(frozen=True)
-class Gpus:
-    count: int
-    type: str
+class Gpus(NamedTuple):
+    total: int
+    model: str
 
 
 def parse_nvidia_smi(output: str) -> Gpus:
@@ -93,7 +92,7 @@ def detect_gpus(env: Mapping[str, str]) -> Gpus:
         log.warning("nvidia-smi failed (%s): registering no GPUs", exc)
         return Gpus(0, "")
     found = parse_nvidia_smi(done.stdout)
-    return Gpus(found.count, override or found.type) if found.count else found
+    return Gpus(found.total, override or found.model) if found.total else found
 
 
 def detect_cpus() -> int:
@@ -127,10 +126,10 @@ def describe_host(env: Mapping[str, str]) -> NodeRegistration:
     """This host as a registration document (validated here, so a bad variable fails at
     start with pydantic's message instead of as a 400 from the web)."""
     gpus = detect_gpus(env)
-    pool = env.get("CRUCIBLE_NODE_POOL", "").strip() or ("gpu" if gpus.count else "cpu")
+    pool = env.get("CRUCIBLE_NODE_POOL", "").strip() or ("gpu" if gpus.total else "cpu")
     return NodeRegistration.model_validate({
         "name": env.get("CRUCIBLE_NODE_NAME", "").strip() or socket.gethostname(),
-        "pool": pool, "gpu_type": gpus.type, "gpu_count": gpus.count,
+        "pool": pool, "gpu_type": gpus.model, "gpu_count": gpus.total,
         "cpus": detect_cpus(), "memory_mb": detect_memory_mb(),
         "labels": parse_labels(env.get("CRUCIBLE_NODE_LABELS", "")),
         "agent_version": agent_version(),

@@ -14,7 +14,14 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT columns
 Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
