@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.core import audit
@@ -73,31 +73,47 @@ def _state_before_lost(node: Node) -> str:
     return NodeState.READY
 
 
+def _insert(*, actor: Actor, name: str, capacity: dict[str, Any], now: datetime) -> Node | None:
+    """The node's first row, or None when a concurrent first registration of the same name
+    inserted it first (the unique name decides; the caller then updates that row)."""
+    try:
+        with transaction.atomic():  # a savepoint: the outer transaction survives a clash
+            node = Node.objects.create(name=name, registered_at=now, last_heartbeat_at=now,
+                                       **capacity)
+    except IntegrityError:
+        return None
+    NodeTransition.objects.create(node=node, from_state=NodeState.READY,
+                                  to_state=NodeState.READY, reason="registered",
+                                  actor=actor.label, at=now)
+    return node
+
+
 def register_node(*, actor: Actor, registration: NodeRegistration,
                   now: datetime | None = None) -> tuple[Node, bool]:
     """Create or update the node named in ``registration`` (idempotent by name: an agent
     registers at every start). Returns ``(node, created)``. A lost node comes back in the
     state it had before it was lost (ready, unless an admin had cordoned or drained it)."""
     now = now or timezone.now()
+    name = registration.name
     capacity: dict[str, Any] = registration.model_dump(include=set(CAPACITY_FIELDS))
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(name=registration.name).first()
-        created = node is None
+        node = Node.objects.select_for_update().filter(name=name).first()
+        created = False
         if node is None:
-            node = Node.objects.create(name=registration.name, registered_at=now,
-                                       last_heartbeat_at=now, **capacity)
-            NodeTransition.objects.create(node=node, from_state=NodeState.READY,
-                                          to_state=NodeState.READY, reason="registered",
-                                          actor=actor.label, at=now)
-        else:
-            changed = {f: capacity[f] for f in CAPACITY_FIELDS if getattr(node, f) != capacity[f]}
+            node = _insert(actor=actor, name=name, capacity=capacity, now=now)
+            created = node is not None
+        if node is None:
+            node = Node.objects.select_for_update().get(name=name)
+        data: dict[str, Any] = {"created": created, **capacity}
+        if not created:
+            data["changed"] = sorted(f for f in CAPACITY_FIELDS
+                                     if getattr(node, f) != capacity[f])
             for field, value in capacity.items():
                 setattr(node, field, value)
             node.registered_at = node.last_heartbeat_at = now
             node.save(update_fields=[*CAPACITY_FIELDS, "registered_at", "last_heartbeat_at"])
-            capacity = {"changed": sorted(changed), **capacity}
         audit.record(actor=actor, action="node.register", team_id=None, target_type="node",
-                     target_id=node.name, data={"created": created, **capacity})
+                     target_id=node.name, data=data)
         if node.state == NodeState.LOST:
             _transition(node=node, to=_state_before_lost(node), reason="",
                         actor=actor, now=now, action="return")

@@ -166,3 +166,18 @@ def test_a_success_or_a_runs_own_failure_resets_the_count(settings, reset):
         services.record_run_failure(node=node, infra=True)
     node.refresh_from_db()
     assert (node.state, node.consecutive_infra_failures) == ("ready", 2)
+
+
+def test_a_first_registration_that_loses_the_insert_race_updates_the_winner():
+    """Two agents first registering one name at once: the loser's insert clashes on the
+    unique name inside a savepoint, and its transaction goes on to update the winner's row
+    (what register_node does next) instead of failing with a 500."""
+    from django.db import transaction
+
+    from apps.scheduling.services import _insert
+
+    winner, _ = services.register_node(actor=AGENT, registration=reg(), now=t(0))
+    with transaction.atomic():
+        assert _insert(actor=AGENT, name="gpu-a1", capacity={"pool": "gpu"}, now=t(1)) is None
+        assert Node.objects.select_for_update().get(name="gpu-a1").pk == winner.pk
+    assert Node.objects.count() == 1 and NodeTransition.objects.count() == 1
