@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -53,16 +53,22 @@ class NodeDetailSerializer(NodeSerializer):
         fields = [*NodeSerializer.Meta.fields, "history"]
         read_only_fields = fields
 
-    @extend_schema(responses=NodeTransitionSerializer(many=True))
+    @extend_schema_field(NodeTransitionSerializer(many=True))
     def get_history(self, node: Node) -> list[dict[str, Any]]:
-        return NodeTransitionSerializer(selectors.history(node), many=True).data  # type: ignore[return-value]
+        return list(NodeTransitionSerializer(selectors.history(node), many=True).data)
 
 
-class NodeActionSerializer(StrictSerializer):
-    reason = serializers.CharField(
-        max_length=services.REASON_MAX, required=False, allow_blank=True, default="",
-        help_text="why (required to cordon or drain): shown on the cluster page and kept in "
-                  "the node's history")
+class NodeReasonSerializer(StrictSerializer):
+    """Cordon and drain say why: the reason is shown on the cluster page and kept in the
+    node's history."""
+
+    reason = serializers.CharField(max_length=services.REASON_MAX,
+                                   help_text="why the node takes no new work")
+
+
+class NodeUncordonSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=services.REASON_MAX, required=False,
+                                   allow_blank=True, default="", help_text="optional note")
 
 
 class NodeCursor(CursorPagination):
@@ -93,7 +99,8 @@ class NodeViewSet(viewsets.GenericViewSet):
             raise Forbidden(f"Only staff may {verb} nodes; ask a cluster operator. Anyone "
                             "signed in may read the inventory.")
         node = selectors.node(name)  # 404 before the body is judged
-        body = NodeActionSerializer(data=request.data)
+        body = (NodeUncordonSerializer if verb == "uncordon" else NodeReasonSerializer)(
+            data=request.data)
         body.is_valid(raise_exception=True)
         act = {"cordon": services.cordon, "drain": services.drain,
                "uncordon": services.uncordon}[verb]
@@ -101,19 +108,19 @@ class NodeViewSet(viewsets.GenericViewSet):
                       reason=body.validated_data["reason"])
         return Response(NodeDetailSerializer(changed).data)
 
-    @extend_schema(request=NodeActionSerializer, responses=NodeDetailSerializer)
+    @extend_schema(request=NodeReasonSerializer, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
     def cordon(self, request: Request, name: str) -> Response:
         """Take no new work; runs already there continue."""
         return self._act(request, name, "cordon")
 
-    @extend_schema(request=NodeActionSerializer, responses=NodeDetailSerializer)
+    @extend_schema(request=NodeReasonSerializer, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, name: str) -> Response:
         """Take no new work and empty the node (maintenance)."""
         return self._act(request, name, "drain")
 
-    @extend_schema(request=NodeActionSerializer, responses=NodeDetailSerializer)
+    @extend_schema(request=NodeUncordonSerializer, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, name: str) -> Response:
         """Back to ready."""

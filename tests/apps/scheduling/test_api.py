@@ -195,8 +195,8 @@ def test_staff_cordon_drain_uncordon_are_audited(staff):
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
-    ({}, 400, "reason: say why"),
-    ({"reason": "   "}, 400, "reason: say why"),
+    ({}, 400, "reason: This field is required."),
+    ({"reason": "   "}, 400, "reason: This field may not be blank."),
     ({"reason": "x" * 501}, 400, "reason"),
     ({"reason": "ok", "force": True}, 400, "force: unknown field"),
     ([1], 400, ""),
