@@ -173,8 +173,9 @@ class Agent:
         status = self.client.register_node(self.registration)
         if not self.registered:
             r = self.registration
-            log.info("registered node %s: pool %s, %d x %s GPU, %d CPUs, %d MiB",
-                     r.name, r.pool, r.gpu_count, r.gpu_type or "no", r.cpus, r.memory_mb)
+            gpus = f"{r.gpu_count} x {r.gpu_type} GPU" if r.gpu_count else "no GPUs"
+            log.info("registered node %s: pool %s, %s, %d CPUs, %d MiB", r.name, r.pool, gpus,
+                     r.cpus, r.memory_mb)
         self.registered = True
         self._observe(status)
 
@@ -218,6 +219,8 @@ class Agent:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s", stream=sys.stdout)
+    # One line per heartbeat would drown the state changes this log is for.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     env = os.environ
     try:
         registration = describe_host(env)

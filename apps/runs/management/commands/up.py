@@ -350,7 +350,8 @@ class Command(BaseCommand):
             f"  report:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/report",
             f"  events:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/events",
             f"  metrics: {base_url}/api/v1/teams/{team}/runs/{run['id']}/metrics",
-            f"  API docs: {base_url}/api/v1/docs    admin: {base_url}/admin/",
+            f"  API docs: {base_url}/api/v1/docs    admin: {base_url}/admin/    "
+            f"cluster: {base_url}/cluster/",
             f"  logs: {logs}/   Ctrl-C stops everything.",
             "",
         ]
