@@ -181,3 +181,18 @@ def test_a_first_registration_that_loses_the_insert_race_updates_the_winner():
         assert _insert(actor=AGENT, name="gpu-a1", capacity={"pool": "gpu"}, now=t(1)) is None
         assert Node.objects.select_for_update().get(name="gpu-a1").pk == winner.pk
     assert Node.objects.count() == 1 and NodeTransition.objects.count() == 1
+
+
+def test_the_sweep_command_marks_silent_nodes_lost(settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.CRUCIBLE = {**settings.CRUCIBLE, "NODE_LOST_AFTER_S": 30}
+    services.register_node(actor=AGENT, registration=reg("old"),
+                           now=timezone.now() - timedelta(minutes=2))
+    services.register_node(actor=AGENT, registration=reg("fresh"))
+    out = StringIO()
+    call_command("sweep_leases", stdout=out)
+    assert out.getvalue() == "node old lost\n"
+    assert dict(Node.objects.values_list("name", "state")) == {"old": "lost", "fresh": "ready"}
