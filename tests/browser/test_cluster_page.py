@@ -1,6 +1,7 @@
 """The cluster page in a real browser: the nodes with their GPU counts and states (a lost
 one with its reason), reached from the nav; a staff user cordons a node with a reason and
-sees the new state and the reason in place (htmx swap), with no console error."""
+sees the new state and the reason in place (htmx swap); the page fits 800 px; no console
+error."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from apps.core.actor import Actor
 from apps.scheduling import services
 from apps.scheduling.models import Node
 from apps.teams.models import Role
+from tests.browser.test_dashboard import no_sideways_scroll
 from tests.browser.test_run_charts import login
 from tests.factories import make_lab
 from workers.protocol import NodeRegistration
@@ -63,4 +65,5 @@ def test_cluster_page_shows_nodes_and_staff_cordon_one(asgi_server, browser, clu
     # The state survives a reload (it is the database's, not the swap's).
     page.reload()
     assert page.locator('tr[data-node="gpu-a1"] .state .badge').inner_text() == "cordoned"
+    no_sideways_scroll(page)  # the table scrolls in its own box at 800 px
     assert errors == []
