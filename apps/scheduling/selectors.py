@@ -47,3 +47,12 @@ def totals() -> ClusterTotals:
 
 def heartbeat_age_s(node: Node, now: datetime | None = None) -> int:
     return max(0, int(((now or timezone.now()) - node.last_heartbeat_at).total_seconds()))
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``5 h``, ``3 d``: how long, to a glance's precision."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

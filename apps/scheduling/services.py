@@ -25,6 +25,7 @@ from apps.core import audit
 from apps.core.actor import Actor
 from apps.core.exceptions import IllegalTransition, InvalidInput, NotFound
 from apps.scheduling.models import Node, NodeState, NodeTransition
+from apps.scheduling.selectors import duration
 from workers.protocol import NodeRegistration
 
 REASON_MAX = 500
@@ -140,10 +141,10 @@ def sweep_lost_nodes(*, now: datetime | None = None) -> list[str]:
         stale = list(Node.objects.select_for_update().filter(last_heartbeat_at__lt=cutoff)
                      .exclude(state=NodeState.LOST).order_by("name"))
         for node in stale:
-            silent = int((now - node.last_heartbeat_at).total_seconds())
+            silent = duration((now - node.last_heartbeat_at).total_seconds())
             _transition(node=node, to=NodeState.LOST, actor=Actor.system(), now=now,
                         action="lost",
-                        reason=f"no heartbeat for {silent} s (last at "
+                        reason=f"no heartbeat for {silent} (last at "
                                f"{node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)")
     return [n.name for n in stale]
 

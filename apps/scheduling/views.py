@@ -24,7 +24,10 @@ ACTIONS = {"cordon": services.cordon, "drain": services.drain, "uncordon": servi
 
 def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
     now = timezone.now()
-    rows = [(node, selectors.heartbeat_age_s(node, now)) for node in selectors.nodes()]
+    # One slot per GPU: the allocations will say which run holds which (all free today).
+    rows = [(node, selectors.duration(selectors.heartbeat_age_s(node, now)),
+             range(node.gpu_count))
+            for node in selectors.nodes()]
     return {"rows": rows, "totals": selectors.totals(), "now": now,
             "section": "cluster", "can_act": request.user.is_staff or request.user.is_superuser,
             "teams": teams_for_user(request.user).order_by("slug"), **extra}

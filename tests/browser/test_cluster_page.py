@@ -11,7 +11,7 @@ from apps.core.actor import Actor
 from apps.scheduling import services
 from apps.scheduling.models import Node
 from apps.teams.models import Role
-from tests.browser.test_dashboard import no_sideways_scroll
+from tests.browser.test_dashboard import no_sideways_scroll, screenshot
 from tests.browser.test_run_charts import login
 from tests.factories import make_lab
 from workers.protocol import NodeRegistration
@@ -47,7 +47,8 @@ def test_cluster_page_shows_nodes_and_staff_cordon_one(asgi_server, browser, clu
     assert rows.count() == 3
     row = {name: page.locator(f'tr[data-node="{name}"]') for name in ("gpu-a1", "gpu-b2",
                                                                         "cpu-1")}
-    assert [row[n].locator("td.gpus").inner_text() for n in row] == ["8", "4", "0"]
+    assert [row[n].locator(".gpus").inner_text() for n in row] == ["8", "4", "0"]
+    assert [row[n].locator(".gpu-slot").count() for n in row] == [8, 4, 0]
     assert row["gpu-a1"].locator(".state .badge").inner_text() == "ready"
     assert row["gpu-b2"].locator(".state .badge").inner_text() == "lost"
     assert "no heartbeat for" in row["gpu-b2"].locator(".reason").inner_text()
@@ -65,5 +66,6 @@ def test_cluster_page_shows_nodes_and_staff_cordon_one(asgi_server, browser, clu
     # The state survives a reload (it is the database's, not the swap's).
     page.reload()
     assert page.locator('tr[data-node="gpu-a1"] .state .badge').inner_text() == "cordoned"
+    screenshot(page, "cluster.png")
     no_sideways_scroll(page)  # the table scrolls in its own box at 800 px
     assert errors == []

@@ -196,3 +196,10 @@ def test_the_sweep_command_marks_silent_nodes_lost(settings):
     call_command("sweep_leases", stdout=out)
     assert out.getvalue() == "node old lost\n"
     assert dict(Node.objects.values_list("name", "state")) == {"old": "lost", "fresh": "ready"}
+
+
+def test_durations_read_at_a_glance():
+    from apps.scheduling.selectors import duration
+
+    assert [duration(s) for s in (0, 31, 119, 120, 7_199, 7_200, 172_799, 172_800, -5)] == [
+        "0 s", "31 s", "119 s", "2 min", "119 min", "2 h", "47 h", "2 d", "0 s"]
