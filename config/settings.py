@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.metrics",
     "apps.lineage",
     "apps.sandbox",
+    "apps.scheduling",
     "apps.review",
 ]
 
@@ -230,6 +231,11 @@ CRUCIBLE = {
     # Proxies in front of the web processes that append to X-Forwarded-For (0: trust none,
     # the client address is REMOTE_ADDR). Rate limits and login lockouts key on it.
     "TRUSTED_PROXIES": env.int("CRUCIBLE_TRUSTED_PROXIES", default=0),
+    # Node inventory (apps/scheduling): a node whose agent has not heartbeat for this long
+    # goes `lost` at the next sweep; this many infrastructure failures in a row cordon it.
+    "NODE_LOST_AFTER_S": env.int("CRUCIBLE_NODE_LOST_AFTER_S", default=30),
+    "NODE_INFRA_FAILURES_TO_CORDON": env.int("CRUCIBLE_NODE_INFRA_FAILURES_TO_CORDON",
+                                             default=3),
 }
 
 # --- Password logins (django-axes): a username+address pair is locked out after
@@ -295,6 +301,9 @@ SPECTACULAR_SETTINGS = {
         "RunKindEnum": "apps.runs.models.RunKind",
         "TokenKindEnum": "apps.teams.models.TokenKind",
         "PoolEnum": "apps.runs.models.Pool",
+        # workers.protocol.PoolName (a Literal: values without labels) in worker documents.
+        "PoolNameEnum": ["gpu", "sandbox", "cpu"],
+        "NodeStateEnum": "apps.scheduling.models.NodeState",
     },
 }
 

@@ -19,6 +19,7 @@ from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.environment_api import EnvironmentVersionRunsViewSet
 from apps.sandbox.api import ExecutionViewSet
+from apps.scheduling.api import NodeViewSet
 from apps.teams import views as team_views
 from apps.teams.api import (
     InvitationAcceptView,
@@ -59,6 +60,7 @@ router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
+router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
     path("me", MeView.as_view(), name="me"),
@@ -84,6 +86,7 @@ urlpatterns = [
     path("", include("apps.datasets.urls")),
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
+    path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),
     path("invite/", team_views.accept_invitation, name="invite-accept"),
     path("accounts/", include("django.contrib.auth.urls")),

@@ -10,9 +10,11 @@ from apps.review.worker_api import WorkerBatchViewSet
 from apps.runs.qc_worker_api import WorkerQcViewSet
 from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
 from apps.sandbox.api import WorkerExecutionViewSet
+from apps.scheduling.worker_api import WorkerNodeViewSet
 
 run = WorkerRunViewSet.as_view
 execution = WorkerExecutionViewSet.as_view
+node = WorkerNodeViewSet.as_view
 
 urlpatterns = [
     path("claim", run({"post": "claim"}), name="worker-claim"),
@@ -33,4 +35,7 @@ urlpatterns = [
          name="worker-execution-start"),
     path("executions/<str:execution>/result", execution({"post": "result"}),
          name="worker-execution-result"),
+    path("nodes/register", node({"post": "register"}), name="worker-node-register"),
+    path("nodes/<str:name>/heartbeat", node({"post": "heartbeat"}),
+         name="worker-node-heartbeat"),
 ]

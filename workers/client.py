@@ -23,7 +23,13 @@ from typing import Any
 import httpx
 import orjson
 
-from workers.protocol import BatchHandOver, ClaimedRun
+from workers.protocol import (
+    BatchHandOver,
+    ClaimedRun,
+    NodeHeartbeat,
+    NodeRegistration,
+    NodeStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +397,20 @@ class CrucibleClient:
     def sweep(self) -> list[str]:
         """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""
         return self.request("POST", "worker/sweep")["requeued"]
+
+    # --- for node agents (operator tokens) -----------------------------------------------
+    def register_node(self, registration: NodeRegistration) -> NodeStatus:
+        """Create or update this host's node (retried: registering is idempotent by name)."""
+        body = self.request("POST", "worker/nodes/register", json=registration.model_dump(),
+                            idempotent=True)
+        return NodeStatus.model_validate(body)
+
+    def node_heartbeat(self, name: str, heartbeat: NodeHeartbeat | None = None) -> NodeStatus:
+        """One sign of life; the answer says whether the node takes work (``lost``: register
+        again). Not retried: the next beat is the retry."""
+        body = self.request("POST", f"worker/nodes/{name}/heartbeat",
+                            json=(heartbeat or NodeHeartbeat()).model_dump())
+        return NodeStatus.model_validate(body)
 
 
 def default_worker_id() -> str:

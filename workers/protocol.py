@@ -10,10 +10,19 @@ they are policies of one deployment, not part of the contract.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+    with_config,
+)
 from typing_extensions import TypedDict  # pydantic refuses typing's on Python < 3.12
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT columns
@@ -229,8 +238,71 @@ class BatchHandOver(BaseModel):
     sample_seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
 
 
+# -- node agents ------------------------------------------------------------------------------
+
+NodeState = Literal["ready", "cordoned", "draining", "lost"]
+# A host name as DNS and Kubernetes spell them; it is the node's identity in URLs.
+NodeName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100,
+                                            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+LABEL_VALUE_MAX = 200
+MAX_NODE_LABELS = 32
+
+
+class NodeRegistration(BaseModel):
+    """What a node agent reports about its host when it starts (and when the web forgot it):
+    the capacity the scheduler may place work on. Registering again updates it."""
+
+    name: NodeName
+    pool: PoolName
+    gpu_type: Text = Field(default="", max_length=100)
+    gpu_count: int = Field(default=0, ge=0, le=1024)
+    cpus: int = Field(ge=1, le=100_000)
+    memory_mb: int = Field(ge=0, le=2**40)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_NODE_LABELS)
+    agent_version: Text = Field(default="", max_length=50)
+
+    @field_validator("labels")
+    @classmethod
+    def _label_syntax(cls, labels: dict[str, str]) -> dict[str, str]:
+        """Keys as Kubernetes spells label keys, so a selector can name them."""
+        for key, value in labels.items():
+            if not LABEL_KEY.match(key):
+                raise ValueError(f"label key {key[:70]!r} must be 1-63 letters, digits, '.', "
+                                 "'_', '/' or '-', starting with a letter or digit")
+            if len(value) > LABEL_VALUE_MAX:
+                raise ValueError(f"label {key!r}: at most {LABEL_VALUE_MAX} characters")
+        return labels
+
+    @model_validator(mode="after")
+    def _gpu_type_with_gpus(self) -> NodeRegistration:
+        if self.gpu_count > 0 and not self.gpu_type:
+            raise ValueError("gpu_type is required when gpu_count > 0 (e.g. \"H100-80GB\"), "
+                             "so runs that ask for a GPU type can be placed")
+        if self.gpu_count == 0 and self.gpu_type:
+            raise ValueError("gpu_type names the node's GPUs; leave it empty when gpu_count "
+                             "is 0")
+        return self
+
+
+class NodeHeartbeat(BaseModel):
+    """An agent's periodic sign of life; the answer carries the node's state."""
+
+    agent_version: Text = Field(default="", max_length=50)
+
+
+class NodeStatus(BaseModel):
+    """The web's answer to a registration or heartbeat: what the node should do now
+    (``cordoned``/``draining``: take no new work; ``lost``: register again)."""
+
+    name: str
+    state: NodeState
+    state_reason: str = ""
+
+
 # Every document above, each published as a component of the OpenAPI document.
 PROTOCOL_MODELS: tuple[type[BaseModel], ...] = (
     ClaimedRun, ClaimRequest, StatusChange, MetricBatch, EventBatch, CheckpointReport,
-    SampleBatch, ReportArtifact, QcReport, QcResult, BatchHandOver,
+    SampleBatch, ReportArtifact, QcReport, QcResult, BatchHandOver, NodeRegistration,
+    NodeHeartbeat, NodeStatus,
 )

@@ -21,6 +21,7 @@ from apps.runs import selectors, services
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
 from apps.sandbox import services as sandbox_services
+from apps.scheduling import services as scheduling_services
 from apps.teams.viewsets import WorkerViewSet
 from workers import protocol
 
@@ -137,12 +138,14 @@ class WorkerRunViewSet(WorkerViewSet):
 class WorkerSweepViewSet(WorkerViewSet):
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def sweep(self, request: Request) -> Response:
-        """Requeue runs whose lease expired (called periodically by the pools' beat).
-        Operator tokens only: it touches every team's runs."""
+        """Requeue runs whose lease expired and mark nodes that stopped heartbeating
+        ``lost`` (called periodically by the pools' beat). Operator tokens only: it touches
+        every team's runs."""
         if self.principal.team_id is not None:
             raise Forbidden("Only operator worker tokens (not tied to a team) may sweep.")
         swept = services.sweep_expired(actor=self.actor)
         lost = sandbox_services.sweep_lost()
+        nodes_lost = scheduling_services.sweep_lost_nodes()
         return Response({"requeued": [str(r.pk) for r in swept if r.status == "queued"],
                          "failed": [str(r.pk) for r in swept if r.status == "failed"],
-                         "executions_lost": lost})
+                         "executions_lost": lost, "nodes_lost": nodes_lost})

@@ -68,6 +68,9 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
                       rf"{port}\b", out)
     assert token, out[-3000:]
     database = sqlite3.connect(tmp_path / "var" / "crucible.sqlite3")
+    # This host's node agent registered it in the inventory (the /cluster/ page).
+    assert database.execute("SELECT COUNT(*) FROM scheduling_node").fetchone() == (1,)
+    assert f"cluster: http://127.0.0.1:{port}/cluster/" in out
     digest = hashlib.sha256(token.group(1).encode()).hexdigest()
     assert database.execute("SELECT COUNT(*) FROM teams_apitoken WHERE key_hash = ? AND "
                             "kind = 'personal' AND revoked_at IS NULL", (digest,)).fetchone() \

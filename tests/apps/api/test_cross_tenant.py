@@ -99,7 +99,8 @@ class World:
         return f"{url}?{query.format(run=self.run.pk)}" if query else url
 
     def worker_url(self, route: Route) -> str:
-        values = {"run": str(self.run.pk), "execution": self.execution_id}
+        values = {"run": str(self.run.pk), "execution": self.execution_id,
+                  "name": "gpu-node-1"}  # nodes belong to no team (operator tokens only)
         return route.url(**{k: v for k, v in values.items() if k in route.groups})
 
     def body(self, route: Route | None = None) -> dict:
@@ -415,7 +416,7 @@ def test_acmes_own_worker_token_claims_acme_run(world, team):
     assert client.get(f"/api/v1/worker/runs/{world.run.pk}").status_code == 200
 
 
-@pytest.mark.parametrize("route", [r for r in WORKER_ROUTES if r.groups],
+@pytest.mark.parametrize("route", [r for r in WORKER_ROUTES if r.groups & {"run", "execution"}],
                          ids=lambda r: r.name)
 def test_other_teams_worker_token_gets_404_on_every_acme_object(
     route, world, rival_worker, worker

@@ -25,6 +25,7 @@ from apps.review import dataset_pages
 from apps.review import views as review_views
 from apps.runs import environment_pages
 from apps.runs import views as run_views
+from apps.scheduling.api import NodeViewSet
 from apps.teams import views as team_views
 from apps.teams.api import InvitationAcceptView, MeView, MyTeamsViewSet, PersonalTokenViewSet
 from apps.teams.viewsets import TeamScopedViewSet, WorkerViewSet
@@ -40,6 +41,13 @@ ALLOWED_UNSCOPED = {
     ("my-teams-list", MyTeamsViewSet),
     ("personal-token-list", PersonalTokenViewSet),
     ("personal-token-detail", PersonalTokenViewSet),
+    # The cluster inventory: nodes serve every team; reading is open to anyone signed in,
+    # acting on a node is for staff (apps/scheduling/api.py).
+    ("cluster-node-list", NodeViewSet),
+    ("cluster-node-detail", NodeViewSet),
+    ("cluster-node-cordon", NodeViewSet),
+    ("cluster-node-drain", NodeViewSet),
+    ("cluster-node-uncordon", NodeViewSet),
     ("schema", SpectacularAPIView),
     ("docs", SpectacularSwaggerSplitView),
 }

@@ -1,7 +1,8 @@
 """``make run``: start the platform on its embedded defaults and run the demo job.
 
 Migrates, makes sure a demo login, team and project exist, starts the web server
-(uvicorn, ASGI) and a Celery worker for all three queues (with beat for lease sweeps),
+(uvicorn, ASGI), a Celery worker for all three queues (with beat for lease sweeps) and
+this host's node agent (workers/agent.py),
 uploads the bundled dataset through the API, launches a ``profile`` run, waits for it,
 then runs the pipeline demo through the same API: synthesise an arithmetic batch, spot-check
 it as the admin (scripted; ``--no-auto-review`` leaves it to a person) so it becomes a dataset
@@ -104,6 +105,8 @@ class Command(BaseCommand):
                                    "worker", "-B", "-Q", "gpu,sandbox,cpu", "-c", "2",
                                    "--loglevel", "INFO", "-s",
                                    str(settings.VAR_DIR / "celerybeat-schedule")], env, logs),
+            # This host's node agent: its capacity in the inventory (the /cluster/ page).
+            self._spawn("agent", [sys.executable, "-m", "workers.agent"], env, logs),
         ]
         try:
             self._wait_healthy(base_url, procs)
@@ -347,7 +350,8 @@ class Command(BaseCommand):
             f"  report:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/report",
             f"  events:  {base_url}/api/v1/teams/{team}/runs/{run['id']}/events",
             f"  metrics: {base_url}/api/v1/teams/{team}/runs/{run['id']}/metrics",
-            f"  API docs: {base_url}/api/v1/docs    admin: {base_url}/admin/",
+            f"  API docs: {base_url}/api/v1/docs    admin: {base_url}/admin/    "
+            f"cluster: {base_url}/cluster/",
             f"  logs: {logs}/   Ctrl-C stops everything.",
             "",
         ]

@@ -1,0 +1,68 @@
+"""The cluster's inventory: one ``Node`` per host a node agent runs on, and the insert-only
+history of its state. The state changes only in :mod:`apps.scheduling.services`, so every
+change has a ``NodeTransition`` row and an audit row."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class NodeState(models.TextChoices):
+    """``ready`` takes new work; ``cordoned`` takes none (an admin's or the lemon rule's
+    decision); ``draining`` takes none and lets its runs finish; ``lost`` missed its
+    heartbeats (the agent or the host is gone)."""
+
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    LOST = "lost"
+
+
+class Pool(models.TextChoices):
+    """The worker pools (workers.protocol.PoolName): which Celery queue a node serves."""
+
+    GPU = "gpu"
+    SANDBOX = "sandbox"
+    CPU = "cpu"
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    pool = models.CharField(max_length=16, choices=Pool.choices)
+    gpu_type = models.CharField(max_length=100, blank=True)
+    gpu_count = models.PositiveIntegerField(default=0)
+    cpus = models.PositiveIntegerField(default=1)
+    memory_mb = models.BigIntegerField(default=0)
+    labels = models.JSONField(default=dict, blank=True)
+    agent_version = models.CharField(max_length=50, blank=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY,
+                             db_index=True)
+    state_reason = models.CharField(max_length=500, blank=True)
+    registered_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
+    consecutive_infra_failures = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeTransition(models.Model):
+    """One state change of a node: insert-only, newest last."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16, choices=NodeState.choices)
+    to_state = models.CharField(max_length=16, choices=NodeState.choices)
+    reason = models.CharField(max_length=500, blank=True)
+    actor = models.CharField(max_length=200, help_text="username, worker:<token> or system")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["node", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: {self.from_state} -> {self.to_state}"

@@ -1,0 +1,58 @@
+"""Reads of the inventory, for the API and the cluster page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
+
+from apps.core.exceptions import NotFound
+from apps.scheduling.models import Node, NodeState, NodeTransition
+
+
+def nodes() -> QuerySet[Node]:
+    return Node.objects.all().order_by("name")
+
+
+def node(name: str) -> Node:
+    found = Node.objects.filter(name=name).first()
+    if found is None:
+        raise NotFound(f"No node '{name}'.")
+    return found
+
+
+def history(node: Node, limit: int = 20) -> list[NodeTransition]:
+    """The node's latest transitions, newest first."""
+    return list(node.transitions.order_by("-id")[:limit])
+
+
+@dataclass(frozen=True)
+class ClusterTotals:
+    """GPUs in the inventory and those on nodes that take new work."""
+
+    nodes: int
+    gpus: int
+    ready_nodes: int
+    ready_gpus: int
+
+
+def totals() -> ClusterTotals:
+    everything = Node.objects.aggregate(n=Count("id"), g=Sum("gpu_count"))
+    ready = Node.objects.filter(state=NodeState.READY).aggregate(n=Count("id"), g=Sum("gpu_count"))
+    return ClusterTotals(nodes=everything["n"] or 0, gpus=everything["g"] or 0,
+                         ready_nodes=ready["n"] or 0, ready_gpus=ready["g"] or 0)
+
+
+def heartbeat_age_s(node: Node, now: datetime | None = None) -> int:
+    return max(0, int(((now or timezone.now()) - node.last_heartbeat_at).total_seconds()))
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``5 h``, ``3 d``: how long, to a glance's precision."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

@@ -1,0 +1,245 @@
+"""The node agent: one per host (``python -m workers.agent``). It tells the control plane
+what this host offers — pool, GPU type and count, CPUs, memory, labels — then heartbeats,
+so the scheduler knows which capacity is alive. It holds no database credentials and no
+Django: it speaks the worker API with an operator worker token, like the pools.
+
+Environment:
+
+- ``CRUCIBLE_API_URL``, ``CRUCIBLE_WORKER_TOKEN`` (an operator token, not tied to a team)
+- ``CRUCIBLE_NODE_NAME`` (default: the host name), ``CRUCIBLE_NODE_POOL`` (default ``gpu``
+  when the host has GPUs, else ``cpu``)
+- ``CRUCIBLE_NODE_LABELS``: ``key=value,key=value`` (e.g. ``zone=a,ib=true``)
+- ``CRUCIBLE_NODE_HEARTBEAT_S``: seconds between heartbeats (default 10)
+- ``CRUCIBLE_FAKE_GPUS=N`` and ``CRUCIBLE_GPU_TYPE``: pretend to have N GPUs of that type
+  (tests, development); without them ``nvidia-smi`` is asked when it is installed.
+  ``CRUCIBLE_GPU_TYPE`` also overrides the type ``nvidia-smi`` reports.
+
+SIGTERM or SIGINT stops it between heartbeats; it exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from importlib import metadata
+from types import FrameType
+from typing import NamedTuple
+
+from pydantic import ValidationError
+
+from workers.client import ApiError, CrucibleClient
+from workers.protocol import NodeHeartbeat, NodeRegistration, NodeStatus
+
+log = logging.getLogger("crucible.agent")
+
+DEFAULT_HEARTBEAT_S = 10.0
+NVIDIA_SMI_TIMEOUT_S = 20
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("crucible")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+class Gpus(NamedTuple):
+    total: int
+    model: str
+
+
+def parse_nvidia_smi(output: str) -> Gpus:
+    """``nvidia-smi --query-gpu=name --format=csv,noheader`` output -> count and type. A host
+    with mixed GPUs reports its most common type (a node is one flavor to the scheduler)."""
+    names = [line.strip() for line in output.splitlines() if line.strip()]
+    if not names:
+        return Gpus(0, "")
+    (most, _), *others = Counter(names).most_common()
+    if others:
+        log.warning("mixed GPU types on this host %s: registering all as %s",
+                    sorted(set(names)), most)
+    return Gpus(len(names), most)
+
+
+def detect_gpus(env: Mapping[str, str]) -> Gpus:
+    override = env.get("CRUCIBLE_GPU_TYPE", "").strip()
+    fake = env.get("CRUCIBLE_FAKE_GPUS", "").strip()
+    if fake:
+        try:
+            count = int(fake)
+        except ValueError as exc:
+            raise SystemExit(f"CRUCIBLE_FAKE_GPUS must be a whole number, not {fake!r}") \
+                from exc
+        if count < 0:
+            raise SystemExit(f"CRUCIBLE_FAKE_GPUS must be 0 or more, not {count}")
+        return Gpus(count, (override or "fake") if count else "")
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return Gpus(0, "")
+    try:
+        done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S,
+                              check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("nvidia-smi failed (%s): registering no GPUs", exc)
+        return Gpus(0, "")
+    found = parse_nvidia_smi(done.stdout)
+    return Gpus(found.total, override or found.model) if found.total else found
+
+
+def detect_cpus() -> int:
+    """CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def detect_memory_mb() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def parse_labels(raw: str) -> dict[str, str]:
+    """``"zone=a, ib=true"`` -> ``{"zone": "a", "ib": "true"}``; a bare key means ``"true"``."""
+    labels: dict[str, str] = {}
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        labels[key.strip()] = value.strip() if sep else "true"
+    return labels
+
+
+def describe_host(env: Mapping[str, str]) -> NodeRegistration:
+    """This host as a registration document (validated here, so a bad variable fails at
+    start with pydantic's message instead of as a 400 from the web)."""
+    gpus = detect_gpus(env)
+    pool = env.get("CRUCIBLE_NODE_POOL", "").strip() or ("gpu" if gpus.total else "cpu")
+    return NodeRegistration.model_validate({
+        "name": env.get("CRUCIBLE_NODE_NAME", "").strip() or socket.gethostname(),
+        "pool": pool, "gpu_type": gpus.model, "gpu_count": gpus.total,
+        "cpus": detect_cpus(), "memory_mb": detect_memory_mb(),
+        "labels": parse_labels(env.get("CRUCIBLE_NODE_LABELS", "")),
+        "agent_version": agent_version(),
+    })
+
+
+def heartbeat_interval(env: Mapping[str, str]) -> float:
+    raw = env.get("CRUCIBLE_NODE_HEARTBEAT_S", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_HEARTBEAT_S
+    except ValueError as exc:
+        raise SystemExit(f"CRUCIBLE_NODE_HEARTBEAT_S must be a number of seconds, not "
+                         f"{raw!r}") from exc
+    if value <= 0:
+        raise SystemExit(f"CRUCIBLE_NODE_HEARTBEAT_S must be positive, not {raw!r}")
+    return value
+
+
+class Agent:
+    """Register, then heartbeat until stopped; register again whenever the web answers that
+    the node is lost or unknown (the web restarted on a fresh database, or the sweep gave up
+    on this host during a network partition)."""
+
+    def __init__(self, client: CrucibleClient, registration: NodeRegistration,
+                 interval: float) -> None:
+        self.client, self.registration, self.interval = client, registration, interval
+        self.stop = threading.Event()
+        self.state: str | None = None
+        self.registered = False
+
+    def _observe(self, status: NodeStatus) -> None:
+        if status.state != self.state:
+            reason = f" ({status.state_reason})" if status.state_reason else ""
+            if self.state is None:
+                log.info("node %s is %s%s", status.name, status.state, reason)
+            else:
+                log.info("node %s: %s -> %s%s", status.name, self.state, status.state, reason)
+            self.state = status.state
+
+    def _register(self) -> None:
+        status = self.client.register_node(self.registration)
+        if not self.registered:
+            r = self.registration
+            gpus = f"{r.gpu_count} x {r.gpu_type} GPU" if r.gpu_count else "no GPUs"
+            log.info("registered node %s: pool %s, %s, %d CPUs, %d MiB", r.name, r.pool, gpus,
+                     r.cpus, r.memory_mb)
+        self.registered = True
+        self._observe(status)
+
+    def beat_once(self) -> None:
+        """One step of the loop: register if not yet (or again), else heartbeat."""
+        if not self.registered:
+            self._register()
+            return
+        try:
+            status = self.client.node_heartbeat(
+                self.registration.name,
+                NodeHeartbeat(agent_version=self.registration.agent_version))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            log.warning("the web does not know node %s: registering again",
+                        self.registration.name)
+            self.registered = False
+            self._register()
+            return
+        self._observe(status)
+        if status.state == "lost":
+            self.registered = False
+            self._register()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.beat_once()
+            except ApiError as exc:
+                if exc.status in (401, 403):  # a wrong token does not fix itself
+                    raise SystemExit(f"the web refused this agent: {exc.message}") from exc
+                log.warning("node %s: %s", self.registration.name, exc)
+            except Exception as exc:  # the web is down or unreachable: the next beat retries
+                log.warning("node %s: cannot reach %s (%s)", self.registration.name,
+                            self.client.base_url, exc)
+            self.stop.wait(self.interval)
+        log.info("node agent %s stopping", self.registration.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s", stream=sys.stdout)
+    # One line per heartbeat would drown the state changes this log is for.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    env = os.environ
+    try:
+        registration = describe_host(env)
+    except ValidationError as exc:
+        raise SystemExit(f"this host cannot be described as a node (check the CRUCIBLE_NODE_* "
+                         f"variables): {exc}") from exc
+    interval = heartbeat_interval(env)
+    # Short retries inside one beat: the loop itself retries on the next beat.
+    with CrucibleClient(retries=2, backoff=0.5, timeout=max(5.0, interval)) as client:
+        agent = Agent(client, registration, interval)
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            agent.stop.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
