@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+# Sequence weights are computed from log-ratios clamped here (exp(60) ~ 1e26): far above any
+# cap or mask bound, so no loss changes, but a long off-policy completion's exp(sum) cannot
+# overflow to inf (inf * a zero mask is NaN, and an infinite metric is not JSON).
+LOG_WEIGHT_MAX = 60.0
+
 
 @dataclass
 class Terms:
@@ -77,7 +82,7 @@ def seq_tis(log_ratio: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor,
     product is what the sequence's probability ratio really is), and truncation bounds its
     variance, which grows with length (Ionides 2008; Yao et al. 2025 on sampler / trainer
     mismatch)."""
-    w = torch.exp(seq_log_ratio(log_ratio.detach(), mask, mode))  # (B,)
+    w = torch.exp(seq_log_ratio(log_ratio.detach(), mask, mode).clamp(max=LOG_WEIGHT_MAX))  # (B,)
     cut = (w > cap).float()
     weight = torch.clamp(w, max=cap).unsqueeze(-1)  # (B,1)
     return Terms(-weight * adv * logp, mask, cut.unsqueeze(-1).expand_as(mask), w, cut)
@@ -91,7 +96,7 @@ def seq_mis(log_ratio: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor,
     Where truncation keeps a far-off-policy sample with a capped weight, masking rejects it
     (Liu et al. 2025, "When speed kills stability": seq-level MIS): a sample the sampler and
     the trainer disagree on that much is more likely an artefact than a signal."""
-    w = torch.exp(seq_log_ratio(log_ratio.detach(), mask, mode))  # (B,)
+    w = torch.exp(seq_log_ratio(log_ratio.detach(), mask, mode).clamp(max=LOG_WEIGHT_MAX))  # (B,)
     valid = (mask.sum(-1) > 0).float()
     out = (((w < low) | (w > high)).float()) * valid
     kept = mask * (1.0 - out).unsqueeze(-1)
@@ -109,7 +114,7 @@ def gspo(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: fl
     with `loss_agg = "seq_mean"` this is the paper's 1/G sum over sequences exactly (with
     `token_mean` each sequence weighs by its length). Its ratios stay near 1, so its clip range
     is small (the paper's 3e-4 / 4e-4); a clipped sequence passes no gradient."""
-    s = torch.exp(seq_log_ratio(log_ratio, mask, "mean"))  # (B,), differentiable
+    s = torch.exp(seq_log_ratio(log_ratio, mask, "mean").clamp(max=LOG_WEIGHT_MAX))  # (B,)
     a = adv.squeeze(-1)
     unclipped = s * a
     clipped = torch.clamp(s, 1.0 - low, 1.0 + high) * a

@@ -87,6 +87,19 @@ def test_sequence_masked_is_with_every_completion_masked_is_a_zero_loss():
     assert close(st["seq/masked_frac"], 1.0) and close(st["kept_frac"], 0.0)
 
 
+@pytest.mark.parametrize("mode", ["seq_tis", "seq_mis", "gspo"])
+def test_a_far_off_policy_long_completion_stays_finite(mode):
+    # 100 tokens at ratio e^2: the sequence log-ratio is 200, exp(200) overflows float32
+    logp = torch.full((1, 100), -1.0, requires_grad=True)
+    rollout = torch.full((1, 100), -3.0)
+    loss, st = policy_loss(logp, rollout, torch.tensor([1.0]), torch.ones(1, 100),
+                           importance=mode)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in st.values())
+    assert close(st["seq/clip_frac"], 1.0)  # truncated, masked or clipped, as each mode does
+
+
 def test_an_empty_sequence_counts_in_no_sequence_statistic():
     logp, rollout, adv, _ = batch()
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
