@@ -202,6 +202,8 @@ class Producer:
         agree: Callable[[bool], bool] | None = None,
     ) -> StepBatch:
         cur, group = self.spec.curriculum, self.spec.rollout.group_size
+        # DAPO's dynamic sampling refills as the curriculum's uniform-group filter does.
+        refill = cur.filter_uniform or self.spec.algorithm.dynamic_sampling
         kept, stale = take_fresh(self.pool, step, self.bound)
         self.pool = []
         uniform: list[Group] = []
@@ -209,7 +211,7 @@ class Producer:
         played: dict[str, float] = dict.fromkeys(EPISODE_COUNTS, 0.0) if self.episodes else {}
         while True:
             want = self.per_rank - len(kept)
-            more = want > 0 and (rounds == 0 or (cur.filter_uniform and rounds < cur.max_rounds))
+            more = want > 0 and (rounds == 0 or (refill and rounds < cur.max_rounds))
             if agree is not None:
                 more = agree(more)
             if not more:
@@ -230,7 +232,7 @@ class Producer:
                 g = Group(ex, part, list(rewards[sl]),
                           {k: list(v[sl]) for k, v in components.items()}, version)
                 self.sampler.record(ex, g.rewards)
-                if cur.filter_uniform and is_uniform(g.rewards):
+                if refill and is_uniform(g.rewards):
                     uniform.append(g)
                 else:
                     kept.append(g)

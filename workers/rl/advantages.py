@@ -41,3 +41,25 @@ def compute(name: str, rewards: torch.Tensor) -> torch.Tensor:
     if name == "rloo":
         return rloo(rewards)
     raise ValueError(f"unknown advantage estimator {name!r}")
+
+
+# -- DAPO's reward-side pieces (Yu et al. 2025) ---------------------------------------------------
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
+                     factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to each completion's reward: 0 up to
+    max_len - buffer tokens, then linearly down to -factor at max_len (and -factor beyond).
+
+    A hard penalty for truncation punishes sound reasoning that merely ran long; the ramp
+    tells the policy it is approaching the limit instead. lengths: (N,) token counts."""
+    if buffer <= 0:
+        return torch.zeros(lengths.shape, dtype=torch.float32)
+    over = (lengths.float() - (max_len - buffer)).clamp(min=0.0)
+    return -factor * (over / buffer).clamp(max=1.0)
+
+
+def uniform_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """Groups whose completions all scored the same, (groups, G) -> (groups,) bool: their
+    group-relative advantage is zero for every estimator, so they teach nothing and, kept in a
+    token-mean loss, only dilute the informative groups (DAPO's dynamic sampling drops them)."""
+    return (rewards == rewards[:, :1]).all(dim=1)

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from workers.rl import importance as imp
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
     """log p(target) under softmax(logits / temperature). logits (B,T,V), targets (B,T)."""
@@ -59,15 +61,24 @@ def policy_loss(
     mask_high: float | None = None,
     agg: str = "token_mean",
     norm_len: int = 1,
+    seq_log_ratio: str = "sum",
+    seq_mask_low: float = 0.5,
+    seq_mask_high: float = 2.0,
+    gspo_clip_low: float = 3e-4,
+    gspo_clip_high: float = 4e-4,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Policy-gradient loss with the token-level ratio r = pi_theta / pi_rollout.
+    """Policy-gradient loss with the token-level ratio r = pi_theta / pi_rollout, one of the
+    objectives in `workers.rl.importance` (formulas and papers there):
 
-    importance = "clip": PPO's pessimistic surrogate -min(r A, clip(r, 1-lo, 1+hi) A)
-                 (asymmetric bounds give DAPO's clip-higher).
-    importance = "tis":  truncated importance sampling, -min(r, cap).detach() * A * log pi_theta:
-                 an unbiased-ish REINFORCE that bounds the variance of off-policy tokens.
-    Ratio masking drops tokens whose r falls outside [mask_low, mask_high] from the loss.
-    logp, rollout_logp, mask: (B,T); advantages: (B,).
+    "clip" (PPO; clip_low/clip_high, asymmetric = DAPO's clip-higher), "tis" (token truncated
+    IS, tis_cap), "cispo" (clipped IS weight, no token dropped; clip_low/clip_high),
+    "seq_tis" / "seq_mis" (one weight per completion, exp of the `seq_log_ratio` sum or mean
+    of log r: truncated at tis_cap / masked outside [seq_mask_low, seq_mask_high]), "gspo"
+    (length-normalised sequence ratio, clipped at gspo_clip_low/gspo_clip_high).
+    Token ratio masking drops tokens whose r falls outside [mask_low, mask_high] first.
+    logp, rollout_logp, mask: (B,T); advantages: (B,). Stats: clip_frac (share of loss tokens
+    whose term was clipped / truncated / dropped), ratio_*, kept_frac, and for the sequence
+    variants seq/ratio_*, seq/clip_frac and (seq_mis) seq/masked_frac over non-empty sequences.
     """
     log_ratio = logp - rollout_logp
     ratio = torch.exp(log_ratio)
@@ -80,28 +91,55 @@ def policy_loss(
             keep = keep * (ratio.detach() <= mask_high)
         mask = mask * keep
     if importance == "clip":
-        unclipped = ratio * adv
-        clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-        per_token = -torch.minimum(unclipped, clipped)
-        clipped_on = (clipped < unclipped).float()
+        terms = imp.ppo_clip(ratio, adv, mask, clip_low, clip_high)
     elif importance == "tis":
-        weight = torch.clamp(ratio.detach(), max=tis_cap)
-        per_token = -weight * adv * logp
-        clipped_on = (ratio.detach() > tis_cap).float()
+        terms = imp.token_tis(ratio, logp, adv, mask, tis_cap)
+    elif importance == "cispo":
+        terms = imp.cispo(ratio, logp, adv, mask, clip_low, clip_high)
+    elif importance == "seq_tis":
+        terms = imp.seq_tis(log_ratio, logp, adv, mask, tis_cap, seq_log_ratio)
+    elif importance == "seq_mis":
+        terms = imp.seq_mis(log_ratio, logp, adv, mask, seq_mask_low, seq_mask_high,
+                            seq_log_ratio)
+    elif importance == "gspo":
+        terms = imp.gspo(log_ratio, adv, mask, gspo_clip_low, gspo_clip_high)
     else:
         raise ValueError(f"unknown importance mode {importance!r}")
-    loss = aggregate(per_token, mask, agg, norm_len)
+    loss = aggregate(terms.per_token, terms.mask, agg, norm_len)
     with torch.no_grad():
         stats = {
-            "clip_frac": masked_mean(clipped_on, mask),
+            "clip_frac": masked_mean(terms.clipped, mask),
             "ratio_mean": masked_mean(ratio, mask),
             "ratio_max": (ratio * mask).max() if mask.any() else ratio.new_tensor(1.0),
             "ratio_min": torch.where(mask > 0, ratio, torch.inf).min()
             if mask.any()
             else ratio.new_tensor(1.0),
-            "kept_frac": mask.sum() / mask.numel(),
+            "kept_frac": terms.mask.sum() / terms.mask.numel(),
         }
+        if terms.seq_weight is not None:
+            stats.update(seq_stats(terms, mask))
     return loss, stats
+
+
+def seq_stats(terms: imp.Terms, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sequence-level variants' statistics over sequences with at least one loss token
+    (an empty sequence has no ratio to speak of): the same keys whatever the batch holds."""
+    assert terms.seq_weight is not None and terms.seq_clipped is not None
+    w = terms.seq_weight
+    valid = (mask.sum(-1) > 0).float()  # (B,)
+    n = valid.sum().clamp(min=1.0)
+    any_valid = bool(valid.any())
+    out = {
+        "seq/ratio_mean": (w * valid).sum() / n,
+        "seq/ratio_max": torch.where(valid > 0, w, -torch.inf).max() if any_valid
+        else w.new_tensor(1.0),
+        "seq/ratio_min": torch.where(valid > 0, w, torch.inf).min() if any_valid
+        else w.new_tensor(1.0),
+        "seq/clip_frac": (terms.seq_clipped * valid).sum() / n,
+    }
+    if terms.seq_masked is not None:
+        out["seq/masked_frac"] = (terms.seq_masked * valid).sum() / n
+    return out
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

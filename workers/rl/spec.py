@@ -184,15 +184,45 @@ class CurriculumSpec(_Strict):
         return self
 
 
+# Settings that belong to one `algorithm.importance` mode: given with another mode, an error.
+MODE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "seq_log_ratio": ("seq_tis", "seq_mis"),
+    "seq_mask_low": ("seq_mis",),
+    "seq_mask_high": ("seq_mis",),
+    "gspo_clip_low": ("gspo",),
+    "gspo_clip_high": ("gspo",),
+}
+_MODE_DEFAULTS: dict[str, Any] = {"seq_log_ratio": "sum", "seq_mask_low": 0.5,
+                                  "seq_mask_high": 2.0, "gspo_clip_low": 3e-4,
+                                  "gspo_clip_high": 4e-4}
+
+
 class AlgorithmSpec(_Strict):
+    """The RL objective. `importance` picks how the ratio pi_theta / pi_rollout enters the
+    policy-gradient loss (see workers/rl/importance.py and docs/rl.md): clip (PPO), tis (token
+    truncated IS), cispo, seq_tis / seq_mis (sequence-level truncated / masked IS), gspo. The
+    settings of one mode only (seq_*, gspo_*) are refused with another, and left out of the
+    frozen config when unset (`mode_setting` gives their defaults)."""
+
     advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo"] = "grpo"
     loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] = "token_mean"
-    importance: Literal["clip", "tis"] = "clip"
-    clip_low: NonNegFloat = 0.2
-    clip_high: NonNegFloat = 0.28
-    tis_cap: Annotated[float, Field(gt=0.0)] = 2.0
+    importance: Literal["clip", "tis", "cispo", "seq_tis", "seq_mis", "gspo"] = "clip"
+    clip_low: NonNegFloat = 0.2  # clip and cispo
+    clip_high: NonNegFloat = 0.28  # clip and cispo (clip-higher: > clip_low)
+    tis_cap: Annotated[float, Field(gt=0.0)] = 2.0  # tis and seq_tis
     ratio_mask_low: NonNegFloat | None = None
     ratio_mask_high: NonNegFloat | None = None
+    # Sequence weight = exp(sum | mean of the token log-ratios) (seq_tis, seq_mis; default sum).
+    seq_log_ratio: Literal["sum", "mean"] | None = None
+    seq_mask_low: NonNegFloat | None = None  # seq_mis keeps weights in [low, high]: 0.5 ...
+    seq_mask_high: Annotated[float, Field(gt=0.0)] | None = None  # ... and 2.0 by default
+    gspo_clip_low: NonNegFloat | None = None  # GSPO's sequence clip range, 3e-4 ...
+    gspo_clip_high: NonNegFloat | None = None  # ... and 4e-4 by default (the paper's)
+    # DAPO: refill groups whose rewards are all equal (curriculum.filter_uniform's sampling)
+    # and drop from the loss those that remain, counted as dapo/dropped_groups.
+    dynamic_sampling: bool = False
+    overlong_buffer: NonNegInt = 0  # DAPO's L_cache: soft length penalty in the last N tokens
+    overlong_penalty: Annotated[float, Field(gt=0.0)] | None = None  # at max length (1.0)
     kl_coef: NonNegFloat = 0.0
     entropy_coef: float = 0.0
     dpo_coef: NonNegFloat = 0.0
@@ -204,7 +234,30 @@ class AlgorithmSpec(_Strict):
         lo, hi = self.ratio_mask_low, self.ratio_mask_high
         if lo is not None and hi is not None and lo >= hi:
             raise ValueError("ratio_mask_low must be < ratio_mask_high")
+        for name, modes in MODE_SETTINGS.items():
+            if getattr(self, name) is not None and self.importance not in modes:
+                wanted = " or ".join(repr(m) for m in modes)
+                raise ValueError(f"{name} applies to importance = {wanted}, not "
+                                 f"{self.importance!r}: remove it or change importance")
+        if self.mode_setting("seq_mask_low") >= self.mode_setting("seq_mask_high"):
+            raise ValueError("seq_mask_low must be < seq_mask_high")
+        if self.overlong_penalty is not None and not self.overlong_buffer:
+            raise ValueError("overlong_penalty needs overlong_buffer > 0 (the number of tokens "
+                             "before the length limit where the penalty ramps up)")
         return self
+
+    def mode_setting(self, name: str) -> Any:
+        """A mode-specific setting's value, its default when unset."""
+        value = getattr(self, name)
+        return _MODE_DEFAULTS[name] if value is None else value
+
+    @property
+    def overlong_factor(self) -> float:
+        return 1.0 if self.overlong_penalty is None else self.overlong_penalty
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), *MODE_SETTINGS, "overlong_penalty")
 
 
 class TrainerSpec(_Strict):
@@ -322,6 +375,11 @@ class RunSpec(_Strict):
             raise ValueError("give task (the built-in arithmetic task) or environment, not both")
         if self.tokenizer.source == "model" and self.model.source == "preset":
             raise ValueError("tokenizer.source = 'model' needs model.source = 'path'")
+        if self.algorithm.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(f"algorithm.overlong_buffer = {self.algorithm.overlong_buffer} "
+                             f"exceeds rollout.max_new_tokens = "
+                             f"{self.rollout.max_new_tokens}: the penalty ramps over the last "
+                             "overlong_buffer tokens before that limit")
         if self.rollout.backend == "vllm" and self.trainer.max_async_steps:
             # The async actor samples from its own HF copy; pushing its versions into vLLM
             # instead is not wired yet, so the combination is refused rather than ignored.

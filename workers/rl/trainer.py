@@ -60,7 +60,7 @@ from workers.rl.prompt_format import PromptFormat
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend
 from workers.rl.samples import finish_reason, pick_samples, reports_at
 from workers.rl.sinks import JsonlSink, MultiSink, NullSink, StdoutSink
-from workers.rl.spec import DEFAULT_VOCAB_SIZE, ModelSpec, RunSpec
+from workers.rl.spec import DEFAULT_VOCAB_SIZE, MODE_SETTINGS, ModelSpec, RunSpec
 from workers.rl.tokenizer import load_tokenizer, train_bpe
 
 
@@ -165,6 +165,9 @@ class Trainer:
                 "ranks (episodes generate a different number of turns per rank); use "
                 "zero_stage 0-2 or a single rank"
             )
+        if self.spec.algorithm.overlong_buffer and plays_episodes(self.objective):
+            raise ValueError("algorithm.overlong_buffer shapes single-turn completions against "
+                             "rollout.max_new_tokens; this objective plays multi-turn episodes")
         if ts.prompts_per_step % world:
             raise ValueError(
                 f"trainer.prompts_per_step={ts.prompts_per_step} must be divisible by the "
@@ -516,7 +519,8 @@ class Trainer:
         step's batch. Returns (rank-averaged metrics, skipped)."""
         spec, algo = self.spec, self.spec.algorithm
         group = spec.rollout.group_size
-        batch, rewards = sb.batch, sb.rewards
+        batch = sb.batch
+        rewards, keep, dapo = self.dapo_rewards(sb)
         advs = adv_lib.compute(algo.advantage, rewards.view(-1, group)).reshape(-1)
         sb.advantages = advs  # reported with the step's samples
         ref_logp = None
@@ -528,14 +532,37 @@ class Trainer:
         skipped = False
         for _ in range(algo.updates_per_batch):
             upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
-                                       top_k)
+                                       top_k, keep)
             for k, v in upd.items():
                 stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
             if skipped:
                 break
         t_train = time.perf_counter() - t1
-        return self.step_metrics(rewards, sb.components, batch, stats, sb.gen_s,
+        stats.update(dapo)
+        return self.step_metrics(sb.rewards, sb.components, batch, stats, sb.gen_s,
                                  t_train), skipped
+
+    def dapo_rewards(self, sb: StepBatch
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """DAPO's reward side: the rewards trained on (with the overlong penalty when
+        `overlong_buffer` is set), the per-sequence loss weight that drops zero-advantage groups
+        under `dynamic_sampling` (None when off), and their metrics. The dropped-group count
+        goes to `sb.counts`, summed over ranks."""
+        algo, group = self.spec.algorithm, self.spec.rollout.group_size
+        rewards, metrics = sb.rewards, {}
+        if algo.overlong_buffer:
+            lengths = sb.batch.completion_mask.sum(-1)
+            pen = adv_lib.overlong_penalty(lengths, self.spec.rollout.max_new_tokens,
+                                           algo.overlong_buffer, algo.overlong_factor)
+            rewards = rewards + pen
+            metrics["dapo/overlong_penalty"] = float(pen.mean())
+            metrics["dapo/overlong_frac"] = float((pen < 0).float().mean())
+        if not algo.dynamic_sampling:
+            return rewards, None, metrics
+        dropped = adv_lib.uniform_groups(rewards.view(-1, group))  # (groups,)
+        sb.counts["dapo/dropped_groups"] = float(dropped.sum())
+        keep = (~dropped).float().repeat_interleave(group)  # (groups * G,)
+        return rewards, keep, metrics
 
     def step_samples(self, sb: StepBatch, tok: Any) -> list[dict[str, Any]]:
         """This rank's sample rows of a trained step (see workers.rl.samples)."""
@@ -563,8 +590,9 @@ class Trainer:
 
     def update(self, engine: Any, batch: RolloutBatch, advs: torch.Tensor,
                rewards: torch.Tensor, ref_logp: torch.Tensor | None, micro: int, moe: bool,
-               top_k: int) -> tuple[dict[str, float], bool]:
+               top_k: int, keep: torch.Tensor | None = None) -> tuple[dict[str, float], bool]:
         """One optimizer step over all micro-batches. Returns (metric sums, skipped).
+        `keep`: per-sequence 0/1 loss weight (DAPO's dropped groups), None for all.
 
         A non-finite loss on any rank in the first micro-batch skips the step; in a later one
         the micro-batch contributes an exact zero (so DeepSpeed's accumulation boundary still
@@ -579,7 +607,7 @@ class Trainer:
         for mb, i in enumerate(range(0, n_seq, micro)):
             loss, logits, parts, util = self.micro_loss(
                 engine, batch, slice(i, i + micro), advs, rewards, ref_logp, moe, top_k,
-                seq_len)
+                seq_len, keep)
             if util is not None:
                 util_counts.append(util)
             finite = not any_rank(not bool(torch.isfinite(loss)))
@@ -601,7 +629,7 @@ class Trainer:
 
     def micro_loss(self, engine: Any, batch: RolloutBatch, sl: slice, advs: torch.Tensor,
                    rewards: torch.Tensor, ref_logp: torch.Tensor | None, moe: bool,
-                   top_k: int, seq_len: int
+                   top_k: int, seq_len: int, keep: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], torch.Tensor | None]:
         """One micro-batch's loss (policy gradient, entropy bonus, KL, DPO and router terms)
         with its completion logits, its metric parts and its (layers, experts) token counts
@@ -612,12 +640,15 @@ class Trainer:
         # Loss mask: sampled tokens only (environment/tool tokens of episodes are attended to
         # in the forward pass but never trained on); the completion mask single-turn.
         mask = loss_mask(batch)[sl].to(self.device).float()  # (b,C)
+        if keep is not None:  # DAPO's dropped groups leave the loss (and its denominator)
+            mask = mask * keep[sl].to(self.device).unsqueeze(-1)
         logp = token_logprobs(logits, c_ids, temp)  # (b,C)
         pg, st = policy_loss(
             logp, batch.logprobs[sl].to(self.device), advs[sl].to(self.device), mask,
             importance=algo.importance, clip_low=algo.clip_low, clip_high=algo.clip_high,
             tis_cap=algo.tis_cap, mask_low=algo.ratio_mask_low,
             mask_high=algo.ratio_mask_high, agg=algo.loss_agg, norm_len=seq_len,
+            **{k: algo.mode_setting(k) for k in MODE_SETTINGS},
         )
         loss = pg
         ent = masked_mean(entropy(logits.detach(), temp), mask)
