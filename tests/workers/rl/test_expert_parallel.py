@@ -24,8 +24,9 @@ from workers.rl.spec import ModelSpec, TinyMoeSpec
 
 VOCAB = 64
 SEQ = 12
-# Rank 0 feeds 3 sequences and rank 1 feeds 1: uneven token counts and dispatch splits.
-ROWS = ((0, 3), (3, 4))
+# Each rank's [first, end) rows of the batch: uneven token counts and dispatch splits.
+ROWS_2 = ((0, 3), (3, 4))
+ROWS_4 = ((0, 2), (2, 3), (3, 5), (5, 6))
 AUX_COEF = 0.01  # the router's balance loss is part of the loss, so its gradient path is checked
 # float32 throughout. The sharded forward computes each expert on a different subset of rows
 # and sums the all-reduced gradients in a different order than one process does, so results
@@ -47,9 +48,9 @@ def _model(num_experts: int = 4) -> PreTrainedModel:
     return build_policy(_spec(num_experts), VOCAB, 0, 1)
 
 
-def _batch() -> torch.Tensor:
+def _batch(rows: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(5)
-    return torch.randint(2, VOCAB, (ROWS[-1][1], SEQ), generator=g)  # (4, SEQ)
+    return torch.randint(2, VOCAB, (rows, SEQ), generator=g)  # (rows, SEQ)
 
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,17 +61,18 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     return out.logits, ce + AUX_COEF * out.aux_loss
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
+def _rank_main(rank: int, world: int, ep_size: int, rows: tuple[tuple[int, int], ...],
+               port: int, out_dir: str) -> None:
     """One EP rank: shard, forward its own rows, backward, sync grads, gather, save."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         model = _model()
-        layout = ep.make_layout(world)
+        layout = ep.make_layout(ep_size)
         ep.shard_experts(model, layout)
-        lo, hi = ROWS[rank]
-        logits, loss = _loss(model, _batch()[lo:hi])
+        lo, hi = rows[rank]
+        logits, loss = _loss(model, _batch(rows[-1][1])[lo:hi])
         loss.backward()
         ep.sync_gradients(model, layout)
         expert = {n for n, _ in ep.expert_parameters(model)}
@@ -86,27 +88,36 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, out_dir: Path) -> list[dict]:
+def _spawn(world: int, ep_size: int, rows: tuple[tuple[int, int], ...],
+           out_dir: Path) -> list[dict]:
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
-    mp.spawn(_rank_main, args=(world, free_port(), str(out_dir)), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, ep_size, rows, free_port(), str(out_dir)), nprocs=world,
+             join=True)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]
 
 
-def _reference() -> tuple[torch.Tensor, dict[str, torch.Tensor], PreTrainedModel]:
+def _reference(rows: tuple[tuple[int, int], ...]
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor], PreTrainedModel]:
     """The unsharded model: whole-batch logits, and grads of the mean of the ranks' losses."""
     model = _model()
-    ids = _batch()
+    ids = _batch(rows[-1][1])
     with torch.no_grad():
         logits = model(input_ids=ids).logits
-    losses = [_loss(model, ids[lo:hi])[1] for lo, hi in ROWS]
+    losses = [_loss(model, ids[lo:hi])[1] for lo, hi in rows]
     (sum(losses) / len(losses)).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logits, grads, model
 
 
-def test_two_ranks_half_the_experts_each_match_the_unsharded_model(tmp_path: Path) -> None:
-    ranks = _spawn(2, tmp_path)
-    ref_logits, ref_grads, ref_model = _reference()
+@pytest.mark.parametrize(("world", "ep_size", "rows"), [
+    pytest.param(2, 2, ROWS_2, id="ep2-of-2"),
+    # Two EP groups of 2 ranks: expert shards are also reduced over their expert-DP group.
+    pytest.param(4, 2, ROWS_4, id="ep2-of-4"),
+])
+def test_ranks_holding_a_share_of_the_experts_match_the_unsharded_model(
+        tmp_path: Path, world: int, ep_size: int, rows: tuple[tuple[int, int], ...]) -> None:
+    ranks = _spawn(world, ep_size, rows, tmp_path)
+    ref_logits, ref_grads, ref_model = _reference(rows)
 
     # Logits: each rank fed different rows; together they are the whole batch.
     got = torch.cat([r["logits"] for r in ranks])
@@ -124,13 +135,13 @@ def test_two_ranks_half_the_experts_each_match_the_unsharded_model(tmp_path: Pat
         # The expert grads are not trivially zero: the comparison has teeth.
         assert r["grads"]["model.layers.0.mlp.experts.down_proj"].abs().max() > 1e-4
 
-    # Gathered weights are exactly the original ones, and each rank holds half the experts.
+    # Gathered weights are exactly the original ones, and each rank holds 1/ep of the experts.
     full = ref_model.state_dict()
     for r in ranks:
         assert set(r["state"]) == set(full)
         for k, v in full.items():
             assert torch.equal(r["state"][k], v), k
-        assert r["expert_bytes"] * 2 == ep.expert_parameter_bytes(ref_model)
+        assert r["expert_bytes"] * ep_size == ep.expert_parameter_bytes(ref_model)
 
 
 def test_one_rank_layout_is_the_unsharded_block() -> None:
@@ -141,7 +152,7 @@ def test_one_rank_layout_is_the_unsharded_block() -> None:
     assert ep.shard_experts(model, ep.make_layout(1)) == ["model.layers.0.mlp",
                                                           "model.layers.1.mlp"]
     assert isinstance(model.model.layers[0].mlp, ep.ExpertParallelMoeBlock)
-    ids = _batch()
+    ids = _batch(4)
     logits, loss = _loss(model, ids)
     ref_logits, ref_loss = _loss(ref, ids)
     torch.testing.assert_close(logits, ref_logits, atol=ATOL, rtol=RTOL)
