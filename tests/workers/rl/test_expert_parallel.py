@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,11 @@ def _rank_main(rank: int, world: int, ep_size: int, rows: tuple[tuple[int, int],
         dist.destroy_process_group()
 
 
+def _prefixed(name: str) -> Callable[[str], str]:
+    """assert_close's message with the parameter's name in front."""
+    return lambda m: f"{name}: {m}"
+
+
 def _spawn(world: int, ep_size: int, rows: tuple[tuple[int, int], ...],
            out_dir: Path) -> list[dict]:
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
@@ -104,7 +110,7 @@ def _reference(rows: tuple[tuple[int, int], ...]
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     losses = [_loss(model, ids[lo:hi])[1] for lo, hi in rows]
-    (sum(losses) / len(losses)).backward()
+    torch.stack(losses).mean().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logits, grads, model
 
@@ -131,7 +137,7 @@ def test_ranks_holding_a_share_of_the_experts_match_the_unsharded_model(
         assert set(r["grads"]) == names
         for n in names:
             torch.testing.assert_close(r["grads"][n], ref_grads[n], atol=ATOL, rtol=RTOL,
-                                       msg=lambda m, n=n: f"{n}: {m}")
+                                       msg=_prefixed(n))
         # The expert grads are not trivially zero: the comparison has teeth.
         assert r["grads"]["model.layers.0.mlp.experts.down_proj"].abs().max() > 1e-4
 
