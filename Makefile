@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts clean
+.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
+
+# 2-rank expert parallelism against 2-rank data parallelism on CPU (gloo), tiny Qwen3-MoE.
+bench-moe-ep: $(STAMP)
+	nice $(PY) -m tests.benchmarks.bench_moe_ep
 
 bench-synth: $(STAMP)
 	bash scripts/install_sandbox_deps.sh
