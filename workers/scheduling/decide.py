@@ -11,7 +11,9 @@ One pass reads a frozen `ClusterState` and returns what to do now. Its rules, in
    queue uses above its guaranteed part (nominal minus lending limit) comes from its cohort's
    pool of lendable quota, which must not run dry. A class that cannot be preempted never
    borrows. A run blocked on quota it could hold within nominal keeps the rest of its queue off
-   that flavor, so small runs of its own queue cannot starve it.
+   that flavor, so small runs of its own queue cannot starve it; if it is within nominal and
+   only short because its quota is lent out, nobody in the cohort borrows more of that flavor
+   until the lent quota is back, so borrowers cannot starve it either.
 3. **Placement** (`ledger.Capacity.place`): a gang goes whole onto ready nodes of one flavor,
    best fit (tightest nodes first) so whole nodes stay whole; nodes not `ready` get no new work.
 4. **Backfill with reservations** (EASY): the first run of a queue that fits its quota but not
@@ -89,6 +91,7 @@ class _Pass:
         self.reservations: list[Reservation] = []
         self.reserved_queues: set[str] = set()
         self.held: dict[str, set[str]] = {}       # queue -> flavors kept for its blocked head
+        self.reclaiming: set[tuple[str, str]] = set()  # (cohort, flavor): no new borrowing
         self.blocked_flavors: set[str] = set()    # backfill off: flavors with a blocked run
         self.no_fit: dict[tuple[str, int, int, float, float], int] = {}
         self.no_preempt: set[tuple[str, int, str, int, int]] = set()
@@ -175,7 +178,7 @@ class _Pass:
         for flavor in self._flavors(w):
             if flavor in self.held.get(w.queue, ()) or flavor in self.blocked_flavors:
                 continue
-            if not self.quotas.fits(w.queue, flavor, amount, may_borrow=may_borrow):
+            if not self._quota_fits(w, flavor, amount, may_borrow):
                 continue
             passed.append(flavor)
             alloc = self._place(w, flavor)
@@ -186,6 +189,13 @@ class _Pass:
             return True
         self._wait(w, passed)
         return False
+
+    def _quota_fits(self, w: Workload, flavor: str, amount: float, may_borrow: bool) -> bool:
+        cohort = self.queues[w.queue].cohort
+        if (cohort, flavor) in self.reclaiming and not self._within_nominal(w.queue, flavor,
+                                                                             amount):
+            return False
+        return self.quotas.fits(w.queue, flavor, amount, may_borrow=may_borrow)
 
     def _relevant(self, w: Workload) -> list[Reservation]:
         """Reservations `w` would delay: all those it could still be running at."""
@@ -242,11 +252,16 @@ class _Pass:
         self.waiting.append((w, reason, start))
 
     def _hold_quota(self, w: Workload) -> None:
-        """Keep a queue's later runs off the flavors its blocked run fits within nominal."""
+        """Keep a queue's later runs off the flavors its blocked run fits within nominal; if it
+        is within nominal and only the cohort's pool is short (lent out), nobody in the cohort
+        borrows more of that flavor until it is back."""
         amount = w.resources.quota_amount()
+        cohort = self.queues[w.queue].cohort
         for flavor in self._flavors(w):
             if amount <= self.quotas.nominal(w.queue, flavor):
                 self.held.setdefault(w.queue, set()).add(flavor)
+            if cohort is not None and self._within_nominal(w.queue, flavor, amount):
+                self.reclaiming.add((cohort, flavor))
 
     def _waits(self) -> list[Action]:
         positions: dict[str, int] = {}
@@ -367,8 +382,7 @@ class _Pass:
 
     def _fits_now(self, w: Workload, flavor: str) -> Allocation | None:
         res = w.resources
-        if not self.quotas.fits(w.queue, flavor, res.quota_amount(),
-                                may_borrow=self._class(w).preemptible):
+        if not self._quota_fits(w, flavor, res.quota_amount(), self._class(w).preemptible):
             return None
         alloc, _ = self.cap.place(res, flavor, self._relevant(w))
         return alloc
