@@ -9,8 +9,9 @@ One pass reads a frozen `ClusterState` and returns what to do now. Its rules, in
    heads, so every pending run is looked at and many are admitted in one pass.
 2. **Quota** (`ledger.Quotas`): use <= nominal + borrowing limit per queue and flavor; what a
    queue uses above its guaranteed part (nominal minus lending limit) comes from its cohort's
-   pool of lendable quota, which must not run dry. A class that cannot be preempted never
-   borrows. A run blocked on quota it could hold within nominal keeps the rest of its queue off
+   pool of lendable quota, which must not run dry. Runs that cannot be preempted keep their
+   queue's non-preemptible use within nominal, so what a queue borrows is always reclaimable.
+   A run blocked on quota it could hold within nominal keeps the rest of its queue off
    that flavor, so small runs of its own queue cannot starve it; if it is within nominal and
    only short because its quota is lent out, nobody in the cohort borrows more of that flavor
    until the lent quota is back, so borrowers cannot starve it either.
@@ -72,6 +73,7 @@ def decide(state: ClusterState, policy: Policy = Policy()) -> list[Action]:  # n
 
 
 _Key = tuple[int, int, float, float, str]
+_UNKNOWN = PriorityClass(name="unknown", value=0)
 
 
 class _Pass:
@@ -80,6 +82,8 @@ class _Pass:
     def __init__(self, state: ClusterState, policy: Policy) -> None:
         self.state, self.policy, self.now = state, policy, state.now
         self.classes: dict[str, PriorityClass] = {c.name: c for c in state.priority_classes}
+        self.class_of: dict[str, PriorityClass] = {}
+        self.flavor_names: dict[str, list[str]] = {}
         self.queues = {q.name: q for q in state.queues}
         holders = state.holders()
         self.cap = Capacity.of(state, holders)
@@ -96,15 +100,23 @@ class _Pass:
         self.no_fit: dict[tuple[str, int, int, float, float], int] = {}
         self.no_preempt: set[tuple[str, int, str, int, int]] = set()
         self.attempts = 0
-        values = [self._prio(w) for w in holders if self._class(w).preemptible]
+        self.victim_pool: dict[str, set[str]] = {}   # flavor -> ids of preemptible holders
+        for w in holders:
+            if self._preemptible(w):
+                self.victim_pool.setdefault(self.flavor[w.id], set()).add(w.id)
+        values = [self._prio(w) for w in holders if self._preemptible(w)]
         self.lowest_victim = min(values, default=None)
 
     # -- small lookups -------------------------------------------------------------------
 
     def _class(self, w: Workload) -> PriorityClass:
-        name = w.priority if w.priority in self.classes else \
-            self.queues[w.queue].default_priority if w.queue in self.queues else ""
-        return self.classes.get(name, PriorityClass(name="unknown", value=0))
+        """The run's class; an unknown name falls back to its queue's default."""
+        found = self.class_of.get(w.id)
+        if found is None:
+            name = w.priority if w.priority in self.classes else \
+                self.queues[w.queue].default_priority if w.queue in self.queues else ""
+            found = self.class_of[w.id] = self.classes.get(name, _UNKNOWN)
+        return found
 
     def _prio(self, w: Workload) -> int:
         return self._class(w).value
@@ -112,23 +124,29 @@ class _Pass:
     def _flavors(self, w: Workload) -> list[str]:
         """Flavors `w` may run on: within-nominal ones first, each group in the order the run
         listed them (any-of), else in the queue's quota order, then by name."""
+        names = self.flavor_names.get(w.id)
+        if names is None:
+            names = self.flavor_names[w.id] = self._flavor_names(w)
+        if len(names) == 1:
+            return names
+        amount = w.resources.amount
+        return sorted(names, key=lambda f: not self._within_nominal(w.queue, f, amount))
+
+    def _flavor_names(self, w: Workload) -> list[str]:
         res = w.resources
         if res.gpus_per_node == 0:
             return [CPU_FLAVOR]
         if res.gpu_types:
-            names = list(res.gpu_types)
-        else:
-            nominal = list(self.queues[w.queue].nominal)
-            rest = sorted(f for f in self.cap.ready if f not in nominal and f != CPU_FLAVOR)
-            names = [f for f in nominal if f != CPU_FLAVOR] + rest
-        amount = res.quota_amount()
-        return sorted(names, key=lambda f: not self._within_nominal(w.queue, f, amount))
+            return list(res.gpu_types)
+        nominal = list(self.queues[w.queue].nominal)
+        rest = sorted(f for f in self.cap.ready if f not in nominal and f != CPU_FLAVOR)
+        return [f for f in nominal if f != CPU_FLAVOR] + rest
 
     def _within_nominal(self, queue: str, flavor: str, amount: float) -> bool:
         return self.quotas.used(queue, flavor) + amount <= self.quotas.nominal(queue, flavor)
 
     def _key(self, w: Workload) -> _Key:
-        amount = w.resources.quota_amount()
+        amount = w.resources.amount
         flavors = self._flavors(w)
         borrows = int(not (flavors and self._within_nominal(w.queue, flavors[0], amount)))
         return (-self._prio(w), borrows, self.quotas.share(w.queue), w.submitted_at, w.id)
@@ -172,13 +190,13 @@ class _Pass:
 
     def _evaluate(self, w: Workload) -> bool:
         """Admit `w` if rules 2-5 allow; else record why it waits. True if it preempted."""
-        amount = w.resources.quota_amount()
-        may_borrow = self._class(w).preemptible
+        amount = w.resources.amount
+        fixed = not self._class(w).preemptible
         passed: list[str] = []
         for flavor in self._flavors(w):
             if flavor in self.held.get(w.queue, ()) or flavor in self.blocked_flavors:
                 continue
-            if not self._quota_fits(w, flavor, amount, may_borrow):
+            if not self._quota_fits(w, flavor, amount, fixed):
                 continue
             passed.append(flavor)
             alloc = self._place(w, flavor)
@@ -190,12 +208,12 @@ class _Pass:
         self._wait(w, passed)
         return False
 
-    def _quota_fits(self, w: Workload, flavor: str, amount: float, may_borrow: bool) -> bool:
+    def _quota_fits(self, w: Workload, flavor: str, amount: float, fixed: bool) -> bool:
         cohort = self.queues[w.queue].cohort
         if (cohort, flavor) in self.reclaiming and not self._within_nominal(w.queue, flavor,
                                                                              amount):
             return False
-        return self.quotas.fits(w.queue, flavor, amount, may_borrow=may_borrow)
+        return self.quotas.fits(w.queue, flavor, amount, fixed=fixed)
 
     def _relevant(self, w: Workload) -> list[Reservation]:
         """Reservations `w` would delay: all those it could still be running at."""
@@ -220,7 +238,7 @@ class _Pass:
 
     def _admit(self, w: Workload, flavor: str, alloc: Allocation) -> None:
         self.cap.take(w.resources, alloc)
-        self.quotas.add(w.queue, flavor, w.resources.quota_amount())
+        self.quotas.add(w.queue, flavor, w.resources.amount, fixed=not self._class(w).preemptible)
         admitted = replace(w, status=WorkloadStatus.ADMITTED, allocation=alloc, started_at=None)
         self.holding[w.id] = admitted
         self.flavor[w.id] = flavor
@@ -255,7 +273,7 @@ class _Pass:
         """Keep a queue's later runs off the flavors its blocked run fits within nominal; if it
         is within nominal and only the cohort's pool is short (lent out), nobody in the cohort
         borrows more of that flavor until it is back."""
-        amount = w.resources.quota_amount()
+        amount = w.resources.amount
         cohort = self.queues[w.queue].cohort
         for flavor in self._flavors(w):
             if amount <= self.quotas.nominal(w.queue, flavor):
@@ -322,7 +340,7 @@ class _Pass:
     def _try_preempt(self, w: Workload) -> bool:
         if not self.policy.preemption or self.attempts >= self.policy.max_preemption_attempts:
             return False
-        res, amount = w.resources, w.resources.quota_amount()
+        res, amount = w.resources, w.resources.amount
         memo = (w.queue, self._prio(w), str(res.gpu_types), res.gpus_per_node, res.nodes)
         if memo in self.no_preempt:
             return False
@@ -342,14 +360,13 @@ class _Pass:
 
     def _victims(self, w: Workload, flavor: str) -> list[Workload]:
         """Eligible victims on `flavor`, best first: borrowed, low priority, little lost."""
-        amount = w.resources.quota_amount()
+        amount = w.resources.amount
         within = self._within_nominal(w.queue, flavor, amount)
         cohort = self.queues[w.queue].cohort
         prio = self._prio(w)
         out: list[tuple[tuple[int, int, float, float, str], Workload]] = []
-        for v in self.holding.values():
-            if self.flavor[v.id] != flavor or not self._preemptible(v):
-                continue
+        for vid in self.victim_pool.get(flavor, ()):
+            v = self.holding[vid]
             borrowed = self.quotas.borrowing(v.queue, flavor)
             lower = self._prio(v) < prio
             same_cohort = cohort is not None and self.queues[v.queue].cohort == cohort
@@ -370,19 +387,19 @@ class _Pass:
         """GPU-seconds (CPU-seconds for CPU work) since its last checkpoint."""
         marks = [t for t in (v.started_at, v.last_checkpoint_at) if t is not None]
         since = max(marks, default=self.now)
-        return (self.now - since) * v.resources.quota_amount()
+        return (self.now - since) * v.resources.amount
 
     def _release(self, v: Workload) -> None:
         self.cap.give(v.resources, v.allocation)
-        self.quotas.add(v.queue, self.flavor[v.id], -v.resources.quota_amount())
+        self.quotas.add(v.queue, self.flavor[v.id], -v.resources.amount)
 
     def _restore(self, v: Workload) -> None:
         self.cap.take(v.resources, v.allocation)
-        self.quotas.add(v.queue, self.flavor[v.id], v.resources.quota_amount())
+        self.quotas.add(v.queue, self.flavor[v.id], v.resources.amount)
 
     def _fits_now(self, w: Workload, flavor: str) -> Allocation | None:
         res = w.resources
-        if not self._quota_fits(w, flavor, res.quota_amount(), self._class(w).preemptible):
+        if not self._quota_fits(w, flavor, res.amount, not self._class(w).preemptible):
             return None
         alloc, _ = self.cap.place(res, flavor, self._relevant(w))
         return alloc
@@ -412,6 +429,7 @@ class _Pass:
         assert alloc is not None  # the loop above only keeps a victim set that fits
         for v in chosen:
             del self.holding[v.id]
+            self.victim_pool[flavor].discard(v.id)
             reason = "reclaim quota" if self.quotas.borrowing(v.queue, flavor) or \
                 v.queue != w.queue else "higher priority"
             self.actions.append(Preempt(workload_id=v.id, reason=reason, for_workload=w.id))

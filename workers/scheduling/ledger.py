@@ -49,18 +49,26 @@ class Capacity:
 
     @classmethod
     def of(cls, state: ClusterState, holders: Iterable[Workload]) -> Capacity:
+        """Free resources once every holder's allocation is taken (in one sweep)."""
         nodes = {n.name: n for n in sorted(state.nodes, key=lambda n: n.name)}
-        cap = cls(nodes=nodes,
-                  free_gpus={n.name: sorted(n.gpu_ids) for n in nodes.values()},
-                  free_cpus={n.name: n.cpus for n in nodes.values()},
-                  free_mem={n.name: n.memory_gb for n in nodes.values()})
+        used: dict[str, set[int]] = {name: set() for name in nodes}
+        cpus = {n.name: n.cpus for n in nodes.values()}
+        mem = {n.name: n.memory_gb for n in nodes.values()}
+        for w in holders:
+            for name, ids in w.allocation.items():
+                if name in nodes:
+                    used[name].update(ids)
+                    cpus[name] -= w.resources.cpus
+                    mem[name] -= w.resources.memory_gb
+        cap = cls(nodes=nodes, free_cpus=cpus, free_mem=mem,
+                  free_gpus={name: [g for g in n.gpu_ids if g not in used[name]]
+                             for name, n in nodes.items()})
         for node in nodes.values():
+            cap.free_gpus[node.name].sort()
             if node.state == NodeState.READY:
                 cap.ready.setdefault(node.flavor, []).append(node)
                 total = cap.free_total.get(node.flavor, 0.0) + cap._amount(node.name)
                 cap.free_total[node.flavor] = total
-        for w in holders:
-            cap.take(w.resources, w.allocation)
         return cap
 
     def _amount(self, name: str) -> float:
@@ -154,6 +162,8 @@ class Quotas:
     usage: dict[str, dict[str, float]]
     pooled: dict[tuple[str, str], float]
     pool: dict[tuple[str, str], float]
+    guaranteed: dict[tuple[str, str], float] = field(default_factory=dict)
+    fixed: dict[tuple[str, str], float] = field(default_factory=dict)  # non-preemptible use
 
     @classmethod
     def of(cls, state: ClusterState, holders: Iterable[Workload],
@@ -166,9 +176,16 @@ class Quotas:
                     key = (q.cohort, flavor)
                     pool[key] = pool.get(key, 0.0) + q.lendable(flavor)
         books = cls(queues=queues, usage={q: {} for q in queues}, pooled={}, pool=pool)
+        preemptible = {c.name: c.preemptible for c in state.priority_classes}
+        totals: dict[tuple[str, str, bool], float] = {}
         for w in holders:
             if w.queue in queues:
-                books.add(w.queue, flavor_of(w, nodes), w.resources.quota_amount())
+                fixed = not preemptible.get(w.priority,
+                                            preemptible.get(queues[w.queue].default_priority, True))
+                slot = (w.queue, flavor_of(w, nodes), fixed)
+                totals[slot] = totals.get(slot, 0.0) + w.resources.amount
+        for (queue, flavor, fixed), amount in sorted(totals.items()):
+            books.add(queue, flavor, amount, fixed=fixed)
         return books
 
     def used(self, queue: str, flavor: str) -> float:
@@ -178,13 +195,20 @@ class Quotas:
         return self.queues[queue].nominal.get(flavor, 0.0)
 
     def _guaranteed(self, q: QueueSpec, flavor: str) -> float:
-        return q.nominal.get(flavor, 0.0) - q.lendable(flavor)
+        key = (q.name, flavor)
+        value = self.guaranteed.get(key)
+        if value is None:
+            value = self.guaranteed[key] = q.nominal.get(flavor, 0.0) - q.lendable(flavor)
+        return value
 
     def _draw(self, q: QueueSpec, flavor: str, use: float) -> float:
         return max(0.0, use - self._guaranteed(q, flavor))
 
-    def add(self, queue: str, flavor: str, amount: float) -> None:
+    def add(self, queue: str, flavor: str, amount: float, *, fixed: bool = False) -> None:
+        """Count `amount` (negative: give back); `fixed` marks a run that cannot be preempted."""
         q = self.queues[queue]
+        if fixed:
+            self.fixed[(queue, flavor)] = self.fixed.get((queue, flavor), 0.0) + amount
         before = self.used(queue, flavor)
         self.usage[queue][flavor] = before + amount
         if q.cohort is not None:
@@ -192,12 +216,19 @@ class Quotas:
             delta = self._draw(q, flavor, before + amount) - self._draw(q, flavor, before)
             self.pooled[key] = self.pooled.get(key, 0.0) + delta
 
-    def fits(self, queue: str, flavor: str, amount: float, *, may_borrow: bool = True) -> bool:
-        """Would `amount` more on `flavor` stay within the queue's and its cohort's limits?"""
+    def fits(self, queue: str, flavor: str, amount: float, *, fixed: bool = False) -> bool:
+        """Would `amount` more on `flavor` stay within the queue's and its cohort's limits?
+
+        A run that cannot be preempted (`fixed`) must also keep the queue's non-preemptible use
+        within nominal: whatever a queue borrows is then always preemptible, so a lender can
+        always reclaim it.
+        """
         q = self.queues[queue]
         after = self.used(queue, flavor) + amount
-        ceiling = q.nominal.get(flavor, 0.0) + (q.borrow_cap(flavor) if may_borrow else 0.0)
-        if after > ceiling + 1e-9:
+        nominal = q.nominal.get(flavor, 0.0)
+        if fixed and self.fixed.get((queue, flavor), 0.0) + amount > nominal + 1e-9:
+            return False
+        if after > nominal + q.borrow_cap(flavor) + 1e-9:
             return False
         if q.cohort is None:
             return True

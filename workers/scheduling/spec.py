@@ -9,6 +9,8 @@ flavor ``cpu`` counts CPU cores of runs that ask for no GPU (sandbox and synthes
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 CPU_FLAVOR = "cpu"
@@ -59,15 +61,20 @@ class Resources(BaseModel):
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def quota_amount(self) -> float:
-        """What one admission of this request counts against its flavor's quota."""
+    @cached_property
+    def amount(self) -> float:
+        """What one admission of this request counts against its flavor's quota (cached: a
+        pass asks for it often)."""
         return float(self.total_gpus) if self.gpus_per_node else self.cpus * self.nodes
+
+    def quota_amount(self) -> float:
+        return self.amount
 
 
 class PriorityClass(BaseModel):
     """A named priority. Higher `value` goes first; only `preemptible` classes are ever stopped
-    to make room, and a class that cannot be preempted may not borrow (borrowed quota must
-    always be returnable to its lender)."""
+    to make room, and a queue's runs of classes that cannot be preempted stay within its nominal
+    quota (what it borrows must always be returnable to its lender)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

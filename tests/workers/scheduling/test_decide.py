@@ -73,11 +73,16 @@ def test_a_lender_keeps_its_guaranteed_part() -> None:
     assert admits(got) == {"b1": {"n2": (4, 5, 6, 7)}}
 
 
-def test_production_never_borrows() -> None:
+def test_runs_that_cannot_be_preempted_stay_within_nominal() -> None:
     qs = [queue("a", 4, cohort="c"), queue("b", 8, cohort="c")]
     actions = decide(state([gpu_node("n1"), gpu_node("n2")], qs, [job("p", gpus=8,
                                                                        prio="production")]))
     assert waits(actions)["p"].reason == QUOTA
+    # ... but may take the queue above nominal when what it then borrows is preemptible
+    mine = running(job("d", gpus=4), {"n1": (0, 1, 2, 3)})
+    actions = decide(state([gpu_node("n1"), gpu_node("n2")], qs,
+                           [mine, job("p", gpus=4, prio="production")]))
+    assert admits(actions) == {"p": {"n1": (4, 5, 6, 7)}}
 
 
 def test_backfill_only_into_holes_that_end_before_the_reservation() -> None:

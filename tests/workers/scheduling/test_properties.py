@@ -112,9 +112,14 @@ def check_quotas(state: ClusterState, holders: list[Workload]) -> None:
     nodes = {n.name: n for n in state.nodes}
     queues = {q.name: q for q in state.queues}
     use: dict[tuple[str, str], float] = {}
+    fixed: dict[tuple[str, str], float] = {}
     for w in holders:
         key = (w.queue, _flavor(nodes, w))
         use[key] = use.get(key, 0.0) + w.resources.quota_amount()
+        if not CLASSES[w.priority].preemptible:
+            fixed[key] = fixed.get(key, 0.0) + w.resources.quota_amount()
+    for (q_name, f), amount in fixed.items():
+        assert amount <= queues[q_name].nominal.get(f, 0.0), "unpreemptible use over nominal"
     lent: dict[tuple[str, str], float] = {}
     pool: dict[tuple[str, str], float] = {}
     for q in queues.values():
