@@ -23,7 +23,8 @@ One pass reads a frozen `ClusterState` and returns what to do now. Its rules, in
    `max_runtime_s` (or estimate) ends before that time; so backfill never delays a reserved run.
 5. **Preemption by checkpoint**: a run that still does not fit may stop others, only if that
    makes it fit (the pass simulates it) and only victims that are preemptible, ran at least
-   `min_runtime_s`, were preempted fewer than `max_preemptions` times, and are either of lower
+   `min_runtime_s`, were preempted fewer than `max_preemptions` times, would lose at most
+   `max_victim_loss_s` of work since their last checkpoint, and are either of lower
    priority in the same queue, or belong to a queue of the cohort that borrows and are of lower
    priority or the preemptor is reclaiming its own nominal quota. Victims are taken borrowed
    first, then lowest priority, then least work lost since their last checkpoint; victims that
@@ -59,6 +60,7 @@ class Policy:
 
     min_runtime_s: float = 600.0          # a run is not preempted before it ran this long
     max_preemptions: int = 3              # nor once it was preempted this many times
+    max_victim_loss_s: float | None = 900.0  # nor while it would lose more work than this
     preemption: bool = True
     backfill: bool = True                 # False: a blocked run holds its flavor (strict FIFO)
     max_reservations: int = 8             # per pass, at most one per queue
@@ -101,11 +103,13 @@ class _Pass:
         self.no_preempt: set[tuple[str, int, str, int, int]] = set()
         self.attempts = 0
         self.victim_pool: dict[str, set[str]] = {}   # flavor -> ids of preemptible holders
+        self.lowest_victim: int | None = None
         for w in holders:
             if self._preemptible(w):
                 self.victim_pool.setdefault(self.flavor[w.id], set()).add(w.id)
-        values = [self._prio(w) for w in holders if self._preemptible(w)]
-        self.lowest_victim = min(values, default=None)
+                value = self._prio(w)
+                if self.lowest_victim is None or value < self.lowest_victim:
+                    self.lowest_victim = value
 
     # -- small lookups -------------------------------------------------------------------
 
@@ -381,12 +385,16 @@ class _Pass:
             return False
         if v.status != WorkloadStatus.RUNNING or v.preemptions >= self.policy.max_preemptions:
             return False
-        return self.now - v.started_at >= self.policy.min_runtime_s
+        if self.now - v.started_at < self.policy.min_runtime_s:
+            return False
+        limit = self.policy.max_victim_loss_s
+        return limit is None or self._lost(v) <= limit * v.resources.amount
 
     def _lost(self, v: Workload) -> float:
         """GPU-seconds (CPU-seconds for CPU work) since its last checkpoint."""
-        marks = [t for t in (v.started_at, v.last_checkpoint_at) if t is not None]
-        since = max(marks, default=self.now)
+        since = v.started_at if v.started_at is not None else self.now
+        if v.last_checkpoint_at is not None and v.last_checkpoint_at > since:
+            since = v.last_checkpoint_at
         return (self.now - since) * v.resources.amount
 
     def _release(self, v: Workload) -> None:

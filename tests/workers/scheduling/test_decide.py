@@ -136,8 +136,9 @@ def test_borrowed_victims_go_before_lower_priority_ones_within_quota() -> None:
     nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
     qs = [queue("a", 8, cohort="c"), queue("b", 16, cohort="c")]
     a_own = running(job("a_own", "a", gpus=8, prio="production"), {"n1": tuple(range(8))})
-    a_borrowed = running(job("a_def", "a", gpus=8), {"n2": tuple(range(8))})
-    b_low = running(job("b_low", "b", gpus=8, prio="preemptible"), {"n3": tuple(range(8))})
+    a_borrowed = running(job("a_def", "a", gpus=8), {"n2": tuple(range(8))}, checkpoint=9950)
+    b_low = running(job("b_low", "b", gpus=8, prio="preemptible"), {"n3": tuple(range(8))},
+                    checkpoint=9950)
     p = job("p", "b", gpus=8, prio="production")
     actions = decide(state(nodes, qs, [a_own, a_borrowed, b_low, p]))
     assert preempts(actions) == {"a_def": "p"}
@@ -156,13 +157,25 @@ def test_min_runtime_and_preemption_cap_prevent_thrash() -> None:
     young = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=9_800)
     actions = decide(state(nodes, [queue("a", 8)], [young, job("p", gpus=8, prio="production")]))
     assert preempts(actions) == {}
-    capped = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=0, preemptions=3)
+    capped = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=0, checkpoint=9950,
+                     preemptions=3)
     actions = decide(state(nodes, [queue("a", 8)], [capped, job("p", gpus=8,
                                                                 prio="production")]))
     assert preempts(actions) == {}
     assert preempts(decide(state(nodes, [queue("a", 8)], [capped, job("p", gpus=8,
                                                                        prio="production")]),
                            Policy(max_preemptions=4))) == {"v": "p"}
+
+
+def test_a_victim_that_would_lose_too_much_work_waits_for_its_checkpoint() -> None:
+    nodes = [gpu_node("n1")]
+    stale = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=0, checkpoint=8000)
+    p = job("p", gpus=8, prio="production")
+    assert preempts(decide(state(nodes, [queue("a", 8)], [stale, p]))) == {}
+    assert preempts(decide(state(nodes, [queue("a", 8)], [stale, p]),
+                           Policy(max_victim_loss_s=None))) == {"v": "p"}
+    fresh = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=0, checkpoint=9800)
+    assert preempts(decide(state(nodes, [queue("a", 8)], [fresh, p]))) == {"v": "p"}
 
 
 def test_preemption_only_when_the_placement_then_succeeds() -> None:
@@ -179,7 +192,7 @@ def test_unneeded_victims_are_spared() -> None:
     """Freeing 4 GPUs takes the cheap 1-GPU victim first, then the 4-GPU one; the 1-GPU one
     turns out not to be needed and keeps running."""
     nodes = [gpu_node("n1")]
-    vs = [running(job("big", gpus=4), {"n1": (0, 1, 2, 3)}, started=0, checkpoint=9000),
+    vs = [running(job("big", gpus=4), {"n1": (0, 1, 2, 3)}, started=0, checkpoint=9500),
           running(job("small", gpus=1), {"n1": (4,)}, started=0, checkpoint=9999),
           running(job("prod", gpus=3, prio="production"), {"n1": (5, 6, 7)}, started=0)]
     actions = decide(state(nodes, [queue("a", 8)], [*vs, job("p", gpus=4, prio="production")]))

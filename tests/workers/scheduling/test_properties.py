@@ -57,10 +57,11 @@ def clusters(draw: st.DrawFn) -> ClusterState:
     snap = ClusterState(nodes=tuple(nodes), queues=tuple(queues), workloads=tuple(first), now=0)
     held = _apply(snap, decide(snap, POLICY), started=True)
     later = [_job(rng, 100 + i, queues, rng.uniform(0, 5000)) for i in range(rng.randint(0, 25))]
-    held = [replace(w, last_checkpoint_at=rng.choice([None, rng.uniform(0, 5000)]),
+    now = rng.choice([300.0, 5000.0, 50_000.0])
+    held = [replace(w, last_checkpoint_at=rng.choice([None, rng.uniform(max(0, now - 1800), now)]),
                     preemptions=rng.choice([0, 0, 1, 3])) for w in held]
     return ClusterState(nodes=tuple(nodes), queues=tuple(queues), workloads=tuple(held + later),
-                        now=rng.choice([300.0, 5000.0, 50_000.0]))
+                        now=now)
 
 
 def _job(rng: random.Random, i: int, queues: list[QueueSpec], at: float) -> Workload:
@@ -162,6 +163,9 @@ def check_preemptions(state: ClusterState, actions: list[Action]) -> None:
             assert v.started_at is not None
             assert state.now - v.started_at >= POLICY.min_runtime_s
             assert v.preemptions < POLICY.max_preemptions
+            since = max(v.started_at, v.last_checkpoint_at or v.started_at)
+            assert POLICY.max_victim_loss_s is not None
+            assert state.now - since <= POLICY.max_victim_loss_s, "lost work above the limit"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
