@@ -116,3 +116,12 @@ class ClusterState:
 
     def holders(self) -> list[Workload]:
         return [w for w in self.workloads if w.status in HOLDING]
+
+    def gpus_in_use(self) -> dict[str, set[int]]:
+        """Node name -> GPU ids that holders' allocations cover (for pages and the API: which
+        GPUs are free is each node's `gpu_ids` minus these)."""
+        used: dict[str, set[int]] = {n.name: set() for n in self.nodes}
+        for w in self.holders():
+            for name, ids in w.allocation.items():
+                used.setdefault(name, set()).update(ids)
+        return used

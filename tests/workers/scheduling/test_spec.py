@@ -46,3 +46,17 @@ def test_state_checks_its_parts() -> None:
     with pytest.raises(ValueError, match="default priority 'urgent'"):
         ClusterState(nodes=(), queues=(QueueSpec(name="a", default_priority="urgent"),),
                      workloads=(), now=0)
+
+
+def test_gpus_in_use_come_from_the_holders_only() -> None:
+    from workers.scheduling import Resources, Workload, WorkloadStatus
+
+    node = Node(name="n", flavor="H100", gpu_ids=(0, 1, 2, 3), cpus=8, memory_gb=8)
+    res = Resources(gpus_per_node=2)
+    held = Workload(id="a", queue="q", priority="default", resources=res, submitted_at=0,
+                    status=WorkloadStatus.RUNNING, allocation={"n": (1, 2)})
+    stopping = Workload(id="b", queue="q", priority="default", resources=res, submitted_at=0,
+                        status=WorkloadStatus.STOPPING, allocation={"n": (0, 3)})
+    snap = ClusterState(nodes=(node,), queues=(QueueSpec(name="q"),), workloads=(held, stopping),
+                        now=0)
+    assert snap.gpus_in_use() == {"n": {1, 2}}
