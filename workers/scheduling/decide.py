@@ -11,10 +11,10 @@ One pass reads a frozen `ClusterState` and returns what to do now. Its rules, in
    queue uses above its guaranteed part (nominal minus lending limit) comes from its cohort's
    pool of lendable quota, which must not run dry. Runs that cannot be preempted keep their
    queue's non-preemptible use within nominal, so what a queue borrows is always reclaimable.
-   A run blocked on quota it could hold within nominal keeps the rest of its queue off
-   that flavor, so small runs of its own queue cannot starve it; if it is within nominal and
-   only short because its quota is lent out, nobody in the cohort borrows more of that flavor
-   until the lent quota is back, so borrowers cannot starve it either.
+   A run within nominal that is short only because its quota is lent out stops its queue's
+   later runs and every borrower in the cohort from taking more of that flavor until it is
+   back, so borrowers cannot starve it; a run blocked by its own queue's use that could fit
+   within nominal does the same to its own queue once it has waited `starvation_guard_s`.
 3. **Placement** (`ledger.Capacity.place`): a gang goes whole onto ready nodes of one flavor,
    best fit (tightest nodes first) so whole nodes stay whole; nodes not `ready` get no new work.
 4. **Backfill with reservations** (EASY): the first run of a queue that fits its quota but not
@@ -66,6 +66,8 @@ class Policy:
     max_reservations: int = 8             # per pass, at most one per queue
     max_preemption_attempts: int = 8      # per pass; each simulates the placement
     assumed_runtime_s: float = 86_400.0   # for a holder with no estimate, when planning
+    starvation_guard_s: float = 21_600.0  # a run blocked on its own queue's use this long
+                                          # keeps the queue's later runs off its flavor
     scan_limit: int = 5_000               # runs looked at per pass; the rest wait "behind"
 
 
@@ -274,16 +276,21 @@ class _Pass:
         self.waiting.append((w, reason, start))
 
     def _hold_quota(self, w: Workload) -> None:
-        """Keep a queue's later runs off the flavors its blocked run fits within nominal; if it
-        is within nominal and only the cohort's pool is short (lent out), nobody in the cohort
-        borrows more of that flavor until it is back."""
+        """Guard a quota-blocked run against starvation. Within nominal and short only because
+        its quota is lent out: its queue's later runs stay off the flavor and nobody in the
+        cohort borrows more of it. Above nominal but able to fit within it: once it has waited
+        `starvation_guard_s`, its queue's later runs stay off the flavor (before that, they may
+        pass it: holding at once idles quota that smaller runs could use)."""
         amount = w.resources.amount
         cohort = self.queues[w.queue].cohort
+        aged = self.now - w.submitted_at >= self.policy.starvation_guard_s
         for flavor in self._flavors(w):
-            if amount <= self.quotas.nominal(w.queue, flavor):
+            if self._within_nominal(w.queue, flavor, amount):
                 self.held.setdefault(w.queue, set()).add(flavor)
-            if cohort is not None and self._within_nominal(w.queue, flavor, amount):
-                self.reclaiming.add((cohort, flavor))
+                if cohort is not None:
+                    self.reclaiming.add((cohort, flavor))
+            elif aged and amount <= self.quotas.nominal(w.queue, flavor):
+                self.held.setdefault(w.queue, set()).add(flavor)
 
     def _waits(self) -> list[Action]:
         positions: dict[str, int] = {}

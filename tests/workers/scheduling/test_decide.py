@@ -211,13 +211,14 @@ def test_fair_sharing_favours_the_queue_borrowing_less() -> None:
     assert set(got) == {"pb"}
 
 
-def test_a_run_blocked_on_its_own_quota_is_not_overtaken_by_its_queue() -> None:
+def test_a_run_blocked_on_its_own_quota_is_overtaken_only_until_it_has_waited() -> None:
     nodes = [gpu_node("n1")]
     busy = running(job("r", gpus=4), {"n1": (0, 1, 2, 3)}, started=0)
-    actions = decide(state(nodes, [queue("a", 6)], [busy, job("big", gpus=4, at=1),
-                                                    job("small", gpus=1, at=2)]))
-    assert admits(actions) == {}
-    assert waits(actions)["big"].reason == QUOTA
+    work = [busy, job("big", gpus=4, at=1), job("small", gpus=1, at=2)]
+    fresh = decide(state(nodes, [queue("a", 6)], work, now=600))
+    assert set(admits(fresh)) == {"small"} and waits(fresh)["big"].reason == QUOTA
+    aged = decide(state(nodes, [queue("a", 6)], work, now=21_601))
+    assert admits(aged) == {} and waits(aged)["big"].reason == QUOTA
 
 
 def test_cpu_work_goes_to_cpu_nodes_on_cpu_quota() -> None:
