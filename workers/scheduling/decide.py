@@ -199,7 +199,11 @@ class _Pass:
         amount = w.resources.amount
         fixed = not self._class(w).preemptible
         passed: list[str] = []
-        for flavor in self._flavors(w):
+        flavors = self._flavors(w)
+        if not flavors:
+            self.waiting.append((w, NO_FITTING_NODES, None))
+            return False
+        for flavor in flavors:
             if flavor in self.held.get(w.queue, ()) or flavor in self.blocked_flavors:
                 continue
             if not self._quota_fits(w, flavor, amount, fixed):

@@ -46,6 +46,14 @@ def test_nodes_not_ready_get_no_new_work() -> None:
     assert waits(actions)["j"].reason == NO_FITTING_NODES
 
 
+def test_a_gpu_run_on_a_cluster_without_gpus_has_no_fitting_nodes() -> None:
+    from workers.scheduling import Node
+
+    cpu = Node(name="c1", flavor="cpu", cpus=16, memory_gb=64)
+    assert waits(decide(state([cpu], [queue("a", 8)], [job("j")])))["j"].reason == \
+        NO_FITTING_NODES
+
+
 def test_quota_without_cohort() -> None:
     actions = decide(state([gpu_node("n1")], [queue("a", 4)], [job("big", gpus=8), job("s", at=1)]))
     assert set(admits(actions)) == {"s"}
