@@ -56,22 +56,27 @@ def clusters(draw: st.DrawFn) -> ClusterState:
     first = [_job(rng, i, queues, 0.0) for i in range(rng.randint(0, 25))]
     snap = ClusterState(nodes=tuple(nodes), queues=tuple(queues), workloads=tuple(first), now=0)
     held = _apply(snap, decide(snap, POLICY), started=True)
-    later = [_job(rng, 100 + i, queues, rng.uniform(0, 5000)) for i in range(rng.randint(0, 25))]
-    now = rng.choice([300.0, 5000.0, 50_000.0])
-    held = [replace(w, last_checkpoint_at=rng.choice([None, rng.uniform(max(0, now - 1800), now)]),
+    later = [_job(rng, 100 + i, queues, rng.uniform(0, 5000), urgent=0.5)
+             for i in range(rng.randint(0, 25))]
+    now = rng.choice([300.0, 5000.0, 5000.0, 50_000.0])
+    held = [replace(w, last_checkpoint_at=rng.choice([None, rng.uniform(max(0, now - 1800), now),
+                                                      rng.uniform(max(0, now - 600), now)]),
                     preemptions=rng.choice([0, 0, 1, 3])) for w in held]
     return ClusterState(nodes=tuple(nodes), queues=tuple(queues), workloads=tuple(held + later),
                         now=now)
 
 
-def _job(rng: random.Random, i: int, queues: list[QueueSpec], at: float) -> Workload:
+def _job(rng: random.Random, i: int, queues: list[QueueSpec], at: float,
+         urgent: float = 0.0) -> Workload:
+    """A random request; `urgent` is the extra chance that it is production work."""
     gpus = rng.choice([0, 1, 1, 2, 4, 8])
     types = tuple(rng.sample(FLAVORS, rng.randint(0, 2))) if gpus else ()
     res = Resources(gpus_per_node=gpus, nodes=rng.choice([1, 1, 1, 2, 3]), gpu_types=types,
                     cpus=rng.choice([1, 2, 4]), memory_gb=rng.choice([1, 16]),
                     max_runtime_s=rng.choice([None, 60.0, 3600.0, 86_400.0]))
     return Workload(id=f"w{i:03d}", queue=rng.choice(queues).name, submitted_at=at,
-                    priority=rng.choice(list(CLASSES)), resources=res)
+                    priority="production" if rng.random() < urgent else rng.choice(list(CLASSES)),
+                    resources=res)
 
 
 def _apply(state: ClusterState, actions: list[Action], *, started: bool) -> list[Workload]:
