@@ -19,7 +19,10 @@ from workers.scheduling.actions import Admit, Preempt
 
 from .build import gpu_node, job, queue
 
-BOUND = 12
+BOUND = 17
+"""Every pass ends at a completion; once the cohort stops lending the target's quota, it waits at
+most for the runs that held the cluster's 16 GPUs when it arrived (at most 16 one-GPU runs) to
+end, plus the pass that admits it."""
 
 
 def passes_until_admitted(seed: int, size: int, policy: Policy, limit: int = 60) -> int | None:
