@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep clean
+.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-scheduler clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ bench-sandbox: $(STAMP)
 bench-ingest: $(STAMP)
 	nice $(PY) tests/benchmarks/bench_ingest.py
 
-bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts
+bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts bench-scheduler
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
@@ -66,6 +66,10 @@ bench-synth: $(STAMP)
 # The run page drawing 50 charts x 10,000 points in Debian's chromium (Playwright).
 bench-charts: $(STAMP)
 	nice $(PY) -m tests.benchmarks.bench_charts
+
+# A discrete-event simulation of 1,000 GPUs / 10,000 jobs under today's policy and decide().
+bench-scheduler: $(STAMP)
+	$(PY) -m tests.benchmarks.bench_scheduler
 
 clean:
 	rm -rf var/
