@@ -1,7 +1,9 @@
 """Rollout generation behind one interface, so a vLLM backend can replace the HF one.
 
 A backend returns token ids and the sampling policy's per-token logprobs, laid out exactly as
-the trainer will re-score them: left-padded prompt, then right-padded completion.
+the trainer will re-score them: left-padded prompt, then right-padded completion; for a
+Qwen3-MoE the `hf` backend also returns each token's experts per layer (the routes the
+trainer's mismatch metrics and router replay read, see workers/rl/routing.py).
 """
 
 from __future__ import annotations
