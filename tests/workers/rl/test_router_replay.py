@@ -252,3 +252,28 @@ def test_what_the_installed_vllm_returns_for_routed_experts(tmp_path, tokenizer)
     assert routes is not None, f"vLLM {vllm.__version__} accepted the flag, returned no routes"
     routes = torch.as_tensor(routes)
     assert routes.shape[1:] == (2, 2) and int(routes.min()) >= 0 and int(routes.max()) < 8
+
+
+def test_merged_and_split_batches_keep_each_rows_routes(tiny_model, tokenizer):
+    """Curriculum rounds merge batches of different prompt widths and split them per group:
+    routes are padded and sliced with the ids, so row r's routes stay row r's."""
+    from workers.rl.actor import merge, split_groups
+
+    spec = RolloutSpec(max_new_tokens=3, group_size=2)
+    a = HFRollout(tiny_model, tokenizer).generate(["1+2=", "1+2="], spec,
+                                                  torch.Generator().manual_seed(0))
+    b = HFRollout(tiny_model, tokenizer).generate(["10+20=", "10+20="], spec,
+                                                  torch.Generator().manual_seed(1))
+    m = merge([a, b], tokenizer.pad_token_id)
+    assert m.prompt_routes is not None and m.completion_routes is not None
+    assert m.prompt_routes.shape[:2] == m.prompt_ids.shape
+    assert m.completion_routes.shape[:2] == m.completion_ids.shape
+    for part, rows in ((a, slice(0, 2)), (b, slice(2, 4))):
+        assert part.prompt_routes is not None and part.completion_routes is not None
+        p, c = part.prompt_ids.shape[1], part.completion_ids.shape[1]
+        assert torch.equal(m.prompt_routes[rows, -p:], part.prompt_routes)  # left-padded
+        assert torch.equal(m.completion_routes[rows, :c], part.completion_routes)
+        assert bool((m.completion_routes[rows, c:] == NO_ROUTE).all())
+    first = split_groups(m, 2)[1]
+    assert first.completion_routes is not None
+    assert torch.equal(first.completion_routes, m.completion_routes[2:4])
