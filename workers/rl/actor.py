@@ -35,6 +35,7 @@ from workers.rl.episodes import (
 )
 from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
+from workers.rl.routing import pad_routes
 from workers.rl.spec import RunSpec
 
 
@@ -94,6 +95,8 @@ def merge(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         completion_mask=pad_cat([b.completion_mask for b in batches], 0, left=False),
         logprobs=pad_cat([b.logprobs for b in batches], 0.0, left=False),
         texts=[t for b in batches for t in b.texts],
+        prompt_routes=pad_routes([b.prompt_routes for b in batches], left=True),
+        completion_routes=pad_routes([b.completion_routes for b in batches], left=False),
     )
     episodes = [b for b in batches if isinstance(b, EpisodeBatch)]
     if not episodes:
@@ -110,11 +113,15 @@ def split_groups(batch: RolloutBatch, group: int) -> list[RolloutBatch]:
         sl = slice(i, i + group)
         parts = (batch.prompt_ids[sl], batch.prompt_mask[sl], batch.completion_ids[sl],
                  batch.completion_mask[sl], batch.logprobs[sl], batch.texts[sl])
+        pr, cr = batch.prompt_routes, batch.completion_routes
+        p_routes, c_routes = (None if r is None else r[sl] for r in (pr, cr))
         if isinstance(batch, EpisodeBatch):
             out.append(EpisodeBatch(*parts, loss_mask=batch.loss_mask[sl],
-                                    norm_len=batch.norm_len))
+                                    norm_len=batch.norm_len, prompt_routes=p_routes,
+                                    completion_routes=c_routes))
         else:
-            out.append(RolloutBatch(*parts))
+            out.append(RolloutBatch(*parts, prompt_routes=p_routes,
+                                    completion_routes=c_routes))
     return out
 
 

@@ -87,6 +87,16 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
+def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise max over ranks (identity in a world of one)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        out = values.detach().to(device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return out.to(values.device)
+    return values
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank if it is true on any: ranks must agree on skipping a step."""
     t = torch.tensor([1.0 if flag else 0.0])

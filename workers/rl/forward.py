@@ -19,6 +19,8 @@ from workers.rl.lean import supported as lean_supported
 from workers.rl.losses import token_logprobs
 from workers.rl.objectives import Example
 from workers.rl.rollout import RolloutBatch, position_ids
+from workers.rl.route_taps import RouterTap, replayable_routers
+from workers.rl.routing import ReplayBindingError, check_replayed
 
 Router = Sequence[torch.Tensor] | None  # one (tokens, experts) logits tensor per layer
 
@@ -75,9 +77,33 @@ def lean_trainable(module: Any) -> torch.nn.Module | None:
 def forward_completion(module: Any, batch: RolloutBatch, sl: slice, moe: bool,
                        device: torch.device, lean: bool = True
                        ) -> tuple[torch.Tensor, Router, torch.Tensor]:
+    """`forward_routed` without the routes: completion logits, router logits and their mask."""
+    logits, router, mask, _ = forward_routed(module, batch, sl, moe, device, lean)
+    return logits, router, mask
+
+
+def replay_routes(batch: RolloutBatch, sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's recorded prompt and completion routes of rows `sl`, for router replay;
+    a batch without them is refused (its backend does not record routes)."""
+    if batch.prompt_routes is None or batch.completion_routes is None:
+        raise ReplayBindingError("moe.router_replay: this batch carries no recorded routes "
+                                 "(its rollout backend or objective does not record them)")
+    return batch.prompt_routes[sl], batch.completion_routes[sl]
+
+
+def forward_routed(module: Any, batch: RolloutBatch, sl: slice, moe: bool,
+                   device: torch.device, lean: bool = True, replay: bool = False
+                   ) -> tuple[torch.Tensor, Router, torch.Tensor, torch.Tensor | None]:
     """Run the policy on prompt+completion, as laid out at sampling time.
-    Returns completion logits (b,C,V), router logits per layer ((b*L),E) or None, and the
-    (b*L,) attention mask that router logits are aligned with.
+    Returns completion logits (b,C,V), router logits per layer ((b*L),E) or None, the
+    (b*L,) attention mask that router logits are aligned with, and for a Qwen3-MoE (with
+    `moe`) the routes the forward used, (b,L,layers,k) over prompt + completion in the
+    batch's layout (see `RolloutBatch`), None for other models.
+
+    `replay` (router replay): every token the sampler recorded a route for -- prompt tokens
+    as routed at prefill, completion tokens as routed when fed back -- is routed to exactly
+    those experts, with weights from this forward's own router logits; the rest (padding,
+    each row's last sampled token, which scores nothing) keep their own routing.
 
     With `lean` (and a model it supports) the forward is `LeanQwen3Moe.train_forward`: the same
     mathematics as the transformers forward (logits and gradients equal to float rounding) in
@@ -90,34 +116,58 @@ def forward_completion(module: Any, batch: RolloutBatch, sl: slice, moe: bool,
     ids = torch.cat([p_ids, c_ids], 1).to(device)  # (b, L = P + C)
     mask = torch.cat([p_mask, c_mask], 1).to(device)
     p = p_ids.shape[1]
+    p_routes = c_routes = None
+    if replay:
+        p_routes, c_routes = (r.to(device) for r in replay_routes(batch, sl))
     model = lean_trainable(module) if lean else None
     if model is not None:
         lean_fwd = LeanQwen3Moe(model, 0, ids.shape[1])
         packed = lean_fwd.train_forward_packed(p_ids.to(device), p_mask.to(device),
-                                               c_ids.to(device), c_mask.to(device))
+                                               c_ids.to(device), c_mask.to(device),
+                                               p_routes, c_routes)
         if packed is not None:
             logits, routers, weights = packed
-            return logits, (routers if moe else None), weights
-        logits, routers = lean_fwd.train_forward(ids, mask)
-        return logits[:, p - 1 : -1], (routers if moe else None), mask.reshape(-1)
+            return logits, (routers if moe else None), weights, \
+                (lean_fwd.routes if moe else None)
+        forced = None
+        if p_routes is not None and c_routes is not None:
+            forced = torch.cat([p_routes, c_routes], 1)
+        logits, routers = lean_fwd.train_forward(ids, mask, forced)
+        return logits[:, p - 1 : -1], (routers if moe else None), mask.reshape(-1), \
+            (lean_fwd.routes if moe else None)
+    gates = replayable_routers(module) if moe else None
+    if replay and gates is None:
+        raise ReplayBindingError("moe.router_replay needs a Qwen3-MoE with a sparse MoE block "
+                                 "in every layer; this model's routers cannot be replayed")
+    forced = None
+    if p_routes is not None and c_routes is not None:
+        forced = torch.cat([p_routes, c_routes], 1).flatten(0, 1)  # (b*L,layers,k)
+    route_tap = RouterTap(gates, forced) if gates else None
     taps = router_modules(getattr(module, "module", module)) if moe else None
     captured: list[torch.Tensor] = []
     handles = [m.register_forward_hook(lambda _m, _a, out, i=i: captured.append(out[i]))
                for m, i in taps or []]
     kwargs: dict[str, Any] = {"output_router_logits": True} if moe and not taps else {}
+    used = None
     try:
+        if route_tap is not None:
+            route_tap.__enter__()
         out = module(
             input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
             use_cache=False, **kwargs,
         )
+        if route_tap is not None:
+            used = route_tap.take().view(*ids.shape, len(route_tap.routers), -1)
     finally:
+        if route_tap is not None:
+            route_tap.__exit__()
         for h in handles:
             h.remove()
     logits = out.logits[:, p - 1 : -1]  # (b,C,V): position t predicts completion token t
     router = None
     if moe:
         router = tuple(captured) if taps else getattr(out, "router_logits", None)
-    return logits, router, mask.reshape(-1)
+    return logits, router, mask.reshape(-1), used
 
 
 
@@ -155,3 +205,39 @@ def reference_logprobs(ref: torch.nn.Module, batch: RolloutBatch, micro: int,
                        batch.completion_ids[i:i + micro].to(device), temperature).float().cpu()
         for i in range(0, n_seq, micro)
     ])
+
+
+@torch.no_grad()
+def replay_self_test(module: Any, vocab: int, device: torch.device, seed: int = 0) -> None:
+    """Router replay's check at start: one forward over a probe batch with random routes --
+    two rows sharing a prompt, so a packed forward shares it too -- through the very path the
+    trainer will use, whose every layer must then have used exactly those routes
+    (`check_replayed`). Catches routes bound to the wrong layers, a router that does not run
+    once per layer, and a model whose routers cannot be forced, before any step. Every rank
+    runs it (a ZeRO-3 forward is collective)."""
+    gates = replayable_routers(module)
+    if gates is None:
+        raise ReplayBindingError("moe.router_replay needs a Qwen3-MoE with a sparse MoE block "
+                                 "in every layer; this model's routers cannot be replayed")
+    g = torch.Generator().manual_seed(seed)
+    gate: Any = gates[0]
+    n_exp, k = int(gate.num_experts), int(gate.top_k)
+    n_layers, p, c = len(gates), 3, 4
+
+    def random_routes(rows: int, t: int) -> torch.Tensor:
+        return torch.rand((rows, t, n_layers, n_exp), generator=g).argsort(-1)[..., :k]
+
+    prompt = torch.randint(0, vocab, (1, p), generator=g).expand(2, p)
+    probe = RolloutBatch(
+        prompt_ids=prompt.clone(), prompt_mask=torch.ones((2, p), dtype=torch.long),
+        completion_ids=torch.randint(0, vocab, (2, c), generator=g),
+        completion_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
+        logprobs=torch.zeros((2, c)), texts=["", ""],
+        prompt_routes=random_routes(1, p).expand(2, p, n_layers, k).clone(),
+        completion_routes=random_routes(2, c).masked_fill(
+            torch.tensor([[False] * 4, [False, False, True, True]])[..., None, None], -1))
+    used = forward_routed(module, probe, slice(None), True, device, replay=True)[3]
+    recorded = torch.cat([probe.prompt_routes, probe.completion_routes], 1)  # type: ignore[list-item]
+    if used is None:
+        raise ReplayBindingError("moe.router_replay: the trainer's forward reported no routes")
+    check_replayed(recorded, used.cpu(), " (start-up check)")

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workers.rl.routing import NO_ROUTE, ROUTE_DTYPE, force_routes
+
 
 def supported(model: torch.nn.Module) -> bool:
     """Whether `LeanQwen3Moe` computes exactly what `model.forward` does."""
@@ -127,6 +129,9 @@ class LeanQwen3Moe:
         self.key_ok = torch.ones((batch, max_len), dtype=torch.bool, device=device)
         self.length = 0  # filled cache positions
         self.pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.used: list[torch.Tensor] = []  # per layer, the expert indices of this forward
+        self.forced: torch.Tensor | None = None  # router replay: ((N*T),L,k) routes to use
+        self.routes: torch.Tensor | None = None  # a training forward's routes, padded layout
 
     # ---- building blocks -------------------------------------------------------------------
 
@@ -166,24 +171,39 @@ class LeanQwen3Moe:
         return F.linear(out, self.layers[i].self_attn.o_proj.weight)
 
     def moe(self, layer: Any, x: torch.Tensor,
-            routers: list[torch.Tensor] | None = None) -> torch.Tensor:
+            routers: list[torch.Tensor] | None = None, i: int = 0) -> torch.Tensor:
         """Top-k routed experts, as Qwen3MoeSparseMoeBlock. x (N,T,D). The router logits
-        ((N*T),E) are appended to `routers` when given."""
+        ((N*T),E) are appended to `routers` when given; the expert indices used ((N*T),k) to
+        `self.used`, in the order the layers run. Under router replay (`self.forced`,
+        ((N*T),L,k)) layer i takes its expert choice from `forced[:, i]`, its weights from its
+        own router logits (`routing.force_routes`)."""
         block = layer.mlp
         shape = x.shape
         h = x.reshape(-1, shape[-1])
         logits = F.linear(h, block.gate.weight)
         if routers is not None:
             routers.append(logits)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        top, idx = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk:
-            top = top / top.sum(dim=-1, keepdim=True)
-        top = top.to(h.dtype)
+        if self.forced is None:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+            top, idx = torch.topk(probs, self.top_k, dim=-1)
+            if self.norm_topk:
+                top = top / top.sum(dim=-1, keepdim=True)
+            top = top.to(h.dtype)
+        else:
+            own = torch.topk(logits.detach().float().softmax(-1), self.top_k, dim=-1).indices
+            top, idx = force_routes(logits, own, self.forced[:, i], self.norm_topk)
+        self.used.append(idx)
         if self.grouped:
             return grouped_experts(block.experts, h, idx, top).view(shape)
         # The model's own experts implementation.
         return block.experts(h, idx, top).view(shape)
+
+    def take_routes(self) -> torch.Tensor:
+        """The expert indices of the forward just run, ((N*T),L,k) in layer order, as
+        `ROUTE_DTYPE`; clears them for the next forward."""
+        out = torch.stack(self.used, 1).to(ROUTE_DTYPE)
+        self.used = []
+        return out
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor,
                 cache_rows: torch.Tensor | None, at: int) -> torch.Tensor:
@@ -194,16 +214,22 @@ class LeanQwen3Moe:
         for i, layer in enumerate(self.layers):
             x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
                                    cache_rows, at)
-            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm))
+            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), None, i)
         return self.lm_head(self.rms(x[:, -1], self.norm))
 
     # ---- training -----------------------------------------------------------------------
 
-    def train_forward(self, ids: torch.Tensor,
-                      mask: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def train_forward(self, ids: torch.Tensor, mask: torch.Tensor,
+                      routes: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The model's forward with autograd over whole sequences (B,L), padded anywhere:
-        logits (B,L,V) at every position and each layer's router logits ((B*L),E)."""
+        logits (B,L,V) at every position and each layer's router logits ((B*L),E).
+        `routes` (B,L,layers,k): router replay's expert choice per token (NO_ROUTE: the
+        router's own); the routes used are left in `self.routes` (B,L,layers,k)."""
         b, length = ids.shape
+        self.used = []
+        self.forced = None if routes is None else routes.reshape(b * length,
+                                                                 *routes.shape[2:])
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones((length, length), dtype=torch.bool, device=ids.device).tril()
         allowed = causal.unsqueeze(0) & mask.bool().unsqueeze(1)  # (B,L,L)
@@ -216,12 +242,15 @@ class LeanQwen3Moe:
         for i, layer in enumerate(self.layers):
             x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
                                    None, 0)
-            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers)
+            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers, i)
+        self.forced = None
+        self.routes = self.take_routes().view(b, length, len(self.layers), self.top_k)
         return self.lm_head(self.rms(x, self.norm)), tuple(routers)
 
     def train_forward_packed(
         self, p_ids: torch.Tensor, p_mask: torch.Tensor, c_ids: torch.Tensor,
-        c_mask: torch.Tensor,
+        c_mask: torch.Tensor, p_routes: torch.Tensor | None = None,
+        c_routes: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor] | None:
         """The training forward over prompt (B,P, left-padded) + completion (B,C, right-padded)
         rows, packed: each distinct prompt's real tokens once, then every row's real completion
@@ -234,15 +263,23 @@ class LeanQwen3Moe:
         tokens and their weights (T,): the number of rows each token stands for, so weighted
         router statistics equal the unpacked masked ones. None when no prompt is shared, or
         when the packed sequence's T x T attention would cost much more than the padded rows'
-        B x L x L (long sequences): then the padded forward is the one to run."""
+        B x L x L (long sequences): then the padded forward is the one to run.
+
+        Router replay: `p_routes` (B,P,layers,k) and `c_routes` (B,C,layers,k) give each
+        token's expert choice (both or neither). Rows share a packed prompt only when their
+        prompt routes agree too, so every row's recorded prompt routes are the ones used. The
+        routes used are left in `self.routes` in the padded layout (B,P+C,layers,k),
+        NO_ROUTE on padding."""
         b, p = p_ids.shape
         dev = p_ids.device
-        uniq, inverse = torch.unique(torch.cat([p_ids, p_mask.long()], 1), dim=0,
-                                     return_inverse=True)
+        key = [p_ids, p_mask.long()]
+        if p_routes is not None:
+            key.append(p_routes.reshape(b, -1).long())
+        uniq, inverse = torch.unique(torch.cat(key, 1), dim=0, return_inverse=True)
         u = uniq.shape[0]
         if u == b:
             return None
-        u_ids, u_ok = uniq[:, :p], uniq[:, p:].bool()
+        u_ids, u_ok = uniq[:, :p], uniq[:, p:2 * p].bool()
         u_pos = (u_ok.long().cumsum(-1) - 1).clamp(min=0)
         c_ok = c_mask.bool()
         n_prompt = u_ok.sum(-1)  # (U,) real prompt tokens
@@ -265,11 +302,25 @@ class LeanQwen3Moe:
         x = self.embed(ids).unsqueeze(0)  # (1,T,D)
         cos = self.cos[pos].view(1, t, 1, -1)
         sin = self.sin[pos].view(1, t, 1, -1)
+        n_layers, k = len(self.layers), self.top_k
+        self.used = []
+        self.forced = None
+        if p_routes is not None and c_routes is not None:
+            u_routes = uniq[:, 2 * p:].view(u, p, n_layers, k)
+            self.forced = torch.cat([u_routes[u_ok], c_routes.to(dev)[c_ok].long()])
         routers: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
                                    None, 0)
-            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers)
+            x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers, i)
+        self.forced = None
+        used = self.take_routes()  # (T,layers,k), unpacked to the padded layout:
+        u_used = torch.full((u, p, n_layers, k), NO_ROUTE, dtype=used.dtype, device=dev)
+        u_used[u_ok] = used[:n_p]
+        c_used = torch.full((*c_ids.shape, n_layers, k), NO_ROUTE, dtype=used.dtype,
+                            device=dev)
+        c_used[c_ok] = used[n_p:]
+        self.routes = torch.cat([u_used[inverse], c_used], 1)
         # Which packed token predicts completion token (r, c): the prompt's last real token for
         # c = 0, the row's token c-1 after that (a real one stands in at padded positions).
         last_prompt = torch.cumsum(u_ok.sum(-1), 0) - 1  # (U,) index of each prompt's last

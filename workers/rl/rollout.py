@@ -1,18 +1,22 @@
 """Rollout generation behind one interface, so a vLLM backend can replace the HF one.
 
 A backend returns token ids and the sampling policy's per-token logprobs, laid out exactly as
-the trainer will re-score them: left-padded prompt, then right-padded completion.
+the trainer will re-score them: left-padded prompt, then right-padded completion; for a
+Qwen3-MoE the `hf` backend also returns each token's experts per layer (the routes the
+trainer's mismatch metrics and router replay read, see workers/rl/routing.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from workers.rl.lean import lean_decoder
+from workers.rl.route_taps import RouterTap, replayable_routers
+from workers.rl.routing import NO_ROUTE
 from workers.rl.spec import RolloutSpec
 
 
@@ -24,6 +28,11 @@ class RolloutBatch:
     completion_mask: torch.Tensor  # (B,C) 1 on sampled tokens, including the eos/stop token
     logprobs: torch.Tensor  # (B,C) log-prob of each sampled token under the sampling policy
     texts: list[str]  # decoded completions, cut at the first stop string
+    # Mixture-of-experts routes the sampler used (workers.rl.routing), or None (a dense model,
+    # or a backend that does not record them): per token and MoE layer, its top-k experts.
+    # NO_ROUTE on padding and on the last sampled token (never fed through the model).
+    prompt_routes: torch.Tensor | None = field(default=None, kw_only=True)  # (B,P,L,k)
+    completion_routes: torch.Tensor | None = field(default=None, kw_only=True)  # (B,C,L,k)
 
     @property
     def num_tokens(self) -> int:
@@ -136,11 +145,12 @@ class HFRollout:
             # lazily built buffers may be created here, and the trainer's autograd later
             # uses both (inference tensors cannot be saved for backward).
             with torch.no_grad():
-                ids, lp, mask = self.sample(uniq_ids, uniq_mask, rows, spec, generator,
-                                            controls, on_step)
+                ids, lp, mask, routes = self.sample(uniq_ids, uniq_mask, rows, spec, generator,
+                                                    controls, on_step)
         finally:
             restore()
         comp, mask, lp = ids.cpu(), mask.cpu(), lp.cpu()
+        p_routes, c_routes = routes if routes is not None else (None, None)
         return RolloutBatch(
             prompt_ids=uniq_ids[rows],
             prompt_mask=uniq_mask[rows],
@@ -148,6 +158,8 @@ class HFRollout:
             completion_mask=mask,
             logprobs=lp,
             texts=self.texts(comp, mask, spec.stop),
+            prompt_routes=p_routes,
+            completion_routes=c_routes,
         )
 
     def eval_mode(self) -> Callable[[], object]:
@@ -206,13 +218,35 @@ class HFRollout:
         generator: torch.Generator,
         controls: SamplingControls | None = None,
         on_step: StepHook | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode loop: (B,C) ids, logprobs and mask, C <= max_new_tokens.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+               tuple[torch.Tensor, torch.Tensor] | None]:
+        """The decode loop: (B,C) ids, logprobs and mask, C <= max_new_tokens, and for a
+        Qwen3-MoE the routes it used: prompt (B,P,L,k) and completion (B,C,L,k), see
+        `RolloutBatch`; None for other models.
 
         The prompt pass runs once per distinct prompt and its KV cache is copied out to the
         rows sharing it. Buffers are preallocated; no forward runs after the last sampled
         token, and without lockstep the loop stops as soon as every row has finished.
         """
+        lean = None if self.lockstep else lean_decoder(
+            self.model, rows.shape[0], uniq_ids.shape[1] + spec.max_new_tokens)
+        routers = None if lean is not None else replayable_routers(self.model)
+        tap = RouterTap(routers) if routers else None
+        if tap is None:
+            return self.decode(uniq_ids, uniq_mask, rows, spec, generator, controls, on_step,
+                               lean, None)
+        with tap:
+            return self.decode(uniq_ids, uniq_mask, rows, spec, generator, controls, on_step,
+                               lean, tap)
+
+    def decode(
+        self, uniq_ids: torch.Tensor, uniq_mask: torch.Tensor, rows: torch.Tensor,
+        spec: RolloutSpec, generator: torch.Generator, controls: SamplingControls | None,
+        on_step: StepHook | None, lean: Any, tap: RouterTap | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+               tuple[torch.Tensor, torch.Tensor] | None]:
+        """`sample`'s loop, with the lean decoder (or None) and the router tap (or None)
+        chosen; routes come from the lean forward or the tap after every forward."""
         tok, n_new = self.tok, spec.max_new_tokens
         b, p = rows.shape[0], uniq_ids.shape[1]
         device = next(self.model.parameters()).device
@@ -225,7 +259,8 @@ class HFRollout:
         mask = torch.zeros((b, n_new), dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         shared = rows.shape[0] > uniq_ids.shape[0]
-        lean = None if self.lockstep else lean_decoder(self.model, b, p + n_new)
+        take = lean.take_routes if lean is not None else (tap.take if tap else None)
+        p_routes = c_routes = None
         if lean is not None:
             logits = lean.prefill(uniq_ids.to(device), uniq_mask.to(device), rows_d)
             shared = True
@@ -238,10 +273,22 @@ class HFRollout:
                 cache.batch_select_indices(rows_d)
             else:  # a cache that cannot be copied across rows: prefill every row instead
                 shared = False
+        if take is not None and shared:  # the distinct prompts' routes, fanned out to rows
+            u_routes = take()
+            p_routes = u_routes.view(*uniq_ids.shape, *u_routes.shape[1:])[rows_d]
         if not shared:
+            if take is not None and lean is None and rows.shape[0] > uniq_ids.shape[0]:
+                take()  # the shared prefill's routes, superseded by the per-row one
             out = self.model(input_ids=uniq_ids.to(device)[rows_d], attention_mask=attn[:, :p],
                              position_ids=pos, use_cache=True)
             cache, logits = out.cache, out.logits[:, -1]  # (B,V)
+            if take is not None:
+                r = take()
+                p_routes = r.view(b, p, *r.shape[1:])
+        if p_routes is not None:
+            p_routes = p_routes.masked_fill(~attn[:, :p].bool()[..., None, None], NO_ROUTE)
+            c_routes = torch.full((b, n_new, *p_routes.shape[2:]), NO_ROUTE,
+                                  dtype=p_routes.dtype, device=device)
         controls = None if controls is None or controls.neutral else controls
         seen = None  # (B,V) tokens in the prompt or sampled so far, for the repetition penalty
         if controls is not None and controls.repetition_penalty != 1.0:
@@ -276,12 +323,21 @@ class HFRollout:
                 break
             if lean is not None:
                 logits = lean.step(ids[:, t : t + 1])
-                continue
-            pos = pos[:, -1:] + 1
-            out = self.model(input_ids=ids[:, t : t + 1], attention_mask=attn[:, : p + t + 1],
-                             position_ids=pos, cache=cache, use_cache=True)
-            cache, logits = out.cache, out.logits[:, -1]
-        return ids[:, : t + 1], lp[:, : t + 1], mask[:, : t + 1]
+            else:
+                pos = pos[:, -1:] + 1
+                out = self.model(input_ids=ids[:, t : t + 1],
+                                 attention_mask=attn[:, : p + t + 1], position_ids=pos,
+                                 cache=cache, use_cache=True)
+                cache, logits = out.cache, out.logits[:, -1]
+            if c_routes is not None and take is not None:  # token t went through the model
+                c_routes[:, t] = take()
+        n = t + 1
+        routes = None
+        if p_routes is not None and c_routes is not None:
+            c_routes = c_routes[:, :n].masked_fill(~mask[:, :n].bool()[..., None, None],
+                                                   NO_ROUTE)
+            routes = (p_routes.cpu(), c_routes.cpu())
+        return ids[:, :n], lp[:, :n], mask[:, :n], routes
 
     def mark_stopped(self, so_far: torch.Tensor, done: torch.Tensor, stops: list[str]) -> None:
         """Finish (in place) the live rows whose decoded text now contains a stop string."""

@@ -281,6 +281,20 @@ class TrainerSpec(_Strict):
     sync_timeout_s: Annotated[float, Field(gt=0.0)] = 300.0  # a stalled weight/batch hand-off
 
 
+class MoeSpec(_Strict):
+    """Mixture-of-experts training settings (see docs/moe.md).
+
+    `router_replay` (R3): the trainer's forward routes every token the sampler recorded to
+    exactly the experts the sampler chose (prompt tokens as routed at prefill, completion
+    tokens as routed when fed back), with the routing weights still computed from the
+    trainer's own router logits, so the router keeps learning. Checked every micro-batch:
+    the routes the forward used must agree with the record on every layer (1.0), else the
+    run stops with an error naming the layer. Needs the `hf` rollout backend and single-turn
+    objectives: those record routes; vLLM's routed-experts output is not wired yet."""
+
+    router_replay: bool = False
+
+
 class CheckpointSpec(_Strict):
     """`dir`: where a local run keeps its checkpoints (default `var/rl/checkpoints`). A run on
     the platform leaves it unset: its worker picks a scratch folder per attempt and the
@@ -333,6 +347,7 @@ class RunSpec(_Strict):
     sft: SftSpec = SftSpec()
     preference: PreferenceSpec = PreferenceSpec()
     algorithm: AlgorithmSpec = AlgorithmSpec()
+    moe: MoeSpec = MoeSpec()
     curriculum: CurriculumSpec = CurriculumSpec()
     trainer: TrainerSpec = TrainerSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
@@ -385,6 +400,15 @@ class RunSpec(_Strict):
             # instead is not wired yet, so the combination is refused rather than ignored.
             raise ValueError("rollout.backend = 'vllm' runs synchronously for now: set "
                              "trainer.max_async_steps = 0")
+        if self.moe.router_replay and self.rollout.backend == "vllm":
+            # vLLM's routed-experts output (enable_return_routed_experts) changed shape and
+            # requirements between releases and could not be verified against an installed
+            # vLLM here, so the vLLM backend records no routes: replay would have none.
+            raise ValueError("moe.router_replay needs recorded routes, which only the 'hf' "
+                             "rollout backend records for now: the vLLM backend's "
+                             "routed-experts output is not wired (it could not be verified "
+                             "against an installed vLLM); use rollout.backend = 'hf' or "
+                             "moe.router_replay = false")
         return self
 
     @model_serializer(mode="wrap")

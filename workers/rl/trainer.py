@@ -29,7 +29,7 @@ from workers.rl import advantages as adv_lib
 from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
-from workers.rl.distributed import all_reduce_sum, any_rank, process_group
+from workers.rl.distributed import all_reduce_max, all_reduce_sum, any_rank, process_group
 from workers.rl.engine import clip_gradients, frozen_copy, make_engine, use_bf16, weight_snapshot
 from workers.rl.episodes import (
     EpisodeBatch,
@@ -39,7 +39,14 @@ from workers.rl.episodes import (
     play_groups,
     plays_episodes,
 )
-from workers.rl.forward import Router, completion_batch, forward_completion, reference_logprobs
+from workers.rl.forward import (
+    Router,
+    completion_batch,
+    forward_completion,
+    forward_routed,
+    reference_logprobs,
+    replay_self_test,
+)
 from workers.rl.losses import (
     aggregate,
     dpo_loss,
@@ -58,6 +65,8 @@ from workers.rl.pinned_data import PinnedData
 from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.prompt_format import PromptFormat
 from workers.rl.rollout import HFRollout, RolloutBatch, make_backend
+from workers.rl.route_taps import replayable_routers
+from workers.rl.routing import MismatchMeter, check_replayed
 from workers.rl.samples import finish_reason, pick_samples, reports_at
 from workers.rl.sinks import JsonlSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import DEFAULT_VOCAB_SIZE, MODE_SETTINGS, ModelSpec, RunSpec
@@ -152,6 +161,11 @@ class Trainer:
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         )
+        self.meter: MismatchMeter | None = None  # open during a step's first update
+        if spec.moe.router_replay and plays_episodes(self.objective):
+            raise ValueError("moe.router_replay replays routes the sampler recorded, and "
+                             "multi-turn / tool-use episodes do not record them yet: use a "
+                             "single-turn objective or moe.router_replay = false")
         self.check_world()
 
     def check_world(self) -> None:
@@ -346,6 +360,8 @@ class Trainer:
             ref = frozen_copy(policy, self.device, use_bf16(ts))
         total_opt_steps = ts.steps * algo.updates_per_batch
         engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas, own_clip=True)
+        if spec.moe.router_replay:  # fail before step 1 if replay cannot bind every layer
+            replay_self_test(engine, len(tok), self.device, ts.seed)
         backend = self.rollout_backend(engine, tok, sft_dir)
         per_rank = ts.prompts_per_step // self.world
         # Store-backed records give their own shard-major order, so prefetch runs ahead.
@@ -530,13 +546,18 @@ class Trainer:
         t1 = time.perf_counter()
         stats: dict[str, float] = {}
         skipped = False
+        # Train/infer mismatch: measured in the first update, before any optimizer step.
+        meter = self.meter = MismatchMeter(layers=len(replayable_routers(engine) or [])
+                                           if moe else 0)
         for _ in range(algo.updates_per_batch):
             upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
                                        top_k, keep)
+            self.meter = None
             for k, v in upd.items():
                 stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
             if skipped:
                 break
+        stats.update(meter.result(all_reduce_sum, all_reduce_max))
         t_train = time.perf_counter() - t1
         stats.update(dapo)
         return self.step_metrics(sb.rewards, sb.components, batch, stats, sb.gen_s,
@@ -635,7 +656,8 @@ class Trainer:
         with its completion logits, its metric parts and its (layers, experts) token counts
         (None for a dense model)."""
         algo, temp = self.spec.algorithm, self.spec.rollout.temperature
-        logits, router, flat_mask = forward_completion(engine, batch, sl, moe, self.device)
+        logits, router, flat_mask, routes = forward_routed(
+            engine, batch, sl, moe, self.device, replay=self.spec.moe.router_replay)
         c_ids = batch.completion_ids[sl].to(self.device)
         # Loss mask: sampled tokens only (environment/tool tokens of episodes are attended to
         # in the forward pass but never trained on); the completion mask single-turn.
@@ -643,6 +665,7 @@ class Trainer:
         if keep is not None:  # DAPO's dropped groups leave the loss (and its denominator)
             mask = mask * keep[sl].to(self.device).unsqueeze(-1)
         logp = token_logprobs(logits, c_ids, temp)  # (b,C)
+        self.track_routes(batch, sl, logp, mask, routes)
         pg, st = policy_loss(
             logp, batch.logprobs[sl].to(self.device), advs[sl].to(self.device), mask,
             importance=algo.importance, clip_low=algo.clip_low, clip_high=algo.clip_high,
@@ -664,6 +687,21 @@ class Trainer:
             loss, util = self.router_terms(loss, router, top_k, flat_mask, parts)
         parts["loss"] = loss.detach()
         return loss, logits, {**parts, **st}, util
+
+    def track_routes(self, batch: RolloutBatch, sl: slice, logp: torch.Tensor,
+                     mask: torch.Tensor, routes: torch.Tensor | None) -> None:
+        """Under router replay, check that the forward used the recorded routes on every
+        layer and token (raises `ReplayBindingError`); feed the step's mismatch meter."""
+        recorded = batch.completion_routes
+        if self.spec.moe.router_replay and batch.prompt_routes is not None \
+                and recorded is not None and routes is not None:
+            check_replayed(torch.cat([batch.prompt_routes[sl], recorded[sl]], 1),
+                           routes.cpu(), f" (rows {sl.start}..{sl.stop})")
+        if self.meter is not None:
+            p = batch.prompt_ids.shape[1]
+            self.meter.add(logp.detach(), batch.logprobs[sl].to(logp.device), mask,
+                           None if recorded is None else recorded[sl],
+                           None if routes is None else routes[:, p:])
 
     def reference_terms(self, loss: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor,
                         mask: torch.Tensor, rewards: torch.Tensor, seq_len: int,
@@ -738,7 +776,8 @@ class Trainer:
         names = sorted(components)
         local = [float(rewards.sum()), float((rewards**2).sum()), float(rewards.numel())]
         local += [sum(components[n]) for n in names]
-        keys = sorted(k for k in stats if not k.startswith("moe/"))
+        # moe/ and mismatch/ metrics arrive reduced over ranks already.
+        keys = sorted(k for k in stats if not k.startswith(("moe/", "mismatch/")))
         local += [stats[k] for k in keys]
         gen_tokens = float(batch.num_tokens)
         train_tokens = float(batch.prompt_mask.sum() + batch.completion_mask.sum())
@@ -761,7 +800,7 @@ class Trainer:
         out["gen_tokens_per_s"] = g_tok / max(tg / self.world, 1e-9)
         out["train_tokens_per_s"] = t_tok / max(tt / self.world, 1e-9)
         out["completion_len"] = g_tok / n
-        out.update({k: v for k, v in stats.items() if k.startswith("moe/")})
+        out.update({k: v for k, v in stats.items() if k.startswith(("moe/", "mismatch/"))})
         return out
 
 

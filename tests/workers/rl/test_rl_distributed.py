@@ -178,6 +178,9 @@ def test_two_rank_async_actor_with_zero3(tmp_path):
     for m in steps:
         assert m["async/lag0"] + m["async/lag1"] == 4 * 4  # both ranks' samples, lag <= 1
         assert 0.0 <= m["async/learner_idle"] <= 1.0
+        # train/infer mismatch, reduced over both ranks (stale samples lower the agreement)
+        assert m["mismatch/kl"] >= 0.0 and m["mismatch/max_ratio"] >= 1.0
+        assert all(0.0 <= m[f"mismatch/expert_agreement/layer_{i}"] <= 1.0 for i in range(2))
     assert "eval/reward_mean" in steps[-1]
     last = run_dir / "ckpt" / "step-000005"
     r0 = (last / "rank0.json").read_text()
