@@ -392,3 +392,55 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel,
     state = state or HookState()
     ddp_model.register_comm_hook(state, compress_hook)
     return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Outside DDP: one flat compressed all-reduce of a list of gradients (DeepSpeed stage 0)
+# ---------------------------------------------------------------------------------------------
+
+
+def all_reduce_grads(params: Sequence[torch.nn.Parameter], state: HookState) -> None:
+    """Average the ``.grad`` of ``params`` over the world in place, as one flat 4-bit
+    exchange (one residual for the whole vector)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1).float() for g in grads])  # [N]
+    key = ("flat", flat.numel())
+    if state.plan is None:
+        total, _ = compressed_all_reduce_sum(flat, key=key, cfg=state.cfg,
+                                             worker_ef=state.worker_ef,
+                                             server_ef=state.server_ef, counter=state.counter)
+    else:
+        total = hierarchical_all_reduce_sum(flat, state.plan, key=key, cfg=state.cfg,
+                                            worker_ef=state.worker_ef,
+                                            server_ef=state.server_ef, counter=state.counter,
+                                            intra_dtype=state.intra_dtype)
+    state.elements += flat.numel()
+    mean = total / dist.get_world_size()
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(mean[offset:offset + n].view_as(g))
+        offset += n
+
+
+def attach_to_deepspeed(engine: Any, state: HookState | None = None) -> HookState:
+    """Replace a ZeRO stage-0 DeepSpeed engine's gradient all-reduce with the 4-bit one.
+
+    At stage 0 DeepSpeed reduces every gradient in ``allreduce_gradients`` at the accumulation
+    boundary and nowhere else; at stages 1-3 its optimizer owns the communication, so this
+    refuses them (the spec refuses the combination first)."""
+    if engine.zero_optimization_stage() != 0:
+        raise ValueError("4-bit gradient compression replaces DeepSpeed's all-reduce only at "
+                         f"ZeRO stage 0, not {engine.zero_optimization_stage()}")
+    state = state or HookState()
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+
+    def allreduce_gradients(*_args: Any, **_kwargs: Any) -> None:
+        if engine.is_gradient_accumulation_boundary():
+            all_reduce_grads(params, state)
+
+    engine.allreduce_gradients = allreduce_gradients
+    engine.crucible_grad_compress = state
+    return state
