@@ -384,3 +384,51 @@ def test_zeropp_quantised_stage3_step_on_gpu() -> None:
             engine.step()
             losses.append(loss.item())
         assert all(torch.isfinite(torch.tensor(losses)))
+
+
+TRAIN_CONFIG = """
+name = "two-ranks-4bit"
+[model]
+seed = 3
+[model.preset]
+num_layers = 2
+num_experts = 4
+hidden_size = 32
+moe_intermediate_size = 32
+[sft]
+steps = 4
+batch_size = 8
+[rollout]
+group_size = 4
+max_new_tokens = 4
+[trainer]
+steps = 3
+prompts_per_step = 4
+micro_batch_size = 4
+zero_stage = 0
+grad_compression = "{compression}"
+seed = 7
+[checkpoint]
+dir = "{{dir}}/ckpt"
+save_final = false
+[output]
+metrics_jsonl = "{{dir}}/metrics.jsonl"
+stdout = true
+"""
+
+
+@pytest.mark.slow
+def test_a_two_rank_train_run_uses_the_4bit_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The trainer's SFT and RL phases on 2 ranks (torchrun, gloo, DeepSpeed stage 0) finish with
+    # finite losses; the same run uncompressed reports different losses (the updates differ by
+    # the quantisation error), so the 4-bit all-reduce was really the one in use.
+    from tests.workers.rl.test_rl_distributed import finish, launch, losses
+
+    got = {}
+    for mode in ("4bit", "none"):
+        run_dir = tmp_path / mode
+        finish(launch(run_dir, config=TRAIN_CONFIG.format(compression=mode)), run_dir)
+        got[mode] = losses(run_dir)
+    assert sorted(got["4bit"]) == sorted(got["none"]) == [1, 2, 3]
+    assert all(torch.isfinite(torch.tensor(list(got["4bit"].values()))))
+    assert got["4bit"] != got["none"]
