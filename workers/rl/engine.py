@@ -73,15 +73,44 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
     }
     if ts.zero_stage == 3:
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    config["zero_optimization"].update(zeropp_config(ts, torch.cuda.is_available()))
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=opt, lr_scheduler=sched, config=config
     )
+    if ts.grad_compression == "4bit" and engine.world_size > 1:
+        from workers.rl.grad_compress import attach_to_deepspeed
+
+        attach_to_deepspeed(engine)
     if ts.zero_stage == 0 and engine.world_size == 1:
         # In a world of one the stage-0 gradient all-reduce is an identity that still
         # flattens every gradient into a bucket, reduces it and copies it back each step.
         engine.enable_backward_allreduce = False
     engine.crucible_clip = ts.grad_clip if clip_here else 0.0
     return engine
+
+
+class ZeroPPUnavailable(ValueError):
+    """ZeRO++ quantisation asked for where DeepSpeed cannot run it."""
+
+
+def zeropp_config(ts: TrainerSpec, cuda: bool) -> dict[str, Any]:
+    """`trainer.zeropp` as DeepSpeed `zero_optimization` keys. Refused on CPU for qwZ/qgZ:
+    DeepSpeed would start and then fail inside the first all-gather ("not implemented on CPU
+    backend"); saying so before the run starts is the useful error."""
+    zp = ts.zeropp
+    if (zp.quantized_weights or zp.quantized_gradients) and not cuda:
+        raise ZeroPPUnavailable("ZeRO++ quantisation needs a GPU: trainer.zeropp."
+                                "quantized_weights / quantized_gradients have no CPU kernels in "
+                                "DeepSpeed; use trainer.grad_compression = '4bit' (zero_stage 0) "
+                                "on CPU")
+    out: dict[str, Any] = {}
+    if zp.quantized_weights:
+        out["zero_quantized_weights"] = True
+    if zp.quantized_gradients:
+        out["zero_quantized_gradients"] = True
+    if zp.hpz_partition_size > 1:
+        out["zero_hpz_partition_size"] = zp.hpz_partition_size
+    return out
 
 
 def clip_gradients(engine: Any) -> float | None:

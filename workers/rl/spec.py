@@ -260,6 +260,21 @@ class AlgorithmSpec(_Strict):
         return _drop_none(handler(self), *MODE_SETTINGS, "overlong_penalty")
 
 
+class ZeroPPSpec(_Strict):
+    """DeepSpeed ZeRO++ (stage 3 only): qwZ quantises the weights' all-gather, qgZ the gradients'
+    reduce-scatter (4-bit, intra- then inter-node all-to-all), hpZ keeps a secondary weight
+    partition of `hpz_partition_size` ranks (a node) so the backward all-gather stays inside
+    it. qwZ/qgZ need a GPU (DeepSpeed has no CPU kernels for them); hpZ runs anywhere."""
+
+    quantized_weights: bool = False
+    quantized_gradients: bool = False
+    hpz_partition_size: PosInt = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.quantized_weights or self.quantized_gradients or self.hpz_partition_size > 1
+
+
 class TrainerSpec(_Strict):
     steps: PosInt = 50
     prompts_per_step: PosInt = 8
@@ -279,6 +294,21 @@ class TrainerSpec(_Strict):
     # Async actor-learner: generation for step n+k overlaps training of step n (0 = synchronous).
     max_async_steps: NonNegInt = 0
     sync_timeout_s: Annotated[float, Field(gt=0.0)] = 300.0  # a stalled weight/batch hand-off
+    # "4bit": gradients cross ranks as per-block 4-bit codes with error feedback
+    # (workers/rl/grad_compress.py); only where Crucible owns the all-reduce (zero_stage 0).
+    grad_compression: Literal["none", "4bit"] = "none"
+    zeropp: ZeroPPSpec = ZeroPPSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerSpec:
+        if self.grad_compression != "none" and self.zero_stage != 0:
+            raise ValueError(
+                f"grad_compression = {self.grad_compression!r} needs zero_stage = 0: under "
+                f"ZeRO stage {self.zero_stage} DeepSpeed owns the gradient communication (use "
+                "trainer.zeropp.quantized_gradients with zero_stage = 3 on GPUs instead)")
+        if self.zeropp.enabled and self.zero_stage != 3:
+            raise ValueError("trainer.zeropp (ZeRO++) needs zero_stage = 3")
+        return self
 
 
 class MoeSpec(_Strict):
