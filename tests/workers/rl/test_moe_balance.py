@@ -226,3 +226,67 @@ def test_the_bias_is_checkpointed_and_restored_on_resume(tmp_path):
     assert torch.allclose(b4 - b3, moved * rate, atol=1e-7)
     assert float(moved.abs().max()) <= 1.0
     assert float(b4.abs().max()) >= 2 * rate
+
+
+def test_aux_free_with_the_async_actor_samples_with_the_biases(tmp_path):
+    """The actor's own policy copy gets the bias buffers, so each weight snapshot (which
+    carries them) loads into it."""
+    spec = tiny_spec(tmp_path, {"balance": "aux_free", "bias_rate": 0.01}, steps=3,
+                     max_async_steps=1)
+    result = train(spec, JsonlSink(tmp_path / "m.jsonl"))
+    steps = step_metrics(tmp_path / "m.jsonl")
+    assert sorted(steps) == [1, 2, 3]
+    assert all(math.isfinite(v) for v in result.losses.values())
+    assert steps[3]["moe/bias_absmax/layer_0"] > 0.0
+
+
+TWO_RANKS = """
+name = "balance-two-ranks"
+[model]
+seed = 3
+[model.preset]
+num_layers = 2
+num_experts = 4
+hidden_size = 32
+moe_intermediate_size = 32
+[rollout]
+group_size = 4
+max_new_tokens = 4
+[trainer]
+steps = 2
+prompts_per_step = 4
+micro_batch_size = 4
+zero_stage = {zero}
+seed = 7
+[moe]
+balance = "{mode}"
+bias_rate = 0.01
+[checkpoint]
+dir = "{{dir}}/ckpt"
+save_final = false
+[output]
+metrics_jsonl = "{{dir}}/metrics.jsonl"
+stdout = true
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,zero", [("global_aux", 2), ("aux_free", 3)])
+def test_two_rank_runs_in_the_global_and_aux_free_modes(tmp_path, mode, zero):
+    """Under torchrun (2 gloo ranks, ZeRO-2 and ZeRO-3): the global loss's pre-pass loads and
+    the step's loads are all-reduced (a rank that skipped or mis-shaped the collective would
+    hang or fail the run), and the aux-free bias moves by one sign step per step."""
+    from tests.workers.rl.test_rl_distributed import finish, launch
+
+    run_dir = tmp_path / mode
+    finish(launch(run_dir, config=TWO_RANKS.format(mode=mode, zero=zero)), run_dir)
+    steps = step_metrics(run_dir / "metrics.jsonl")
+    assert sorted(steps) == [1, 2]
+    for m in steps.values():
+        assert math.isfinite(m["loss"])
+        assert all(m[f"moe/maxvio/layer_{i}"] >= 0.0 for i in range(2))
+        # every layer routes the same (rank-summed) tokens, k slots each
+        tokens = sum(m[f"moe/layer0/expert{e}_tokens"] for e in range(4))
+        assert tokens == sum(m[f"moe/layer1/expert{e}_tokens"] for e in range(4)) > 0
+    if mode == "aux_free":
+        assert steps[1]["moe/bias_absmax/layer_0"] == pytest.approx(0.01)
