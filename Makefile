@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-scheduler bench-grad-compress clean
+.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ bench-sandbox: $(STAMP)
 bench-ingest: $(STAMP)
 	nice $(PY) tests/benchmarks/bench_ingest.py
 
-bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-grad-compress
+bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
@@ -58,6 +58,11 @@ bench-rl: $(STAMP)
 # 2-rank expert parallelism against 2-rank data parallelism on CPU (gloo), tiny Qwen3-MoE.
 bench-moe-ep: $(STAMP)
 	nice $(PY) -m tests.benchmarks.bench_moe_ep
+
+# Expert balancing modes (aux loss, aux-free bias, none, global loss) on the tiny MoE:
+# MaxVio and held-out reward, same seeds and steps (a few minutes on 2 cores).
+bench-moe: $(STAMP)
+	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_moe
 
 bench-synth: $(STAMP)
 	bash scripts/install_sandbox_deps.sh

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workers.rl.balance import BIAS, biased_topk, select
 from workers.rl.routing import NO_ROUTE, ROUTE_DTYPE, force_routes
 
 
@@ -67,6 +68,8 @@ def foreign_hooks(modules: list[torch.nn.Module]) -> bool:
         if not (m._forward_hooks or m._forward_pre_hooks):
             continue
         for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()):
+            if getattr(hook, "lean_safe", False):  # balance.bias_hook: applied in `moe`
+                continue
             if not getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine."):
                 return True
     return False
@@ -183,14 +186,17 @@ class LeanQwen3Moe:
         logits = F.linear(h, block.gate.weight)
         if routers is not None:
             routers.append(logits)
-        if self.forced is None:
+        bias = getattr(block.gate, BIAS, None)  # aux-free balancing: selection only
+        if self.forced is None and bias is None:
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)
             top, idx = torch.topk(probs, self.top_k, dim=-1)
             if self.norm_topk:
                 top = top / top.sum(dim=-1, keepdim=True)
             top = top.to(h.dtype)
+        elif self.forced is None:
+            top, idx = biased_topk(logits, bias, self.top_k, self.norm_topk)
         else:
-            own = torch.topk(logits.detach().float().softmax(-1), self.top_k, dim=-1).indices
+            own = select(logits.detach().float().softmax(-1), self.top_k, bias)
             top, idx = force_routes(logits, own, self.forced[:, i], self.norm_topk)
         self.used.append(idx)
         if self.grouped:

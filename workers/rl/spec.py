@@ -323,6 +323,14 @@ class MoeSpec(_Strict):
     objectives: those record routes; vLLM's routed-experts output is not wired yet."""
 
     router_replay: bool = False
+    # Expert balancing (docs/moe.md, "Balanced experts"): "aux" = the Switch loss per
+    # micro-batch at model.router_aux_loss_coef (transformers' way); "global_aux" = the same
+    # loss with loads counted over the whole step and all ranks; "aux_free" = DeepSeek-V3's
+    # per-expert selection bias, moved by bias_rate * sign(mean load - load) each step, no
+    # loss; "none" = no balancing. z_loss_coef adds ST-MoE's router z-loss in any mode.
+    balance: Literal["aux", "global_aux", "aux_free", "none"] = "aux"
+    bias_rate: Annotated[float, Field(gt=0.0)] = 1e-3
+    z_loss_coef: NonNegFloat = 0.0
 
 
 class CheckpointSpec(_Strict):
@@ -439,6 +447,12 @@ class RunSpec(_Strict):
                              "routed-experts output is not wired (it could not be verified "
                              "against an installed vLLM); use rollout.backend = 'hf' or "
                              "moe.router_replay = false")
+        if self.moe.balance == "aux_free" and self.rollout.backend == "vllm":
+            # vLLM's Qwen3-MoE router has no selection bias: it would sample with other
+            # experts than the trainer selects.
+            raise ValueError("moe.balance = 'aux_free' needs the 'hf' rollout backend: the "
+                             "vLLM backend's router cannot apply the per-expert selection "
+                             "bias; use rollout.backend = 'hf' or another moe.balance")
         return self
 
     @model_serializer(mode="wrap")

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from workers import threads
 from workers.reporting import Reporter
 from workers.rl import advantages as adv_lib
+from workers.rl import balance
 from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
@@ -51,11 +52,11 @@ from workers.rl.losses import (
     aggregate,
     dpo_loss,
     entropy,
-    expert_utilisation,
     kl_k3,
     load_balancing_loss,
     masked_mean,
     policy_loss,
+    stacked,
     token_logprobs,
 )
 from workers.rl.model import build_policy, is_moe
@@ -162,6 +163,8 @@ class Trainer:
             f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         )
         self.meter: MismatchMeter | None = None  # open during a step's first update
+        self.step_load: torch.Tensor | None = None  # (L,E) loads of the step so far
+        self.global_counts: torch.Tensor | None = None  # global_aux: the update's loads
         if spec.moe.router_replay and plays_episodes(self.objective):
             raise ValueError("moe.router_replay replays routes the sampler recorded, and "
                              "multi-turn / tool-use episodes do not record them yet: use a "
@@ -358,6 +361,12 @@ class Trainer:
         ref = None
         if algo.kl_coef > 0 or algo.dpo_coef > 0:
             ref = frozen_copy(policy, self.device, use_bf16(ts))
+        if spec.moe.balance == "aux_free" and moe:  # after the reference copy: it keeps none
+            routers = replayable_routers(policy)
+            if routers is None:
+                raise ValueError("moe.balance = 'aux_free' needs a Qwen3-MoE with a sparse "
+                                 "MoE block in every layer")
+            balance.attach(routers)
         total_opt_steps = ts.steps * algo.updates_per_batch
         engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas, own_clip=True)
         if spec.moe.router_replay:  # fail before step 1 if replay cannot bind every layer
@@ -428,6 +437,8 @@ class Trainer:
                                  tok.eos_token_id).to(self.device).eval()  # type: ignore[arg-type]
         if use_bf16(ts):
             gen_model = gen_model.to(torch.bfloat16)
+        if self.spec.moe.balance == "aux_free" and lrn.moe:  # the bias arrives with the weights
+            balance.attach(replayable_routers(gen_model) or [])
         store.publish(start, weight_snapshot(lrn.engine.module, ts.zero_stage))
         actor = AsyncActor(lrn.producer, gen_model, HFRollout(gen_model, copy.deepcopy(tok)),
                            store, start, ts.steps, ts.max_async_steps, ts.sync_timeout_s)
@@ -549,6 +560,7 @@ class Trainer:
         # Train/infer mismatch: measured in the first update, before any optimizer step.
         meter = self.meter = MismatchMeter(layers=len(replayable_routers(engine) or [])
                                            if moe else 0)
+        self.step_load = None
         for _ in range(algo.updates_per_batch):
             upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
                                        top_k, keep)
@@ -557,6 +569,12 @@ class Trainer:
                 stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
             if skipped:
                 break
+        routers = replayable_routers(engine) if moe else None
+        if routers and self.step_load is not None and balance.biases(routers) is not None \
+                and not skipped:  # aux-free: nudge the selection bias against the load
+            balance.update_biases(routers, self.step_load, spec.moe.bias_rate)
+            stats.update({f"moe/bias_absmax/layer_{i}": float(v) for i, v in
+                          enumerate(balance.biases(routers).abs().amax(-1).tolist())})
         stats.update(meter.result(all_reduce_sum, all_reduce_max))
         t_train = time.perf_counter() - t1
         stats.update(dapo)
@@ -625,6 +643,8 @@ class Trainer:
         dropped = 0
         util_counts: list[torch.Tensor] = []
         own_norm: float | None = None
+        self.global_counts = (self.step_counts(engine, batch, micro, moe, top_k)
+                              if moe and self.spec.moe.balance == "global_aux" else None)
         for mb, i in enumerate(range(0, n_seq, micro)):
             loss, logits, parts, util = self.micro_loss(
                 engine, batch, slice(i, i + micro), advs, rewards, ref_logp, moe, top_k,
@@ -647,6 +667,23 @@ class Trainer:
                 for k, v in parts.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         return self.update_metrics(engine, sums, gas, dropped, own_norm, util_counts), False
+
+    @torch.no_grad()
+    def step_counts(self, engine: Any, batch: RolloutBatch, micro: int, moe: bool,
+                    top_k: int) -> torch.Tensor:
+        """(L,E) expert loads of the whole update -- every micro-batch, summed over ranks --
+        for the global-batch balance loss: one gradient-free forward pass first, because
+        each micro-batch's loss needs the step's loads before its own backward."""
+        total: torch.Tensor | None = None
+        for i in range(0, batch.completion_ids.shape[0], micro):
+            _, router, flat_mask, _ = forward_routed(engine, batch, slice(i, i + micro), moe,
+                                                     self.device,
+                                                     replay=self.spec.moe.router_replay)
+            assert router is not None
+            c = balance.expert_counts(stacked(router), top_k, flat_mask).cpu()
+            total = c if total is None else total + c
+        assert total is not None
+        return all_reduce_sum(total.double()).float()
 
     def micro_loss(self, engine: Any, batch: RolloutBatch, sl: slice, advs: torch.Tensor,
                    rewards: torch.Tensor, ref_logp: torch.Tensor | None, moe: bool,
@@ -684,7 +721,7 @@ class Trainer:
                                         rewards[sl], seq_len, parts)
         util = None
         if router is not None:
-            loss, util = self.router_terms(loss, router, top_k, flat_mask, parts)
+            loss, util = self.router_terms(engine, loss, router, top_k, flat_mask, parts)
         parts["loss"] = loss.detach()
         return loss, logits, {**parts, **st}, util
 
@@ -723,17 +760,33 @@ class Trainer:
                 parts["dpo_loss"], parts["dpo_acc"] = d_loss.detach(), d_acc
         return loss
 
-    def router_terms(self, loss: torch.Tensor, router: Router, top_k: int,
+    def router_terms(self, engine: Any, loss: torch.Tensor, router: Router, top_k: int,
                      flat_mask: torch.Tensor, parts: dict[str, Any]
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`loss` plus the router load-balancing loss, and the (layers, experts) token counts
-        the step's expert-load metrics are summed from."""
+        """`loss` plus the router terms of `moe.balance` (and the z-loss), and the (layers,
+        2 * experts) token counts and router-probability sums the step's expert-load and
+        balance metrics are summed from."""
         assert router is not None
+        ms = self.spec.moe
+        logits = stacked(router)  # (L,N,E)
+        routers = replayable_routers(engine)
+        bias = balance.biases(routers) if routers else None
         aux = load_balancing_loss(router, top_k, flat_mask)
         parts["aux_loss"] = aux.detach()
-        counts = torch.stack([torch.tensor(u["tokens"])
-                              for u in expert_utilisation(router, top_k, flat_mask)])
-        return loss + self.spec.model.router_aux_loss_coef * aux, counts
+        coef = self.spec.model.router_aux_loss_coef
+        if ms.balance == "aux":
+            loss = loss + coef * aux
+        elif ms.balance == "global_aux":
+            assert self.global_counts is not None
+            g = balance.global_balance_loss(logits, self.global_counts, flat_mask)
+            parts["global_aux_loss"] = g.detach()
+            loss = loss + coef * g
+        z = balance.z_loss(logits, flat_mask)
+        parts["z_loss"] = z.detach()
+        if ms.z_loss_coef:
+            loss = loss + ms.z_loss_coef * z
+        counts = balance.expert_counts(logits, top_k, flat_mask, bias).cpu()
+        return loss, torch.cat([counts, balance.prob_sums(logits, flat_mask).cpu()], -1)
 
     def update_metrics(self, engine: Any, sums: dict[str, float], gas: int, dropped: int,
                        own_norm: float | None, util_counts: list[torch.Tensor]
@@ -748,7 +801,11 @@ class Trainer:
         if gn is not None:
             out["grad_norm"] = float(gn)
         if util_counts:
-            out.update(expert_load(all_reduce_sum(torch.stack(util_counts).sum(0).float())))
+            both = all_reduce_sum(torch.stack(util_counts).sum(0).double()).float()
+            counts, psums = both.chunk(2, -1)  # (L,E) each
+            out.update(expert_load(counts))
+            out.update(balance.layer_metrics(counts, psums))
+            self.step_load = counts if self.step_load is None else self.step_load + counts
         return out
 
     def dpo_term(self, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
