@@ -30,6 +30,8 @@ def supported(model: torch.nn.Module) -> bool:
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) != "qwen3_moe":
         return False
+    if hasattr(model, "peft_config"):  # LoRA adapters: the lean path reads base weights only
+        return False
     if getattr(model, "use_kernels", False):
         return False
     rope = getattr(cfg, "rope_parameters", None) or {}
