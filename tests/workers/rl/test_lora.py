@@ -208,12 +208,15 @@ def test_lora_run_resumes_from_its_checkpoint_and_continues(tmp_path):
 
 @pytest.mark.parametrize("sections", [{"trainer": {"max_async_steps": 1}},
                                       {"trainer": {"zero_stage": 3}},
-                                      {"moe": {"router_replay": True}}],
-                         ids=["async-actor", "zero3", "router-replay"])
+                                      {"moe": {"router_replay": True}},
+                                      {"sft": {"steps": 3, "batch_size": 8},
+                                       "algorithm": {"dpo_coef": 0.1}}],
+                         ids=["async-actor", "zero3", "router-replay", "sft-warm-start"])
 def test_lora_runs_with_the_async_actor_zero3_and_router_replay(tmp_path, sections):
     """The async actor gets adapter-only snapshots through the WeightStore (a strict key
     check in `load_weights`); ZeRO-3 gathers the adapters and saves a frozen-free ds/; router
-    replay finds the routers through the peft wrapper (its per-step check would fail loudly)."""
+    replay finds the routers through the peft wrapper (its per-step check would fail loudly);
+    a LoRA SFT warm start saves a merged model, which RL then puts fresh adapters on."""
     result = train(run_spec(tmp_path, 3, **sections), JsonlSink(tmp_path / "m.jsonl"))
     assert sorted(result.losses) == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(v)) for v in result.losses.values())
