@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
 
 from workers.rl.spec import LoraSpec
+
+if TYPE_CHECKING:  # peft is imported by LoRA runs only: it adds about a second to start-up
+    from peft import PeftModel
 
 ADAPTER = "default"  # peft's name for the one adapter a run trains
 ADAPTER_DIR = "adapter"  # inside a checkpoint's hf/ folder
@@ -46,6 +47,8 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, base: dict[str, Any] | No
                ) -> PeftModel:
     """`model` wrapped with fresh adapters (B = 0, so its outputs are unchanged); every other
     parameter frozen. `base`: how to rebuild the base (written beside saved adapters)."""
+    from peft import LoraConfig, get_peft_model
+
     found = linear_names(model)
     other = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()} - found
     missing = [t for t in spec.target_modules if t not in found]
@@ -62,7 +65,9 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, base: dict[str, Any] | No
 
 
 def is_lora(module: Any) -> bool:
-    return isinstance(getattr(module, "module", module), PeftModel)
+    """A peft model, bare or inside a DeepSpeed engine (checked without importing peft)."""
+    m = getattr(module, "module", module)
+    return hasattr(m, "peft_config") and hasattr(m, "disable_adapter")
 
 
 def adapter_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -88,6 +93,8 @@ def merged_state(module: Any) -> dict[str, torch.Tensor]:
     """The full weights a plain (un-wrapped) model needs to compute what the peft model does:
     base + B @ A * scaling for adapted layers, under the base model's key names. Computed
     aside, never by `merge_adapter`, whose in-place add and subtract would round the base."""
+    from peft.tuners.lora import LoraLayer
+
     base = module.get_base_model()
     deltas: dict[str, torch.Tensor] = {}
     for name, sub in base.named_modules():
