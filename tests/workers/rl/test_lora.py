@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM
 from workers.rl import checkpoint as ckpt
 from workers.rl.distributed import process_group
 from workers.rl.engine import make_engine, weight_snapshot
+from workers.rl.lean import LeanQwen3Moe
+from workers.rl.lean import supported as lean_supported
 from workers.rl.lora import (
     AdaptersOff,
     LoraTargetError,
@@ -222,3 +224,26 @@ def test_lora_runs_with_the_async_actor_zero3_and_router_replay(tmp_path, sectio
     assert all(torch.isfinite(torch.tensor(v)) for v in result.losses.values())
     final = AutoModelForCausalLM.from_pretrained(result.final_dir, local_files_only=True)
     assert torch.isfinite(logits(final)).all()
+
+
+def test_lean_forward_folds_the_adapters_and_trains_them():
+    """The lean Qwen3-MoE forward (fast sampling and training) folds B·A·scale into its fused
+    projections: the same logits as peft's forward up to rounding, and the same adapter
+    gradients; with dropout (no per-token mask in the fold) it steps aside."""
+    model = lora_model()
+    perturb_adapters(model)
+    assert lean_supported(model)
+    mask = torch.ones_like(IDS)
+    lean_logits, _ = LeanQwen3Moe(model, 0, IDS.shape[1]).train_forward(IDS, mask)
+    ref_logits = model(input_ids=IDS, attention_mask=mask).logits
+    assert torch.allclose(lean_logits, ref_logits, atol=1e-5)
+    adapters = [p for n, p in model.named_parameters() if "lora_" in n]
+    g_lean = torch.autograd.grad(lean_logits.square().mean(), adapters)
+    g_ref = torch.autograd.grad(ref_logits.square().mean(), adapters)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_lean, g_ref, strict=True))
+    assert all(g.abs().sum() > 0 for g in g_lean)
+    assert not lean_supported(lora_model(LoraSpec(dropout=0.1)))
+    # the model's own forward (the adapters-off reference runs one) leaves transformers'
+    # inert output-capturing hooks behind; the lean path must stay available after it
+    AdaptersOff(model)(input_ids=IDS)
+    assert lean_supported(model)
