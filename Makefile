@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress clean
+.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ bench-sandbox: $(STAMP)
 bench-ingest: $(STAMP)
 	nice $(PY) tests/benchmarks/bench_ingest.py
 
-bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress
+bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
@@ -80,6 +80,11 @@ bench-scheduler: $(STAMP)
 # parity over 200 DDP steps of the tiny MoE on 2 gloo ranks (a few minutes on 2 cores).
 bench-grad-compress: $(STAMP)
 	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_grad_compress
+
+# LoRA RL against full fine-tuning on the tiny Qwen3-MoE (and a 20M-parameter preset):
+# trainable parameters, AdamW state and learner bytes, update and whole-loop step time.
+bench-lora: $(STAMP)
+	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_lora
 
 clean:
 	rm -rf var/

@@ -33,6 +33,7 @@ from workers.rl.episodes import (
     play_groups,
     plays_episodes,
 )
+from workers.rl.lora import load_weights
 from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.routing import pad_routes
@@ -334,7 +335,7 @@ class AsyncActor(threading.Thread):
         version, state = self.store.wait(min_version, self.timeout)
         self.idle_s += time.perf_counter() - t0
         if version != self.loaded:
-            self.model.load_state_dict(state)
+            load_weights(self.model, state)  # full, or a LoRA policy's adapters only
             self.backend.sync_weights(self.model)  # a no-op for HF; a push for a server
             self.loaded = version
         return version, self.backend

@@ -2,8 +2,10 @@
 
 Layout of one checkpoint, `<dir>/step-000040/`:
   hf/          the policy + tokenizer in Hugging Face format (loadable by any tool), and
-               prompt_format.json (how the policy saw its prompts; see prompt_format.py)
+               prompt_format.json (how the policy saw its prompts; see prompt_format.py);
+               for a LoRA policy the merged model, plus hf/adapter/ (peft format + base.json)
   ds/          DeepSpeed state: model, optimizer and LR-scheduler partitions of every rank
+               (a LoRA policy's: adapters only, the frozen base is rebuilt from the spec)
   rng-rank<r>.pt   python/numpy/torch RNG states of rank r
   rank<r>.json     rank r's own loop state (its curriculum sampler: data position, pass rates)
   state.json   step, data cursor, NaN streak, last metrics (written last)
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from workers.rl import lora
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.prompt_format import PromptFormat
 
@@ -94,9 +97,14 @@ def save_hf(module: PreTrainedModel, tokenizer, out: Path, zero_stage: int,
     ctx = (deepspeed.zero.GatheredParameters(params, modifier_rank=None)
            if zero_stage == 3 else nullcontext())
     with ctx:
-        if _rank() == 0:
+        if _rank() == 0 and lora.is_lora(module):  # merged model + the adapter beside it
+            merged = {k: v.cpu() for k, v in lora.merged_state(module).items()}
+            lora.save_merged(module, out, merged)
+            lora.save_adapter(module, out)
+        elif _rank() == 0:
             state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
             module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        if _rank() == 0:
             tokenizer.save_pretrained(out)
             if prompt_format is not None:
                 prompt_formats.write(out, prompt_format)
@@ -136,7 +144,10 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+    # A LoRA policy's frozen base is rebuilt from the spec on resume: only adapters (and
+    # their optimizer state) go into ds/.
+    engine.save_checkpoint(str(tmp), tag="ds", save_latest=False,
+                           exclude_frozen_parameters=lora.is_lora(engine.module))
     save_hf(engine.module, tokenizer, tmp / "hf", zero_stage, prompt_format)
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
     if rank_state is not None:
@@ -158,7 +169,8 @@ def save(
 def load(engine, path: Path) -> dict[str, Any]:
     """Restore engine (model, optimizer, scheduler) and this rank's RNG; return state.json."""
     load_path, _ = engine.load_checkpoint(
-        str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True
+        str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True,
+        load_module_strict=not lora.is_lora(engine.module),
     )
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")

@@ -141,13 +141,20 @@ def adamw_impl(params: Sequence[torch.Tensor]) -> dict[str, bool]:
     return {}
 
 
-def weight_snapshot(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor]:
-    """A full copy of the policy's weights for the actor (collective under ZeRO-3)."""
+def weight_snapshot(module: torch.nn.Module, zero_stage: int, merged: bool = False
+                    ) -> dict[str, torch.Tensor]:
+    """A copy of the policy's weights for the rollout side (collective under ZeRO-3): all of
+    them, or for a LoRA policy its adapters only (the rollout copy is a peft model on the same
+    frozen base), or with `merged` the full merged weights a plain model needs (vLLM)."""
     import deepspeed
+
+    from workers.rl import lora
 
     ctx = (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
            if zero_stage == 3 else contextlib.nullcontext())
     with ctx:
+        if lora.is_lora(module):
+            return lora.merged_state(module) if merged else lora.adapter_state(module)
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 

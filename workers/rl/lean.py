@@ -31,6 +31,8 @@ def supported(model: torch.nn.Module) -> bool:
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) != "qwen3_moe":
         return False
+    if hasattr(model, "peft_config") and not lora_foldable(model):
+        return False
     if getattr(model, "use_kernels", False):
         return False
     rope = getattr(cfg, "rope_parameters", None) or {}
@@ -51,6 +53,32 @@ def supported(model: torch.nn.Module) -> bool:
 _MEMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def lora_foldable(model: Any) -> bool:
+    """A peft LoRA model whose adapters `_weight` can fold into the fused projections: no
+    dropout (the fold has no per-token mask) and adapters switched on."""
+    from workers.rl.lora import is_lora
+
+    if not is_lora(model):
+        return False
+    layers = [m for m in _members(model)[0] if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    return all(not m.disable_adapters and all(
+        isinstance(d, torch.nn.Identity) for d in m.lora_dropout.values()) for m in layers)
+
+
+def _weight(linear: Any) -> torch.Tensor:
+    """A Linear's weight; for a peft LoRA layer base + B·A·scale of its active adapters, a
+    differentiable function of A and B, so the fused projections carry the adapter (equal to
+    peft's forward up to float rounding: x(W + sBA)ᵀ against xWᵀ + s(xAᵀ)Bᵀ)."""
+    base = getattr(linear, "base_layer", None)
+    if base is None:
+        return linear.weight
+    w = base.weight
+    for name in linear.active_adapters:
+        if name in linear.lora_A:
+            w = w + linear.get_delta_weight(name)
+    return w
+
+
 def _members(model: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.Tensor]]:
     """The model's modules and parameters as lists, walked once per model: `supported` runs
     on every generate call and training forward, and the recursive walks cost ~0.1 ms."""
@@ -63,14 +91,18 @@ def foreign_hooks(modules: list[torch.nn.Module]) -> bool:
     """Forward hooks (instrumentation, adapters, ZeRO-3's parameter gathering) run only inside
     the model's own forward, so any of them rules the lean forward out. Exempt: the DeepSpeed
     engine's own prologue/epilogue on the root module (timers, a profiler, ZeRO-3 flags and fp16
-    input casting, none of which applies to an unpartitioned fp32 model)."""
+    input casting, none of which applies to an unpartitioned fp32 model), and transformers'
+    output-capturing hooks, installed by the model's first own forward (a LoRA policy's
+    adapters-off reference pass, say): they record only while that forward has a collector
+    open, so outside it they do nothing."""
     for m in modules:
         if not (m._forward_hooks or m._forward_pre_hooks):
             continue
         for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()):
             if getattr(hook, "lean_safe", False):  # balance.bias_hook: applied in `moe`
                 continue
-            if not getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine."):
+            name = getattr(hook, "__qualname__", "")
+            if not name.startswith(("DeepSpeedEngine.", "install_output_capuring_hook.")):
                 return True
     return False
 
@@ -86,7 +118,7 @@ class LeanQwen3Moe:
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int):
         # A Hugging Face module tree: torch types its config and submodules, read as
         # attributes, as `Tensor | Module`, so they are read through Any here.
-        hf: Any = model
+        hf: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = hf.config
         self.model = model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -107,11 +139,13 @@ class LeanQwen3Moe:
         # projection, and one (H+KV, hd) scale for q_norm and k_norm with the attention's
         # 1/sqrt(hd) folded into the query half (RoPE is linear, so it commutes).
         self.qkv: list[torch.Tensor] = []
+        self.o: list[torch.Tensor] = []
         self.qk_scale: list[torch.Tensor] = []
         for layer in self.layers:
             att = layer.self_attn
-            self.qkv.append(torch.cat([att.q_proj.weight, att.k_proj.weight,
-                                       att.v_proj.weight]))
+            self.qkv.append(torch.cat([_weight(att.q_proj), _weight(att.k_proj),
+                                       _weight(att.v_proj)]))
+            self.o.append(_weight(att.o_proj))
             self.qk_scale.append(torch.cat([
                 (att.q_norm.weight * hd**-0.5).expand(h, hd),
                 att.k_norm.weight.expand(kv, hd)]))
@@ -171,7 +205,7 @@ class LeanQwen3Moe:
         scores = (scores.view(n, kv, g, t, -1) + bias).softmax(-1)
         out = torch.matmul(scores.view(n, kv, g * t, -1), values)  # (N,KV,g*T,hd)
         out = out.view(n, h, t, hd).transpose(1, 2).reshape(n, t, h * hd)
-        return F.linear(out, self.layers[i].self_attn.o_proj.weight)
+        return F.linear(out, self.o[i])
 
     def moe(self, layer: Any, x: torch.Tensor,
             routers: list[torch.Tensor] | None = None, i: int = 0) -> torch.Tensor:

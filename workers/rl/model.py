@@ -63,7 +63,8 @@ def tiny_moe_config(
 
 
 def build_policy(spec: ModelSpec, vocab_size: int, pad_id: int, eos_id: int) -> PreTrainedModel:
-    """Same weights on every rank: the preset is seeded, a directory is read from disk."""
+    """Same weights on every rank: the preset is seeded, a directory is read from disk.
+    With `spec.lora` the model comes back wrapped in fresh peft adapters, the base frozen."""
     if spec.source == "path":
         assert spec.path is not None
         path = check_model_dir(spec.path)
@@ -76,6 +77,12 @@ def build_policy(spec: ModelSpec, vocab_size: int, pad_id: int, eos_id: int) -> 
             torch.manual_seed(spec.seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.config.use_cache = False
+    if spec.lora is not None:  # adapters only: see workers/rl/lora.py
+        from workers.rl.lora import apply_lora
+
+        base = spec.model_dump(exclude={"lora"})
+        # A PeftModel forwards attribute access (config, generate, ...) to the model it wraps.
+        return apply_lora(model, spec.lora, base)  # type: ignore[return-value]
     return model
 
 

@@ -22,6 +22,7 @@ def replayable_routers(model: Any) -> list[torch.nn.Module] | None:
     """One top-k router per decoder layer, in layer order, for a Qwen3-MoE whose every layer
     is sparse; None for any other model (its routes are not recorded, replay is refused)."""
     model = getattr(model, "module", model)  # a DeepSpeed engine's model
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) != "qwen3_moe":
         return None

@@ -65,20 +65,55 @@ class TinyMoeSpec(_Strict):
         return self
 
 
+# Stacked expert weights (Qwen3-MoE's `experts.gate_up_proj` / `experts.down_proj`) are 3-d
+# parameters of one module, not nn.Linear layers, so peft cannot put an adapter on them.
+LORA_EXPERT_NAMES = ("experts", "gate_up_proj")
+
+
+class LoraSpec(_Strict):
+    """`model.lora`: train low-rank adapters (peft) instead of every weight. `target_modules`
+    are nn.Linear module names; the default is the attention projections, which every
+    Qwen3(-MoE) layer has. Expert MLPs cannot be targeted (stacked parameters, not Linear)."""
+
+    r: PosInt = 8
+    alpha: PosInt = 16
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("model.lora.target_modules must name at least one module")
+        experts = [t for t in v if any(e in t for e in LORA_EXPERT_NAMES)]
+        if experts:
+            raise ValueError(f"model.lora.target_modules {experts}: MoE expert weights are "
+                             "stacked 3-d parameters, not nn.Linear layers, and cannot carry "
+                             "LoRA adapters; target attention (q_proj, k_proj, v_proj, o_proj) "
+                             "or other Linear layers")
+        return v
+
+
 class ModelSpec(_Strict):
-    """Either a local Hugging Face model directory or the tiny MoE preset."""
+    """Either a local Hugging Face model directory or the tiny MoE preset, optionally trained
+    through LoRA adapters (`lora`)."""
 
     source: Literal["preset", "path"] = "preset"
     path: str | None = None
     preset: TinyMoeSpec = TinyMoeSpec()
     router_aux_loss_coef: NonNegFloat = 0.01
     seed: int = 0
+    lora: LoraSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.source == "path" and not self.path:
             raise ValueError("model.path is required when model.source = 'path'")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _drop_none(handler(self), "lora")
 
 
 DEFAULT_VOCAB_SIZE = 96

@@ -48,6 +48,7 @@ from workers.rl.forward import (
     reference_logprobs,
     replay_self_test,
 )
+from workers.rl.lora import AdaptersOff, is_lora
 from workers.rl.losses import (
     aggregate,
     dpo_loss,
@@ -358,8 +359,10 @@ class Trainer:
         policy = build_policy(model_spec, len(tok), tok.pad_token_id, tok.eos_token_id)
         moe = is_moe(policy)
         top_k = policy.config.num_experts_per_tok if moe else 0
-        ref = None
-        if algo.kl_coef > 0 or algo.dpo_coef > 0:
+        ref: torch.nn.Module | None = None
+        if (algo.kl_coef > 0 or algo.dpo_coef > 0) and is_lora(policy):
+            ref = AdaptersOff(policy)  # the base = the policy with adapters off: no copy
+        elif algo.kl_coef > 0 or algo.dpo_coef > 0:
             ref = frozen_copy(policy, self.device, use_bf16(ts))
         if spec.moe.balance == "aux_free" and moe:  # after the reference copy: it keeps none
             routers = replayable_routers(policy)
@@ -422,7 +425,8 @@ class Trainer:
         self.sink.event("info", f"resumed from {last} at step {start}", {"step": start})
         if lrn.vllm and start:
             lrn.backend.load_state(weight_snapshot(lrn.engine.module,
-                                                   self.spec.trainer.zero_stage), start)
+                                                   self.spec.trainer.zero_stage, merged=True),
+                                   start)
         return start, nan_streak
 
     def start_actor(self, lrn: Learner, tok: Any, store: WeightStore,
@@ -468,7 +472,8 @@ class Trainer:
         if actor is not None:
             store.publish(step + 1, weight_snapshot(lrn.engine.module, ts.zero_stage))
         elif lrn.vllm:  # the generator holds its own copy: push the update, versioned
-            lrn.backend.load_state(weight_snapshot(lrn.engine.module, ts.zero_stage), step + 1)
+            lrn.backend.load_state(weight_snapshot(lrn.engine.module, ts.zero_stage,
+                                                   merged=True), step + 1)
         if self.cache is not None:
             metrics.update(self.cache.window())
         t_total = time.perf_counter() - t_step
