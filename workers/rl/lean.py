@@ -60,7 +60,8 @@ def lora_foldable(model: Any) -> bool:
 
     if not is_lora(model):
         return False
-    layers = [m for m in _members(model)[0] if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    layers: list[Any] = [m for m in _members(model)[0]
+                         if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
     return all(not m.disable_adapters and all(
         isinstance(d, torch.nn.Identity) for d in m.lora_dropout.values()) for m in layers)
 
@@ -118,7 +119,8 @@ class LeanQwen3Moe:
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int):
         # A Hugging Face module tree: torch types its config and submodules, read as
         # attributes, as `Tensor | Module`, so they are read through Any here.
-        hf: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+        wrapped: Any = model  # a peft wrapper, or the model itself
+        hf: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else model
         cfg = hf.config
         self.model = model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
