@@ -398,6 +398,11 @@ class CrucibleClient:
         """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""
         return self.request("POST", "worker/sweep")["requeued"]
 
+    def admission_pass(self) -> dict[str, Any]:
+        """Run one admission pass (operator tokens): what it admitted, preempted, and left
+        waiting; ``{"leader": false}`` when another pass held the lock."""
+        return dict(self.request("POST", "worker/admission"))
+
     # --- for node agents (operator tokens) -----------------------------------------------
     def register_node(self, registration: NodeRegistration) -> NodeStatus:
         """Create or update this host's node (retried: registering is idempotent by name)."""
