@@ -9,7 +9,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from apps.core.exceptions import NotFound
-from apps.scheduling.models import Node, NodeState, NodeTransition
+from apps.scheduling.models import Allocation, Node, NodeState, NodeTransition
 
 
 def nodes() -> QuerySet[Node]:
@@ -56,3 +56,22 @@ def duration(seconds: float) -> str:
         if seconds >= 2 * size:
             return f"{seconds // size} {unit}"
     return f"{seconds} s"
+
+
+def gpu_holders() -> dict[int, dict[int, str]]:
+    """Node id -> GPU id -> the id of the run whose active allocation holds it."""
+    out: dict[int, dict[int, str]] = {}
+    for node_id, run_id, gpu_ids in Allocation.objects.filter(
+            released_at__isnull=True).values_list("node_id", "run_id", "gpu_ids"):
+        for gpu in gpu_ids:
+            out.setdefault(node_id, {})[gpu] = str(run_id)
+    return out
+
+
+def node_runs() -> dict[int, list[str]]:
+    """Node id -> ids of the runs holding an active allocation there (CPU work too)."""
+    out: dict[int, list[str]] = {}
+    for node_id, run_id in Allocation.objects.filter(released_at__isnull=True).values_list(
+            "node_id", "run_id").order_by("node_id", "run_id"):
+        out.setdefault(node_id, []).append(str(run_id))
+    return out

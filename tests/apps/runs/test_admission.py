@@ -344,3 +344,21 @@ def test_with_the_scheduler_off_the_pass_does_nothing(project: Project, settings
     assert [m["args"] for m in sent] == [[str(run.pk)]]
     assert admission.admission_pass() == {"enabled": False}
     assert claim(run).status == RunStatus.CLAIMED
+
+
+def test_the_pages_show_who_holds_which_gpus_and_why_a_run_waits(project: Project,
+                                                                  member: Caller) -> None:
+    from django.test import Client
+
+    gpu_node("n1", gpus=2)
+    running, waiting = gpu_run(project, gpus=2), gpu_run(project, gpus=1)
+    admission.admission_pass()
+    client = Client()
+    client.force_login(member.user)
+    html = client.get("/cluster/").content.decode()
+    assert html.count(f'data-run="{running.pk}"') == 2
+    assert "GPU 0: run " + str(running.pk)[:8] in html
+    page = client.get(f"/t/{project.team.slug}/runs/{waiting.pk}/").content.decode()
+    waiting.refresh_from_db()
+    assert 'id="run-wait"' in page and waiting.wait_reason in page
+    assert "position 1 in its queue" in page
