@@ -334,11 +334,18 @@ def worker_transition(
     """A worker's status report. ``failed`` with ``retry`` (an error another attempt may not
     meet: a lost node, an out-of-memory kill) queues the run again while it has attempts
     left; the failed attempt and its error stay in the run's attempts and events."""
-    if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED):
-        raise InvalidInput(f"Workers may set status running, succeeded or failed, not '{to}'.",
+    if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED):
+        raise InvalidInput(f"Workers may set status running, succeeded, failed or (when the "
+                           f"scheduler asked) preempted, not '{to}'.",
                            details={"status": [to]})
     with transaction.atomic():
         run = leased(run, lease_id)
+        if to == S.PREEMPTED:
+            if run.preempt_deadline_at is None:
+                raise InvalidInput(f"Run {run.pk} was not asked to stop for the scheduler; "
+                                   "only a run whose heartbeat said 'stop: preempt' may report "
+                                   "preempted.", details={"status": [to]})
+            return finish_preemption(actor=actor, run=run, forced=False)
         nodes = _allocated_nodes(run) if to in (S.SUCCEEDED, S.FAILED) else []
         run = transition(actor=actor, run=run, to=to, error=error, locked=True)
         _record_on_nodes(nodes, to=to, infra=retry, detail=error)

@@ -362,3 +362,42 @@ def test_the_pages_show_who_holds_which_gpus_and_why_a_run_waits(project: Projec
     waiting.refresh_from_db()
     assert 'id="run-wait"' in page and waiting.wait_reason in page
     assert "position 1 in its queue" in page
+
+
+def test_a_worker_that_stops_when_asked_requeues_its_run_at_once(
+        project: Project, pool: Any, sent: list[dict[str, Any]]) -> None:
+    """The cooperative path through the SDK: the heartbeat's ``stop: preempt`` makes
+    ``should_stop`` true; reporting ``preempted`` requeues the run before its deadline."""
+    gpu_node("n1", gpus=1)
+    victim = gpu_run(project, priority_class="preemptible")
+    admission.admission_pass()
+    session = pool.claim("gpu", "w1", run_id=str(victim.pk))
+    session.set_status("running")
+    with pytest.raises(Exception, match="was not asked to stop"):
+        session.set_status("preempted")
+    session.heartbeat()
+    assert not session.should_stop
+    services.request_preemption(actor=SYSTEM, run=victim,
+                                deadline=timezone.now() + timedelta(minutes=5), reason="test")
+    session.heartbeat()
+    assert session.should_stop and session.preempt_requested
+    session.set_status("preempted")
+    victim.refresh_from_db()
+    assert victim.status == RunStatus.QUEUED and victim.preemptions == 1
+    assert victim.preempt_deadline_at is None and held(victim) == {}
+    assert services.attempts_left(victim) == victim.max_attempts
+
+
+def test_a_gang_is_allocated_whole_across_nodes_and_sent_once(
+        project: Project, sent: list[dict[str, Any]],
+        django_capture_on_commit_callbacks: Capture) -> None:
+    gpu_node("n1", gpus=2)
+    gpu_node("n2", gpus=2)
+    gang = make_run(project, pool="gpu", resources={"gpus_per_node": 2, "nodes": 2})
+    too_big = make_run(project, pool="gpu", resources={"gpus_per_node": 2, "nodes": 3})
+    with django_capture_on_commit_callbacks(execute=True):
+        admission.admission_pass()
+    assert held(gang) == {"n1": [0, 1], "n2": [0, 1]}
+    assert [m["args"] for m in sent] == [[str(gang.pk)]]
+    too_big.refresh_from_db()
+    assert held(too_big) == {} and too_big.wait_reason
