@@ -65,6 +65,11 @@ def apply(result: Plan, runs: Mapping[str, Run], now: datetime) -> None:
         Run.objects.filter(pk=run.pk).update(wait_reason="", queue_position=None,
                                              estimated_start_at=None)
     for workload_id, wait in result.waits.items():
+        before = runs.get(workload_id)
+        if before is not None and (before.wait_reason, before.queue_position,
+                                   before.estimated_start_at) == (
+                wait.reason, wait.position, wait.estimated_start_at):
+            continue  # a long backlog that did not move costs no writes
         Run.objects.filter(pk=workload_id, status=RunStatus.QUEUED).update(
             wait_reason=wait.reason, queue_position=wait.position,
             estimated_start_at=wait.estimated_start_at)

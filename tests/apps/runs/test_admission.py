@@ -401,3 +401,18 @@ def test_a_gang_is_allocated_whole_across_nodes_and_sent_once(
     assert [m["args"] for m in sent] == [[str(gang.pk)]]
     too_big.refresh_from_db()
     assert held(too_big) == {} and too_big.wait_reason
+
+
+def test_a_run_that_ends_hands_its_gpus_to_the_next_on_commit(
+        project: Project, sent: list[dict[str, Any]],
+        django_capture_on_commit_callbacks: Capture) -> None:
+    gpu_node("n1", gpus=1)
+    first, second = gpu_run(project), gpu_run(project)
+    admission.admission_pass()
+    first = claim(first)
+    assert held(second) == {}
+    with django_capture_on_commit_callbacks(execute=True):
+        services.worker_transition(actor=SYSTEM, run=first, lease_id=first.lease_id,
+                                   to="succeeded")
+    assert held(second) == {"n1": [0]}
+    assert [m["args"] for m in sent][-1] == [str(second.pk)]
