@@ -32,6 +32,7 @@ def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
              on_node.get(node.pk, []))
             for node in selectors.nodes()]
     return {"rows": rows, "totals": selectors.totals(), "now": now,
+            "queues": selectors.queue_use(),
             "section": "cluster", "can_act": request.user.is_staff or request.user.is_superuser,
             "teams": teams_for_user(request.user).order_by("slug"), **extra}
 

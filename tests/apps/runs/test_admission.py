@@ -358,6 +358,8 @@ def test_the_pages_show_who_holds_which_gpus_and_why_a_run_waits(project: Projec
     html = client.get("/cluster/").content.decode()
     assert html.count(f'data-run="{running.pk}"') == 2
     assert "GPU 0: run " + str(running.pk)[:8] in html
+    assert f'data-queue="{project.team.slug}"' in html
+    assert '<td class="nowrap in-use">H100 2</td>' in html  # what the team holds now
     page = client.get(f"/t/{project.team.slug}/runs/{waiting.pk}/").content.decode()
     waiting.refresh_from_db()
     assert 'id="run-wait"' in page and waiting.wait_reason in page
