@@ -35,6 +35,40 @@ def sweep_seconds() -> float:
     return value
 
 
+def admission_seconds() -> float:
+    """How often the beat runs the admission pass when ``CRUCIBLE_SCHEDULER`` is on."""
+    raw = os.environ.get("CRUCIBLE_ADMISSION_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else 5.0
+    except ValueError as exc:
+        raise ValueError(f"CRUCIBLE_ADMISSION_SECONDS must be a number of seconds, not {raw!r}") \
+            from exc
+    if value <= 0:
+        raise ValueError(f"CRUCIBLE_ADMISSION_SECONDS must be positive, not {raw!r}")
+    return value
+
+
+def beat_schedule() -> dict[str, dict[str, object]]:
+    """The lease sweep always; the admission pass only with the scheduler on (off, nothing
+    changes for today's deployments)."""
+    schedule: dict[str, dict[str, object]] = {
+        "sweep-expired-leases": {
+            "task": "workers.tasks.sweep_leases",
+            "schedule": sweep_seconds(),
+            # A sweep still queued when the next is due is worthless: drop it (a busy pool
+            # would otherwise pile them up).
+            "options": {"queue": "cpu", "expires": sweep_seconds()},
+        },
+    }
+    if env.scheduler_enabled():
+        schedule["admission-pass"] = {
+            "task": "workers.tasks.admission_pass",
+            "schedule": admission_seconds(),
+            "options": {"queue": "cpu", "expires": admission_seconds()},
+        }
+    return schedule
+
+
 app = Celery("crucible", include=["workers.tasks"])
 app.conf.update(
     broker_url=env.broker_url(),
@@ -50,13 +84,5 @@ app.conf.update(
     result_backend=None,
     task_ignore_result=True,
     worker_hijack_root_logger=False,
-    beat_schedule={
-        "sweep-expired-leases": {
-            "task": "workers.tasks.sweep_leases",
-            "schedule": sweep_seconds(),
-            # A sweep still queued when the next is due is worthless: drop it (a busy pool
-            # would otherwise pile them up).
-            "options": {"queue": "cpu", "expires": sweep_seconds()},
-        },
-    },
+    beat_schedule=beat_schedule(),
 )

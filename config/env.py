@@ -53,3 +53,9 @@ def object_store_url() -> str:
     """``file:///abs/path`` (default ``var/objects``) or ``s3://bucket/prefix``."""
     default = (var_dir() / "objects").as_uri()
     return _get("OBJECT_STORE_URL", default) or default
+
+
+def scheduler_enabled() -> bool:
+    """``CRUCIBLE_SCHEDULER`` as django-environ reads it for ``settings.CRUCIBLE["SCHEDULER"]``
+    (the Celery beat, which has no Django, needs the same answer to schedule the pass)."""
+    return (_get("CRUCIBLE_SCHEDULER") or "").lower() in ("true", "on", "ok", "y", "yes", "1")

@@ -236,6 +236,12 @@ CRUCIBLE = {
     "NODE_LOST_AFTER_S": env.int("CRUCIBLE_NODE_LOST_AFTER_S", default=30),
     "NODE_INFRA_FAILURES_TO_CORDON": env.int("CRUCIBLE_NODE_INFRA_FAILURES_TO_CORDON",
                                              default=3),
+    # The admission loop (apps/runs/admission.py, docs/scheduling.md): off, a launch sends
+    # its run to the pool's queue at once (first come, first served); on, a run waits for an
+    # allocation (nodes, GPU ids, its team's quota) and only then is it sent and claimable.
+    "SCHEDULER": env.bool("CRUCIBLE_SCHEDULER", default=False),
+    # How long a preempted run has to checkpoint and stop before its lease is revoked.
+    "PREEMPT_GRACE_S": env.int("CRUCIBLE_PREEMPT_GRACE_S", default=300),
 }
 
 # --- Password logins (django-axes): a username+address pair is locked out after

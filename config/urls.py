@@ -18,8 +18,9 @@ from apps.projects.api import ProjectViewSet
 from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.environment_api import EnvironmentVersionRunsViewSet
+from apps.runs.queue_api import ClusterQueueView
 from apps.sandbox.api import ExecutionViewSet
-from apps.scheduling.api import NodeViewSet
+from apps.scheduling.api import NodeViewSet, TeamQueueViewSet
 from apps.teams import views as team_views
 from apps.teams.api import (
     InvitationAcceptView,
@@ -67,6 +68,9 @@ api_v1 = [
     path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
+    re_path(rf"^{TEAM}/queue/?$",
+            TeamQueueViewSet.as_view({"get": "retrieve", "put": "update"}), name="team-queue"),
+    path("cluster/queue", ClusterQueueView.as_view(), name="cluster-queue"),
     path("worker/", include("config.worker_urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up code as a script file, not inline (CSP);

@@ -398,6 +398,11 @@ class CrucibleClient:
         """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""
         return self.request("POST", "worker/sweep")["requeued"]
 
+    def admission_pass(self) -> dict[str, Any]:
+        """Run one admission pass (operator tokens): what it admitted, preempted, and left
+        waiting; ``{"leader": false}`` when another pass held the lock."""
+        return dict(self.request("POST", "worker/admission"))
+
     # --- for node agents (operator tokens) -----------------------------------------------
     def register_node(self, registration: NodeRegistration) -> NodeStatus:
         """Create or update this host's node (retried: registering is idempotent by name)."""
@@ -441,6 +446,7 @@ class WorkerSession:
         self.dropped_points = 0
         self._stop = threading.Event()
         self._lost = threading.Event()
+        self._preempt = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
@@ -467,7 +473,7 @@ class WorkerSession:
         def beat() -> None:
             while not self._stop.wait(interval):
                 try:
-                    self._post("heartbeat", None)
+                    self.heartbeat()
                 except LeaseLost:
                     self._lost.set()
                     return
@@ -484,12 +490,22 @@ class WorkerSession:
             self._thread.join(timeout=5)
 
     def heartbeat(self) -> dict[str, Any]:
-        return self._post("heartbeat", None)
+        """Renew the lease; an answer with ``stop: preempt`` (the scheduler needs the run's
+        GPUs) makes ``should_stop`` true, so the engine stops at its next safe point."""
+        body = self._post("heartbeat", None)
+        if isinstance(body, dict) and body.get("stop") == "preempt":
+            self._preempt.set()
+        return body
+
+    @property
+    def preempt_requested(self) -> bool:
+        return self._preempt.is_set()
 
     @property
     def should_stop(self) -> bool:
-        """The run was canceled or the lease moved on: stop at the next safe point."""
-        return self._lost.is_set()
+        """The run was canceled, the lease moved on, or the scheduler asked it to make room:
+        stop at the next safe point."""
+        return self._lost.is_set() or self._preempt.is_set()
 
     def set_status(self, status: str, error: str = "", *, retry: bool = False) -> dict[str, Any]:
         """Retried on network errors and 5xx; if an earlier try was applied but its answer

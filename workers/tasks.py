@@ -86,3 +86,10 @@ def execute_sandbox(self: Any, execution_id: str) -> str:
 def sweep_leases() -> list[str]:
     with CrucibleClient() as client:
         return client.sweep()
+
+
+@app.task(name="workers.tasks.admission_pass")
+def admission_pass() -> dict[str, Any]:
+    """Ask the web to run one admission pass (the beat sends this with the scheduler on)."""
+    with CrucibleClient() as client:
+        return client.admission_pass()

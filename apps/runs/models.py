@@ -89,6 +89,19 @@ class Run(models.Model):
     # Short labels frozen at launch, kept here for display (no join per table row); filters
     # go through ``RunTag``, which indexes them portably on SQLite and PostgreSQL.
     tags = models.JSONField(default=list, blank=True)
+    # What the scheduler reads (workers.scheduling.spec.Resources as JSON, frozen at launch)
+    # and the priority class it orders by; ``priority`` above stays the pool queue's order.
+    resources = models.JSONField(default=dict, blank=True)
+    priority_class = models.CharField(max_length=64, blank=True)
+    # Written by each admission pass while the run is queued (blank once admitted).
+    wait_reason = models.CharField(max_length=200, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+    # Times the scheduler stopped this run to make room (not failures: no attempt counted).
+    preemptions = models.PositiveIntegerField(default=0)
+    # Set when the scheduler asked the run to checkpoint and stop; past it, the lease is
+    # revoked.
+    preempt_deadline_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Prefetch, QuerySet
 
 from apps.core.exceptions import DomainError, InvalidInput, NotFound
 from apps.datasets.models import DatasetVersion
@@ -11,6 +11,7 @@ from apps.environments.models import EnvironmentVersion
 from apps.metrics.models import MetricBatch, MetricSeries
 from apps.runs import objects
 from apps.runs.models import Checkpoint, Run, RunStatus
+from apps.scheduling.models import Allocation
 from apps.teams.models import Team
 from workers.protocol import ClaimedRun, PinnedEnvironment
 
@@ -19,7 +20,19 @@ def runs_with_relations(queryset: QuerySet[Run]) -> QuerySet[Run]:
     return queryset.select_related(
         "project", "environment_version__environment", "base_checkpoint"
     ).prefetch_related("pins__dataset_version__dataset",
-                       "environment_pins__environment_version__environment", "attempts")
+                       "environment_pins__environment_version__environment", "attempts",
+                       Prefetch("allocations", to_attr="active_allocations",
+                                queryset=Allocation.objects.filter(released_at__isnull=True)
+                                .select_related("node")))
+
+
+def active_allocations(run: Run) -> list[Allocation]:
+    """The run's allocations that hold resources (prefetched by runs_with_relations)."""
+    found = getattr(run, "active_allocations", None)
+    if found is None:
+        found = list(Allocation.objects.filter(run=run, released_at__isnull=True)
+                     .select_related("node"))
+    return list(found)
 
 
 def run_for_page(team: Team, run_id: str | None) -> Run | None:
@@ -237,3 +250,28 @@ def runs_by_id(team: Team, ids: list[str]) -> dict[str, Run]:
 def checkpoints_by_id(team: Team, ids: list[int]) -> dict[str, Checkpoint]:
     """The team's checkpoints among ``ids``, keyed by id as a string."""
     return {str(c.pk): c for c in Checkpoint.objects.filter(run__team=team, pk__in=ids)}
+
+
+def pending_by_queue(visible_team_ids: set[int] | None) -> list[dict[str, Any]]:
+    """Queued runs by queue (one per team) in queue order, with why each waits. Runs of teams
+    outside ``visible_team_ids`` (None: all) are counted, not listed."""
+    rows = (Run.objects.filter(status=RunStatus.QUEUED).select_related("team")
+            .prefetch_related(Prefetch("allocations", to_attr="active_allocations",
+                                       queryset=Allocation.objects.filter(
+                                           released_at__isnull=True).select_related("node")))
+            .order_by("team__slug", "queue_position", "queued_at", "id"))
+    out: dict[str, dict[str, Any]] = {}
+    for run in rows:
+        entry = out.setdefault(run.team.slug, {"queue": run.team.slug, "pending": 0,
+                                               "admitted": 0, "runs": []})
+        admitted = bool(run.active_allocations)  # type: ignore[attr-defined]
+        entry["admitted" if admitted else "pending"] += 1
+        if visible_team_ids is not None and run.team_id not in visible_team_ids:
+            continue
+        entry["runs"].append({
+            "id": str(run.pk), "name": run.name, "kind": run.kind, "pool": run.pool,
+            "priority_class": run.priority_class, "resources": run.resources,
+            "admitted": admitted, "wait_reason": run.wait_reason,
+            "queue_position": run.queue_position,
+            "estimated_start_at": run.estimated_start_at, "queued_at": run.queued_at})
+    return list(out.values())

@@ -3,6 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from apps.core.serializers import StrictSerializer
+from apps.runs import selectors
 from apps.runs.models import Checkpoint, Pool, Run, RunAttempt, RunEvent, Sample
 
 
@@ -29,6 +30,8 @@ class RunSerializer(serializers.ModelSerializer):
     base_model = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True, read_only=True)
     tags = serializers.ListField(child=serializers.CharField(), read_only=True)
+    allocation = serializers.SerializerMethodField(
+        help_text="node name -> GPU ids the scheduler gave the run (empty when it holds none)")
 
     class Meta:
         model = Run
@@ -38,8 +41,13 @@ class RunSerializer(serializers.ModelSerializer):
             "attempts",
             "error", "lease_holder", "lease_expires_at", "created_at", "queued_at",
             "claimed_at", "started_at", "finished_at", "updated_at",
+            "resources", "priority_class", "wait_reason", "queue_position",
+            "estimated_start_at", "preemptions", "allocation",
         ]
         read_only_fields = fields
+
+    def get_allocation(self, run: Run) -> dict[str, list[int]]:
+        return {a.node.name: list(a.gpu_ids) for a in selectors.active_allocations(run)}
 
     def get_environment(self, run: Run) -> dict | None:
         ev = run.environment_version
@@ -85,6 +93,11 @@ class RunCreateSerializer(StrictSerializer):
         child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=list,
         help_text="Up to 16 labels, each 1-40 letters, digits, '-', '_' or '.'; frozen at "
                   "launch and filterable with ?tag=.")
+    # Checked by plan_run against workers.scheduling.spec.Resources (one message naming the
+    # field); default: one GPU on one node for pool gpu, one CPU core otherwise.
+    resources = serializers.JSONField(required=False, allow_null=True, default=None)
+    priority_class = serializers.CharField(max_length=64, required=False, allow_null=True,
+                                           allow_blank=True, default=None)
 
 
 class RunEventSerializer(serializers.ModelSerializer):

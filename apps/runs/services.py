@@ -25,7 +25,7 @@ from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
-from apps.runs import dispatch, objects
+from apps.runs import dispatch, objects, scheduler
 from apps.runs.leases import leased
 from apps.runs.models import (
     ACTIVE_STATUSES,
@@ -43,6 +43,8 @@ from apps.runs.models import (
 )
 from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
+from apps.scheduling import services as scheduling_services
+from apps.scheduling.models import Allocation
 
 log = logging.getLogger(__name__)
 S = RunStatus
@@ -110,6 +112,7 @@ def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
             config=plan.config, pool=plan.pool, priority=plan.priority,
             environment_version=plan.environment, created_by=actor.user, queued_at=now,
             max_attempts=plan.max_attempts, base_checkpoint=plan.base_checkpoint,
+            resources=plan.resources, priority_class=plan.priority_class,
         )
         RunTag.objects.freeze(run, plan.tags)
         for alias, version in plan.datasets.items():
@@ -173,8 +176,14 @@ def transition(
         if to not in ACTIVE_STATUSES:
             run.lease_id = run.lease_holder = ""
             run.lease_expires_at = None
-            fields += ["lease_id", "lease_holder", "lease_expires_at"]
+            run.preempt_deadline_at = None
+            fields += ["lease_id", "lease_holder", "lease_expires_at", "preempt_deadline_at"]
         run.save(update_fields=fields)
+        # Whatever way a run leaves claimed/running (or a queued run with an allocation is
+        # canceled), its GPUs go back: the next pass may give them away.
+        if to not in ACTIVE_STATUSES and to != previous and \
+                scheduling_services.release_allocations(run_id=run.pk, now=now):
+            dispatch.request_pass_on_commit()
         _record_attempt(run, previous, to, reason)
         message = to + (f": {reason}" if reason else "") + (f": {run.error}" if to == S.FAILED
                                                             else "")
@@ -245,10 +254,15 @@ def claim(
             if run.pool != pool:
                 raise Conflict(f"Run {run.pk} belongs to pool '{run.pool}', not '{pool}'.",
                                code="wrong_pool")
+            if scheduler.enabled():
+                _check_admitted(run)
         else:
             candidates = Run.objects.select_for_update(skip_locked=_skip_locked()).filter(
                 status=S.QUEUED, pool=pool
             )
+            if scheduler.enabled():
+                candidates = candidates.filter(pk__in=Allocation.objects.filter(
+                    released_at__isnull=True, dispatched_at__isnull=False).values("run_id"))
             if team_id is not None:
                 candidates = candidates.filter(team_id=team_id)
             run = candidates.order_by("-priority", "created_at").first()
@@ -260,6 +274,21 @@ def claim(
         run.save(update_fields=["lease_id", "lease_holder", "lease_expires_at"])
         return transition(actor=actor, run=run, to=S.CLAIMED, reason=f"by {run.lease_holder}",
                           locked=True)
+
+
+def _check_admitted(run: Run) -> None:
+    """With the scheduler on, a run is claimable only once a pass gave it an allocation and
+    its GPUs are free (it was dispatched); 409 saying why not."""
+    active = list(Allocation.objects.filter(run=run, released_at__isnull=True))
+    if not active:
+        why = f" (waiting: {run.wait_reason})" if run.wait_reason else ""
+        raise Conflict(f"Run {run.pk} has no allocation: the scheduler has not admitted it "
+                       f"yet{why}; it is dispatched when it is.", code="not_admitted",
+                       details={"wait_reason": run.wait_reason,
+                                "queue_position": run.queue_position})
+    if any(a.dispatched_at is None for a in active):
+        raise Conflict(f"Run {run.pk} is admitted but waits for preempted runs to free its "
+                       "GPUs; it is dispatched when they have stopped.", code="not_admitted")
 
 
 def _skip_locked() -> bool:
@@ -305,15 +334,40 @@ def worker_transition(
     """A worker's status report. ``failed`` with ``retry`` (an error another attempt may not
     meet: a lost node, an out-of-memory kill) queues the run again while it has attempts
     left; the failed attempt and its error stay in the run's attempts and events."""
-    if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED):
-        raise InvalidInput(f"Workers may set status running, succeeded or failed, not '{to}'.",
+    if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED):
+        raise InvalidInput(f"Workers may set status running, succeeded, failed or (when the "
+                           f"scheduler asked) preempted, not '{to}'.",
                            details={"status": [to]})
     with transaction.atomic():
         run = leased(run, lease_id)
+        if to == S.PREEMPTED:
+            if run.preempt_deadline_at is None:
+                raise InvalidInput(f"Run {run.pk} was not asked to stop for the scheduler; "
+                                   "only a run whose heartbeat said 'stop: preempt' may report "
+                                   "preempted.", details={"status": [to]})
+            return finish_preemption(actor=actor, run=run, forced=False)
+        nodes = _allocated_nodes(run) if to in (S.SUCCEEDED, S.FAILED) else []
         run = transition(actor=actor, run=run, to=to, error=error, locked=True)
+        _record_on_nodes(nodes, to=to, infra=retry, detail=error)
         if to == S.FAILED and retry:
             _retry_or_give_up(actor, run, f"attempt {run.attempt} failed")
         return run
+
+
+def _allocated_nodes(run: Run) -> list[str]:
+    return sorted(set(Allocation.objects.filter(run=run, released_at__isnull=True)
+                      .values_list("node__name", flat=True)))
+
+
+def _record_on_nodes(nodes: list[str], *, to: str, infra: bool, detail: str) -> None:
+    """The lemon rule's evidence: a failure marked retryable (a lost node, an OOM kill) is the
+    node's fault; a success, or a failure of the run's own, clears the node's count."""
+    for name in nodes:
+        if to == S.SUCCEEDED:
+            scheduling_services.record_run_success(node=name)
+        else:
+            scheduling_services.record_run_failure(node=name, infra=infra,
+                                                   detail=detail[:200])
 
 
 def _retry_or_give_up(actor: Actor, run: Run, why: str) -> None:
@@ -343,12 +397,59 @@ def sweep_expired(*, actor: Actor) -> list[Run]:
             if run.status not in ACTIVE_STATUSES or run.lease_expires_at >= timezone.now():
                 continue
             holder = run.lease_holder
+            nodes = _allocated_nodes(run)
             transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
                        reason=f"lease held by {holder or 'a worker'} expired")
+            _record_on_nodes(nodes, to=S.FAILED, infra=True,
+                             detail=f"worker {holder or '?'} lost")
             _retry_or_give_up(actor, run, f"worker {holder or '?'} lost on attempt "
                                           f"{run.attempt}")
             swept.append(run)
     return swept
+
+
+def request_preemption(*, actor: Actor, run: Run, deadline: Any, reason: str) -> Run:
+    """The scheduler needs this run's GPUs: ask its worker to checkpoint and stop (the
+    heartbeat answer says ``stop: preempt``); at ``deadline`` the lease is revoked."""
+    with transaction.atomic():
+        run = _lock(run)
+        if run.status not in ACTIVE_STATUSES or run.preempt_deadline_at is not None:
+            return run
+        run.preempt_deadline_at = deadline
+        run.save(update_fields=["preempt_deadline_at"])
+        _append_events(run, [{"kind": "scheduler", "level": EventLevel.WARNING,
+                              "message": f"preemption requested: {reason}; checkpoint and "
+                                         f"stop by {deadline:%H:%M:%S} UTC",
+                              "data": {"deadline": deadline.isoformat(), "reason": reason}}])
+        audit.record(actor=actor, action="run.preempt_request", team_id=run.team_id,
+                     target_type="run", target_id=run.pk, data={"reason": reason})
+    return run
+
+
+def finish_preemption(*, actor: Actor, run: Run, forced: bool) -> Run:
+    """Stop a run the scheduler preempted and put it back in the queue: not a failure (the
+    attempt does not count against ``max_attempts``), ``preemptions`` + 1, and its engine
+    resumes from its last checkpoint as after a lost lease."""
+    with transaction.atomic():
+        run = _lock(run)
+        if run.status not in ACTIVE_STATUSES:
+            return run
+        how = "lease revoked at the deadline" if forced else "stopped"
+        transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
+                   reason=f"preempted by the scheduler ({how})")
+        run.preemptions += 1
+        run.retry_base += 1  # the attempt is given back
+        run.save(update_fields=["preemptions", "retry_base"])
+        transition(actor=actor, run=run, to=S.QUEUED, locked=True,
+                   reason=f"requeued after preemption {run.preemptions}")
+    return run
+
+
+def enforce_preemption_deadlines(*, actor: Actor, now: Any = None) -> list[Run]:
+    """Revoke the leases of preempted runs that did not stop by their deadline."""
+    now = now or timezone.now()
+    late = Run.objects.filter(status__in=ACTIVE_STATUSES, preempt_deadline_at__lte=now)
+    return [finish_preemption(actor=actor, run=run, forced=True) for run in late[:100]]
 
 
 # --- what workers report -------------------------------------------------------------------

@@ -17,7 +17,7 @@ from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
-from apps.runs import selectors, services
+from apps.runs import admission, selectors, services
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
 from apps.sandbox import services as sandbox_services
@@ -50,7 +50,12 @@ class WorkerRunViewSet(WorkerViewSet):
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def heartbeat(self, request: Request, run: str) -> Response:
         obj = services.heartbeat(run=self._run(run), lease_id=self.lease_id)
-        return Response({"status": obj.status, "lease_expires_at": obj.lease_expires_at})
+        body: dict[str, object] = {"status": obj.status,
+                                   "lease_expires_at": obj.lease_expires_at}
+        if obj.preempt_deadline_at is not None:
+            # The scheduler needs the run's GPUs: checkpoint and stop before the deadline.
+            body.update(stop="preempt", preempt_deadline_at=obj.preempt_deadline_at)
+        return Response(body)
 
     @extend_schema(request=protocol.StatusChange, responses=OpenApiTypes.OBJECT)
     def status(self, request: Request, run: str) -> Response:
@@ -149,3 +154,12 @@ class WorkerSweepViewSet(WorkerViewSet):
         return Response({"requeued": [str(r.pk) for r in swept if r.status == "queued"],
                          "failed": [str(r.pk) for r in swept if r.status == "failed"],
                          "executions_lost": lost, "nodes_lost": nodes_lost})
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def admission(self, request: Request) -> Response:
+        """One admission pass (the beat calls it with ``CRUCIBLE_SCHEDULER`` on). Operator
+        tokens only, like the sweep."""
+        if self.principal.team_id is not None:
+            raise Forbidden("Only operator worker tokens (not tied to a team) may run the "
+                            "admission pass.")
+        return Response(admission.admission_pass())

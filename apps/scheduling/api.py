@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -17,9 +18,11 @@ from apps.core.actor import Actor
 from apps.core.exceptions import Forbidden
 from apps.core.pagination import CursorPagination
 from apps.core.serializers import StrictSerializer
-from apps.scheduling import selectors, services
-from apps.scheduling.models import Node, NodeTransition
+from apps.scheduling import queues, selectors, services
+from apps.scheduling.models import Node, NodeTransition, Queue
 from apps.teams.api import UserOnly
+from apps.teams.models import Role
+from apps.teams.viewsets import TeamScopedViewSet
 
 NODE_NAME_REGEX = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
@@ -125,3 +128,49 @@ class NodeViewSet(viewsets.GenericViewSet):
     def uncordon(self, request: Request, name: str) -> Response:
         """Back to ready."""
         return self._act(request, name, "uncordon")
+
+
+class QueueSerializer(StrictSerializer):
+    """A team's queue (workers.scheduling.spec.QueueSpec); quotas per flavor: a GPU type
+    counts GPUs, ``cpu`` counts cores. Limits left out (null) mean no limit."""
+
+    cohort = serializers.CharField(max_length=128, required=False, allow_blank=True,
+                                   allow_null=True, default=None)
+    nominal = serializers.DictField(child=serializers.FloatField(), default=dict)
+    borrowing_limit = serializers.DictField(child=serializers.FloatField(), required=False,
+                                            allow_null=True, default=None)
+    lending_limit = serializers.DictField(child=serializers.FloatField(), required=False,
+                                          allow_null=True, default=None)
+    default_priority = serializers.CharField(max_length=64, default="default")
+
+
+def queue_view(team: Any) -> dict[str, Any]:
+    """The team's queue as the scheduler uses it; ``configured`` is false for the default
+    queue (the whole cluster as nominal quota, no cohort)."""
+    row = queues.queue_row(team.pk)
+    spec = queues.team_spec(team.pk, team.slug)
+    return {"team": team.slug, "configured": row is not None, "cohort": spec.cohort,
+            "nominal": spec.nominal, "borrowing_limit": spec.borrowing_limit,
+            "lending_limit": spec.lending_limit, "default_priority": spec.default_priority,
+            "updated_at": row.updated_at if row is not None else None}
+
+
+class TeamQueueViewSet(TeamScopedViewSet):
+    """``/api/v1/teams/<team>/queue``: members read their team's queue; only staff set it
+    (quota is the cluster operator's to share out)."""
+
+    queryset = Queue.objects.all()
+    method_roles: ClassVar[dict[str, str]] = {"PUT": Role.VIEWER}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def retrieve(self, request: Request, team: str) -> Response:
+        return Response(queue_view(self.team))
+
+    @extend_schema(request=QueueSerializer, responses=OpenApiTypes.OBJECT)
+    def update(self, request: Request, team: str) -> Response:
+        if not (request.user.is_staff or request.user.is_superuser):
+            raise Forbidden("Only staff may set a team's queue; ask a cluster operator.")
+        body = QueueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.set_queue(actor=self.actor, team_id=self.team.pk, **body.validated_data)
+        return Response(queue_view(self.team))

@@ -66,3 +66,42 @@ class NodeTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}: {self.from_state} -> {self.to_state}"
+
+
+class Queue(models.Model):
+    """A team's queue (``workers.scheduling.spec.QueueSpec``): nominal quota per flavor, and
+    inside a cohort how much it may borrow and lend. A team without a row gets the default
+    queue (``apps.scheduling.queues.default_spec``): the whole cluster, no cohort."""
+
+    team = models.OneToOneField("teams.Team", on_delete=models.CASCADE, related_name="queue")
+    cohort = models.CharField(max_length=128, blank=True)
+    nominal = models.JSONField(default=dict, blank=True)
+    borrowing_limit = models.JSONField(null=True, blank=True)
+    lending_limit = models.JSONField(null=True, blank=True)
+    default_priority = models.CharField(max_length=64, default="default")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"queue of team {self.team_id}"
+
+
+class Allocation(models.Model):
+    """What the admission pass gave a run on one node: the GPU ids there (empty for CPU
+    work). Active while ``released_at`` is null; released whenever the run leaves
+    claimed/running (``apps.runs.services.transition``), so no exit path keeps GPUs."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="allocations")
+    gpu_ids = models.JSONField(default=list, blank=True)
+    flavor = models.CharField(max_length=100)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # When the run's Celery message was sent (once its GPUs were physically free).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} on {self.node_id} {self.gpu_ids}"

@@ -20,13 +20,15 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from pydantic import ValidationError
 
 from apps.core import audit
 from apps.core.actor import Actor
 from apps.core.exceptions import IllegalTransition, InvalidInput, NotFound
-from apps.scheduling.models import Node, NodeState, NodeTransition
+from apps.scheduling.models import Allocation, Node, NodeState, NodeTransition, Queue
 from apps.scheduling.selectors import duration
 from workers.protocol import NodeRegistration
+from workers.scheduling.spec import DEFAULT_PRIORITY_CLASSES, QueueSpec
 
 REASON_MAX = 500
 CAPACITY_FIELDS = ("pool", "gpu_type", "gpu_count", "cpus", "memory_mb", "labels",
@@ -222,3 +224,67 @@ def _reset_failures(node: Node) -> Node:
         node.consecutive_infra_failures = 0
         node.save(update_fields=["consecutive_infra_failures"])
     return node
+
+
+# --- queues and allocations ---------------------------------------------------------------
+
+
+def set_queue(*, actor: Actor, team_id: int, cohort: str | None, nominal: dict[str, float],
+              borrowing_limit: dict[str, float] | None = None,
+              lending_limit: dict[str, float] | None = None,
+              default_priority: str = "default") -> Queue:
+    """Create or replace a team's queue, validated as a ``QueueSpec`` (400 naming the first
+    problem) with a priority class that exists; audited with the values before and after."""
+    try:
+        spec = QueueSpec(name=f"team-{team_id}", cohort=cohort or None, nominal=nominal,
+                         borrowing_limit=borrowing_limit, lending_limit=lending_limit,
+                         default_priority=default_priority)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "queue"
+        raise InvalidInput(f"{field}: {first['msg']}", details={field: [first["msg"]]}) from exc
+    classes = [c.name for c in DEFAULT_PRIORITY_CLASSES]
+    if spec.default_priority not in classes:
+        raise InvalidInput(f"default_priority: '{spec.default_priority}' is not one of "
+                           f"{', '.join(classes)}.",
+                           details={"default_priority": [spec.default_priority]})
+    with transaction.atomic():
+        row = Queue.objects.select_for_update().filter(team_id=team_id).first()
+        before = None if row is None else {
+            "cohort": row.cohort, "nominal": row.nominal, "borrowing_limit": row.borrowing_limit,
+            "lending_limit": row.lending_limit, "default_priority": row.default_priority}
+        row = row or Queue(team_id=team_id)
+        row.cohort = spec.cohort or ""
+        row.nominal = dict(spec.nominal)
+        row.borrowing_limit = spec.borrowing_limit
+        row.lending_limit = spec.lending_limit
+        row.default_priority = spec.default_priority
+        row.updated_at = timezone.now()
+        row.save()
+        audit.record(actor=actor, action="queue.set", team_id=team_id, target_type="queue",
+                     target_id=team_id, data={
+                         "before": before, "after": {
+                             "cohort": row.cohort, "nominal": row.nominal,
+                             "borrowing_limit": row.borrowing_limit,
+                             "lending_limit": row.lending_limit,
+                             "default_priority": row.default_priority}})
+    return row
+
+
+def allocate(*, run_id: object, placement: dict[str, tuple[int, ...]], flavor: str,
+             now: datetime) -> list[Allocation]:
+    """Allocation rows for one admission (in the caller's transaction)."""
+    nodes = {n.name: n for n in Node.objects.filter(name__in=list(placement))}
+    return Allocation.objects.bulk_create(
+        Allocation(run_id=run_id, node=nodes[name], gpu_ids=list(ids), flavor=flavor,
+                   created_at=now)
+        for name, ids in sorted(placement.items()))
+
+
+def release_allocations(*, run_id: object, now: datetime | None = None) -> list[str]:
+    """Release the run's active allocations; returns the names of the nodes they were on."""
+    active = Allocation.objects.filter(run_id=run_id, released_at__isnull=True)
+    names = sorted(set(active.values_list("node__name", flat=True)))
+    if names:
+        active.update(released_at=now or timezone.now())
+    return names

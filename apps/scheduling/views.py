@@ -24,11 +24,15 @@ ACTIONS = {"cordon": services.cordon, "drain": services.drain, "uncordon": servi
 
 def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
     now = timezone.now()
-    # One slot per GPU: the allocations will say which run holds which (all free today).
+    # One slot per GPU, with the run whose allocation holds it (None: free).
+    holders = selectors.gpu_holders()
+    on_node = selectors.node_runs()
     rows = [(node, selectors.duration(selectors.heartbeat_age_s(node, now)),
-             range(node.gpu_count))
+             [(i, holders.get(node.pk, {}).get(i)) for i in range(node.gpu_count)],
+             on_node.get(node.pk, []))
             for node in selectors.nodes()]
     return {"rows": rows, "totals": selectors.totals(), "now": now,
+            "queues": selectors.queue_use(),
             "section": "cluster", "can_act": request.user.is_staff or request.user.is_superuser,
             "teams": teams_for_user(request.user).order_by("slug"), **extra}
 

@@ -69,6 +69,14 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
         return "succeeded"
     except (LeaseLost, Stopped) as exc:
         log.warning("run %s stopped: %s", run_id, exc)
+        if session.preempt_requested and not session.lease_lost:
+            # The scheduler asked for the GPUs: say so, and the run goes back to the queue
+            # (resuming from its last checkpoint) at once instead of at the deadline.
+            try:
+                session.set_status("preempted")
+            except ApiError:
+                log.exception("could not report the preemption of run %s", run_id)
+            return "preempted"
         return "stopped"
     except Exception as exc:
         log.exception("run %s failed", run_id)

@@ -21,6 +21,7 @@ from apps.runs.specs import KINDS, available_kinds
 from apps.runs.validation.base_model import resolve_base_model
 from apps.runs.validation.egress import check_egress
 from apps.runs.validation.pins import pin_datasets, pin_environments
+from apps.runs.validation.resources import check_priority_class, check_resources
 from apps.runs.validation.tags import validate_tags
 from apps.runs.validation.train import check_train_config, check_training_datasets
 from apps.teams.models import Team
@@ -43,6 +44,8 @@ class RunPlan:
     base_model: dict[str, Any] | None = None
     max_attempts: int = 3
     tags: list[str] = field(default_factory=list)
+    resources: dict[str, Any] = field(default_factory=dict)
+    priority_class: str = "default"
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -53,6 +56,8 @@ class RunPlan:
             "priority": self.priority,
             "max_attempts": self.max_attempts,
             "tags": self.tags,
+            "resources": self.resources,
+            "priority_class": self.priority_class,
             "config": self.config,
             "datasets": {
                 alias: {"dataset": v.dataset.slug, "digest": v.digest, "number": v.number,
@@ -95,6 +100,8 @@ def plan_run(
     base_model: str | None = None,
     max_attempts: int | None = None,
     tags: list[str] | None = None,
+    resources: dict[str, Any] | None = None,
+    priority_class: str | None = None,
 ) -> RunPlan:
     """Validate every field in a fixed order (the first problem is the one reported)."""
     if kind not in KINDS:
@@ -124,6 +131,8 @@ def plan_run(
         raise InvalidInput(f"Unknown pool '{pool}'; pools are {', '.join(Pool.values)}.",
                            details={"pool": [pool]})
     attempts = _max_attempts(max_attempts)
+    requested = check_resources(resources, pool or spec.default_pool)
+    klass = check_priority_class(priority_class, team)
     clean_tags = validate_tags(tags)
     project_obj = project_by_slug(team=team, slug=project)
     pinned = pin_datasets(team, spec, kind, datasets)
@@ -141,7 +150,7 @@ def plan_run(
         pool=pool or spec.default_pool, priority=priority, datasets=pinned,
         environment=env_versions[0] if env_versions else None, environments=env_versions,
         base_checkpoint=base_checkpoint, base_model=base_described, max_attempts=attempts,
-        tags=clean_tags,
+        tags=clean_tags, resources=requested, priority_class=klass,
     )
 
 

@@ -25,6 +25,7 @@ from apps.review import dataset_pages
 from apps.review import views as review_views
 from apps.runs import environment_pages
 from apps.runs import views as run_views
+from apps.runs.queue_api import ClusterQueueView
 from apps.scheduling.api import NodeViewSet
 from apps.teams import views as team_views
 from apps.teams.api import InvitationAcceptView, MeView, MyTeamsViewSet, PersonalTokenViewSet
@@ -48,6 +49,9 @@ ALLOWED_UNSCOPED = {
     ("cluster-node-cordon", NodeViewSet),
     ("cluster-node-drain", NodeViewSet),
     ("cluster-node-uncordon", NodeViewSet),
+    # What waits for the cluster: every queue's counts for anyone signed in, the runs only of
+    # the caller's teams (all for staff) (apps/runs/queue_api.py).
+    ("cluster-queue", ClusterQueueView),
     ("schema", SpectacularAPIView),
     ("docs", SpectacularSwaggerSplitView),
 }
