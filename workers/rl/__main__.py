@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from typing import NoReturn
 
 from workers import threads
 from workers.rl.spec import SpecError, load_spec
@@ -48,5 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """Leave with the run's own status, without C++ teardown: gloo and DeepSpeed objects freed
+    after the process group sometimes abort a rank that finished ("terminate called without an
+    active exception"), which would turn a completed run's exit status into SIGABRT. Everything
+    the run writes (metrics, checkpoints, the final model) is closed by now; stdio is flushed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

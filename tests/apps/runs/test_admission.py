@@ -27,6 +27,7 @@ from apps.teams.models import Team
 from config.celery import app
 from tests.django_fixtures import Caller
 from tests.factories import ProjectFactory, make_run
+from tests.skips import host_skip
 
 Capture = Callable[..., AbstractContextManager[list[Callable[[], None]]]]
 SYSTEM = Actor.system()
@@ -311,7 +312,7 @@ def test_a_second_pass_while_one_leads_does_nothing(project: Project) -> None:
     gpu_node("n1", gpus=1)
     gpu_run(project)
     if connection.vendor == "postgresql":
-        pytest.skip("the PostgreSQL lock is tested with two connections below")
+        host_skip("the PostgreSQL lock is tested with two connections below")
     with admission._file_lock() as leader:
         assert leader
         assert admission.admission_pass() == {"leader": False}
@@ -322,7 +323,7 @@ def test_a_second_pass_while_one_leads_does_nothing(project: Project) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_advisory_lock_admits_one_leader_across_connections(team: Team) -> None:
     if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only: SQLite uses the file lock (tested above)")
+        host_skip("PostgreSQL only: SQLite uses the file lock (tested above)")
     import psycopg
     from django.db import connections
 
