@@ -21,31 +21,27 @@ QUEUES = ("gpu", "sandbox", "cpu")
 # module, not celery itself): each worker process takes its thread allotment there.
 
 
+def _seconds(var: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``var``."""
+    raw = os.environ.get(var, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError as exc:
+        raise ValueError(f"{var} must be a number of seconds, not {raw!r}") from exc
+    if value <= 0:
+        raise ValueError(f"{var} must be positive, not {raw!r}")
+    return value
+
+
 def sweep_seconds() -> float:
     """How often the beat requeues runs whose lease expired (``CRUCIBLE_SWEEP_SECONDS``):
     a dead worker's run waits at most its lease plus this long before another takes it."""
-    raw = os.environ.get("CRUCIBLE_SWEEP_SECONDS", "").strip()
-    try:
-        value = float(raw) if raw else 30.0
-    except ValueError as exc:
-        raise ValueError(f"CRUCIBLE_SWEEP_SECONDS must be a number of seconds, not {raw!r}") \
-            from exc
-    if value <= 0:
-        raise ValueError(f"CRUCIBLE_SWEEP_SECONDS must be positive, not {raw!r}")
-    return value
+    return _seconds("CRUCIBLE_SWEEP_SECONDS", 30.0)
 
 
 def admission_seconds() -> float:
     """How often the beat runs the admission pass when ``CRUCIBLE_SCHEDULER`` is on."""
-    raw = os.environ.get("CRUCIBLE_ADMISSION_SECONDS", "").strip()
-    try:
-        value = float(raw) if raw else 5.0
-    except ValueError as exc:
-        raise ValueError(f"CRUCIBLE_ADMISSION_SECONDS must be a number of seconds, not {raw!r}") \
-            from exc
-    if value <= 0:
-        raise ValueError(f"CRUCIBLE_ADMISSION_SECONDS must be positive, not {raw!r}")
-    return value
+    return _seconds("CRUCIBLE_ADMISSION_SECONDS", 5.0)
 
 
 def beat_schedule() -> dict[str, dict[str, object]]:

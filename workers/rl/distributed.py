@@ -78,23 +78,23 @@ def process_group() -> Iterator[tuple[int, int]]:
             os.environ.pop(k, None)
 
 
-def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+def _all_reduce(values: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         out = values.detach().to(device, copy=True)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        dist.all_reduce(out, op=op)
         return out.to(values.device)
     return values
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum over ranks (identity in a world of one)."""
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
     """Element-wise max over ranks (identity in a world of one)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        out = values.detach().to(device, copy=True)
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
-        return out.to(values.device)
-    return values
+    return _all_reduce(values, dist.ReduceOp.MAX)
 
 
 def any_rank(flag: bool) -> bool:

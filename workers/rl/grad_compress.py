@@ -355,6 +355,21 @@ class HookState:
         self.counter.reset()
         self.elements = 0
 
+    def all_reduce_sum(self, x: torch.Tensor, key: object) -> torch.Tensor:
+        """The 4-bit sum of ``x`` over the world (flat or hierarchical, as configured), with
+        the residuals kept under ``key``; counts its elements."""
+        if self.plan is None:
+            total, _ = compressed_all_reduce_sum(x, key=key, cfg=self.cfg,
+                                                 worker_ef=self.worker_ef,
+                                                 server_ef=self.server_ef, counter=self.counter)
+        else:
+            total = hierarchical_all_reduce_sum(x, self.plan, key=key, cfg=self.cfg,
+                                                worker_ef=self.worker_ef,
+                                                server_ef=self.server_ef, counter=self.counter,
+                                                intra_dtype=self.intra_dtype)
+        self.elements += x.numel()
+        return total
+
 
 def compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket through the 4-bit path. The collectives run
@@ -362,17 +377,8 @@ def compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     hands DDP an already-completed future."""
     buf = bucket.buffer()
     world = dist.get_world_size()
-    key = (bucket.index(), buf.numel())  # a rebuilt bucket of another size starts fresh
-    if state.plan is None:
-        total, _ = compressed_all_reduce_sum(buf, key=key, cfg=state.cfg,
-                                             worker_ef=state.worker_ef,
-                                             server_ef=state.server_ef, counter=state.counter)
-    else:
-        total = hierarchical_all_reduce_sum(buf, state.plan, key=key, cfg=state.cfg,
-                                            worker_ef=state.worker_ef,
-                                            server_ef=state.server_ef, counter=state.counter,
-                                            intra_dtype=state.intra_dtype)
-    state.elements += buf.numel()
+    # a rebuilt bucket of another size starts fresh
+    total = state.all_reduce_sum(buf, key=(bucket.index(), buf.numel()))
     buf.copy_((total / world).to(buf.dtype).reshape(buf.shape))
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
@@ -406,18 +412,7 @@ def all_reduce_grads(params: Sequence[torch.nn.Parameter], state: HookState) -> 
     if not grads:
         return
     flat = torch.cat([g.reshape(-1).float() for g in grads])  # [N]
-    key = ("flat", flat.numel())
-    if state.plan is None:
-        total, _ = compressed_all_reduce_sum(flat, key=key, cfg=state.cfg,
-                                             worker_ef=state.worker_ef,
-                                             server_ef=state.server_ef, counter=state.counter)
-    else:
-        total = hierarchical_all_reduce_sum(flat, state.plan, key=key, cfg=state.cfg,
-                                            worker_ef=state.worker_ef,
-                                            server_ef=state.server_ef, counter=state.counter,
-                                            intra_dtype=state.intra_dtype)
-    state.elements += flat.numel()
-    mean = total / dist.get_world_size()
+    mean = state.all_reduce_sum(flat, key=("flat", flat.numel())) / dist.get_world_size()
     offset = 0
     for g in grads:
         n = g.numel()
