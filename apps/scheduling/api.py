@@ -161,6 +161,9 @@ class TeamQueueViewSet(TeamScopedViewSet):
 
     queryset = Queue.objects.all()
     method_roles: ClassVar[dict[str, str]] = {"PUT": Role.VIEWER}
+    # No OPTIONS metadata: DRF's would look the PUT target up by a `pk` this one-per-team
+    # route does not have (a 500 the API fuzzer found); OPTIONS is simply not allowed (405).
+    metadata_class = None
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def retrieve(self, request: Request, team: str) -> Response:
