@@ -10,17 +10,22 @@
 # CUDA GPU it says so and exits 0 (nothing here can run).
 #
 #   bash scripts/gpu_check.sh            # from the repository root, with .venv built
-#   GPU_CHECK_BUDGET_S=540 bash scripts/gpu_check.sh
+#   GPU_CHECK_BUDGET_S=540 GPU_CHECK_OUT=/tmp/gc PY=python3 bash scripts/gpu_check.sh
+#
+# A GPU machine without a package index: scripts/gpu_wheels.sh says what to carry there.
+# Logs, run folders and metrics go under GPU_CHECK_OUT (default var/gpu_check; relative to the
+# repository root unless absolute). Not $OUT: a lent GPU machine sets that to its return folder.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 BUDGET=${GPU_CHECK_BUDGET_S:-540}
 START=$(date +%s)
-OUT=${OUT:-var/gpu_check}
+OUT=${GPU_CHECK_OUT:-var/gpu_check}
+[[ $OUT = /* ]] || OUT=$PWD/$OUT
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} CRUCIBLE_THREADS=${CRUCIBLE_THREADS:-4}
-export CRUCIBLE_VAR_DIR=${CRUCIBLE_VAR_DIR:-$PWD/$OUT/var}
+export CRUCIBLE_VAR_DIR=${CRUCIBLE_VAR_DIR:-$OUT/var}
 
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "gpu_check: needs a CUDA GPU; this machine has none (torch.cuda.is_available() is False)."

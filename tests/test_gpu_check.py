@@ -25,6 +25,6 @@ def test_script_parses():
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PY": sys.executable,
-                               "OUT": str(tmp_path / "out")}, timeout=120)
+                               "GPU_CHECK_OUT": str(tmp_path / "out")}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "needs a CUDA GPU" in done.stdout

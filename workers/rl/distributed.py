@@ -17,6 +17,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DEVICE_ENV = "CRUCIBLE_DEVICE"
+
+
+def on_cuda() -> bool:
+    """Whether this process trains on a GPU: when CUDA is visible, unless ``CRUCIBLE_DEVICE=cpu``
+    asks for CPU ranks on gloo on a GPU host (the CPU tests on a GPU machine: more ranks than
+    GPUs). ``CRUCIBLE_DEVICE=cuda`` makes a missing GPU an error instead of a silent CPU run."""
+    choice = os.environ.get(DEVICE_ENV, "").strip().lower() or "auto"
+    if choice not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"{DEVICE_ENV} must be auto, cpu or cuda, not {choice!r}")
+    if choice == "cpu":
+        return False
+    available = torch.cuda.is_available()
+    if choice == "cuda" and not available:
+        raise RuntimeError(f"{DEVICE_ENV}=cuda but torch sees no CUDA device")
+    return available
+
+
 def quiet_libraries() -> None:
     """Progress bars and per-call INFO lines drown the run's own output."""
     import logging
@@ -37,6 +55,11 @@ def process_group() -> Iterator[tuple[int, int]]:
     """Yield (rank, world). Joins torchrun's group when launched by it; otherwise makes a group
     of one (so the same engine code runs inside a Celery task). Tears the group down at exit:
     without that, a finished run sometimes aborts at interpreter exit."""
+    cuda = on_cuda()
+    if not cuda and torch.cuda.is_available():
+        # CPU ranks on a GPU host: DeepSpeed would pick its CUDA accelerator and bind each rank
+        # to a GPU of its local rank. Set before DeepSpeed is imported: it caches its choice.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
     quiet_libraries()
@@ -54,7 +77,7 @@ def process_group() -> Iterator[tuple[int, int]]:
     owned = not dist.is_initialized()
     try:
         if owned:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            backend = "nccl" if cuda else "gloo"
             if backend == "gloo":
                 # DeepSpeed JIT-compiles a shared-memory op that serves only inference
                 # all-reduce, which training never calls; the compile costs 30-90 s on a
@@ -62,8 +85,15 @@ def process_group() -> Iterator[tuple[int, int]]:
                 import deepspeed.ops
 
                 deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-            if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            if cuda:
+                local_rank, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+                if local_rank >= gpus:
+                    # NCCL needs a GPU per rank; say so before CUDA's "invalid device ordinal".
+                    raise RuntimeError(
+                        f"local rank {local_rank} has no GPU: this host shows {gpus} and runs "
+                        f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} ranks; start at most {gpus} "
+                        f"ranks per host, or set {DEVICE_ENV}=cpu to train on CPU (gloo)")
+                torch.cuda.set_device(local_rank)
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         yield dist.get_rank(), dist.get_world_size()
     finally:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from workers.rl.distributed import on_cuda
 from workers.rl.spec import TrainerSpec
 
 
@@ -37,7 +40,7 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: floa
 def use_bf16(ts: TrainerSpec) -> bool:
     """Whether the engine (and the frozen copies that must match it) computes in bf16."""
     if ts.precision == "auto":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return on_cuda() and torch.cuda.is_bf16_supported()
     return ts.precision == "bf16"
 
 
@@ -73,7 +76,9 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
     }
     if ts.zero_stage == 3:
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-    config["zero_optimization"].update(zeropp_config(ts, torch.cuda.is_available()))
+    config["zero_optimization"].update(zeropp_config(ts, on_cuda()))
+    if on_cuda() and os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(os.environ["TORCH_CUDA_ARCH_LIST"])
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=opt, lr_scheduler=sched, config=config
     )
@@ -87,6 +92,20 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
         engine.enable_backward_allreduce = False
     engine.crucible_clip = ts.grad_clip if clip_here else 0.0
     return engine
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed's JIT builder can read it. It parses each entry as
+    numbers (with an optional ``+PTX``), so an arch-specific entry such as ``9.0a``, which some
+    CUDA images set, fails every JIT-built op (ZeRO++'s quantiser: "invalid literal for int()
+    with base 10: '0a'"). Seen on an H200 image; ``9.0a`` becomes ``9.0``."""
+    out: list[str] = []
+    for entry in value.replace(" ", ";").split(";"):
+        m = re.fullmatch(r"(\d+)\.(\d+)[a-z]?(\+PTX)?", entry.strip())
+        fixed = f"{m[1]}.{m[2]}{m[3] or ''}" if m else entry.strip()
+        if fixed and fixed not in out:
+            out.append(fixed)
+    return ";".join(out)
 
 
 class ZeroPPUnavailable(ValueError):

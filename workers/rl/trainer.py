@@ -30,7 +30,13 @@ from workers.rl import balance
 from workers.rl import checkpoint as ckpt
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
-from workers.rl.distributed import all_reduce_max, all_reduce_sum, any_rank, process_group
+from workers.rl.distributed import (
+    all_reduce_max,
+    all_reduce_sum,
+    any_rank,
+    on_cuda,
+    process_group,
+)
 from workers.rl.engine import clip_gradients, frozen_copy, make_engine, use_bf16, weight_snapshot
 from workers.rl.episodes import (
     EpisodeBatch,
@@ -161,7 +167,7 @@ class Trainer:
         self.root = Path(spec.checkpoint.folder)
         self.sink: Reporter = (sink or default_sink(spec)) if rank == 0 else NullSink()
         self.device = torch.device(
-            f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+            f"cuda:{torch.cuda.current_device()}" if on_cuda() else "cpu"
         )
         self.meter: MismatchMeter | None = None  # open during a step's first update
         self.step_load: torch.Tensor | None = None  # (L,E) loads of the step so far

@@ -258,6 +258,8 @@ def _rank(rank: int, fn, world: int, port: int, steps: int) -> None:  # type: ig
     """Run one rank's checks, then leave without C++ teardown: gloo and DDP objects destroyed
     after the process group sometimes abort a rank whose checks all passed ("terminate called
     without an active exception"). A failed check raises before this and fails the test."""
+    if torch.cuda.device_count() < world:  # a GPU host with fewer GPUs than ranks: CPU ranks
+        os.environ["CRUCIBLE_DEVICE"] = "cpu"
     fn(rank, world, port, steps)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -296,6 +298,16 @@ def test_spec_refuses_compression_under_zero_and_zeropp_off_stage_3() -> None:
         parse_spec({"trainer": {"zero_stage": 2, "grad_compression": "4bit"}})
     with pytest.raises(SpecError, match="needs zero_stage = 3"):
         parse_spec({"trainer": {"zero_stage": 2, "zeropp": {"quantized_gradients": True}}})
+
+
+def test_arch_list_as_deepspeed_reads_it() -> None:
+    """An image's arch-specific TORCH_CUDA_ARCH_LIST broke DeepSpeed's JIT builder on an H200."""
+    from workers.rl.engine import deepspeed_arch_list
+
+    assert deepspeed_arch_list("9.0a") == "9.0"
+    assert deepspeed_arch_list("8.0 9.0a+PTX") == "8.0;9.0+PTX"
+    assert deepspeed_arch_list("9.0;9.0a;10.0a") == "9.0;10.0"
+    assert deepspeed_arch_list("8.6+PTX") == "8.6+PTX"
 
 
 def test_zeropp_config_mapping_and_cpu_refusal() -> None:

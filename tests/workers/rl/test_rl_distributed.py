@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from workers.rl.distributed import free_port
 from workers.rl.sinks import read_jsonl
@@ -56,7 +57,10 @@ def launch(run_dir: Path, *extra: str, config: str = CONFIG) -> subprocess.Popen
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "run.toml"
     cfg.write_text(config.format(dir=run_dir))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    if torch.cuda.device_count() < 2:  # on a one-GPU host the two ranks train on CPU (gloo)
+        env["CRUCIBLE_DEVICE"] = "cpu"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}",
            "-m", "workers.rl", "train", "--config", str(cfg), *extra]
