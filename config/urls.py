@@ -15,6 +15,7 @@ from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
 from apps.projects.api import ProjectViewSet
+from apps.runs import queue_pages
 from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.environment_api import EnvironmentVersionRunsViewSet
@@ -90,6 +91,7 @@ urlpatterns = [
     path("", include("apps.datasets.urls")),
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
+    path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),
     path("invite/", team_views.accept_invitation, name="invite-accept"),

@@ -272,6 +272,7 @@ def pending_by_queue(visible_team_ids: set[int] | None) -> list[dict[str, Any]]:
             "id": str(run.pk), "name": run.name, "kind": run.kind, "pool": run.pool,
             "priority_class": run.priority_class, "resources": run.resources,
             "admitted": admitted, "wait_reason": run.wait_reason,
+            "nodes": sorted(a.node.name for a in run.active_allocations),  # type: ignore[attr-defined]
             "queue_position": run.queue_position,
             "estimated_start_at": run.estimated_start_at, "queued_at": run.queued_at})
     return list(out.values())
