@@ -47,23 +47,32 @@ class ApiReporter:
     the API. Non-finite values (a skipped NaN step) are left out of metric batches; events and
     samples are made strict JSON. Checkpoints are packed into the object store
     (``<run prefix>/checkpoints/<name>.tar``) so that any worker can resume the run or start
-    another run from them. Every call first checks whether the run was canceled or its lease
-    lost, and raises :class:`Stopped` if so, so an engine stops at its next report."""
+    another run from them. Every call first checks whether the run was
+    canceled or its lease lost, and raises :class:`Stopped` if so, so an engine stops at its
+    next report. ``checkpoint_on_preempt``: the engine checkpoints and stops by itself when
+    ``preempted()`` (the RL trainer), so a preemption does not refuse its reports; for other
+    engines it stops them at their next report like a cancel."""
 
     def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
-                 scratch: Path | None = None, keep: int | None = None) -> None:
+                 scratch: Path | None = None, keep: int | None = None, *,
+                 checkpoint_on_preempt: bool = False) -> None:
         self.session = session
         self.store = store or default_store()
         self.scratch = scratch or Path(tempfile.gettempdir())
         self.keep = keep  # checkpoint.keep, applied in the object store by the API
+        self.checkpoint_on_preempt = checkpoint_on_preempt
         self.checkpoint_steps: set[int] = {c.step for c in session.run.checkpoints}
 
     def should_stop(self) -> bool:
         return self.session.should_stop
 
+    def preempted(self) -> bool:
+        return self.session.preempt_requested and not self.session.lease_lost
+
     def _check(self) -> None:
-        if self.session.should_stop:
-            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
+        stop = self.session.lease_lost if self.checkpoint_on_preempt else self.session.should_stop
+        if stop:
+            raise Stopped(f"run {self.session.run_id} was canceled, preempted or its lease lost")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._check()

@@ -1,5 +1,7 @@
 """``train`` runs: the RL engine in this worker process (a world of one), resumed from the
-run's last recorded checkpoint when an earlier attempt was lost."""
+run's last recorded checkpoint when an earlier attempt was lost or preempted. A preemption
+reaches the engine through its reporter (``ApiReporter.preempted``, from the heartbeat's
+``stop: preempt``): the engine checkpoints its last completed step, reports it, and stops."""
 
 from __future__ import annotations
 
@@ -115,7 +117,8 @@ def run(session: WorkerSession) -> None:
             spec, resume = prepare_train(session, store, work, hold)
             objective = environment_objective(session, store)
             pinned = pinned_datasets(session, store, spec)
-            reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep)
+            reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep,
+                                   checkpoint_on_preempt=True)
             train(spec, reporter, resume=resume, objective=objective, pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)
