@@ -102,13 +102,14 @@ def pinned_datasets(session: WorkerSession, store: ObjectStore, spec: Any) -> An
 
 
 def run(session: WorkerSession) -> None:
-    """Train in a scratch folder ``var/runs/<id>/attempt-<n>`` that is removed afterwards:
-    what must outlive the attempt is in the object store and the API."""
+    """Train in a scratch folder ``var/runs/<id>/epoch-<n>`` (the claim's lease epoch: no two
+    attempts share one) that is removed afterwards: what must outlive the attempt is in the
+    object store and the API."""
     from workers.rl.trainer import train
 
     store = default_store()
     base = var_dir() / "runs" / session.run_id
-    work = base / f"attempt-{session.run.attempt}"
+    work = base / f"epoch-{session.run.lease_epoch or session.run.attempt}"
     if base.is_dir():  # leftovers of attempts that died on this host
         for old in base.iterdir():
             shutil.rmtree(old, ignore_errors=True)
