@@ -549,9 +549,12 @@ class WorkerSession:
                        resumable: bool = False, keep: int | None = None) -> Any:
         """Record a checkpoint object. ``resumable``: it holds the training state a resume
         needs; ``keep``: then prune the run's resumable checkpoints in the store to the newest
-        ``keep`` (the server keeps any that lineage points to)."""
+        ``keep`` (the server keeps any that lineage points to). It carries the claim's lease
+        epoch, which the server refuses once a later claim has moved it on."""
         body: dict[str, Any] = {"step": step, "uri": uri, "metrics": metrics or {},
                                 "resumable": resumable}
+        if self.run.lease_epoch:
+            body["lease_epoch"] = self.run.lease_epoch
         if keep is not None:
             body["keep"] = keep
         return self._post("checkpoints", body, idempotent=True)

@@ -111,6 +111,9 @@ class ClaimedRun(_Wire):
     config: dict[str, Any]
     lease_id: str
     lease_expires_at: str | None = None
+    # +1 at every claim: the attempt's fencing token. Its checkpoints go to their own folder
+    # of the object store and carry it, and the web refuses them once a later claim moved it.
+    lease_epoch: int = 0
     object_prefix: str
     datasets: dict[str, DatasetPin] = Field(default_factory=dict)
     environment: EnvironmentRef | None = None
@@ -180,13 +183,16 @@ class EventBatch(BaseModel):
 class CheckpointReport(BaseModel):
     """``resumable``: it holds the training state a resume needs (a periodic checkpoint);
     ``keep``: then keep only the newest ``keep`` resumable checkpoints in the object store
-    (and any that lineage points to); the rest are pruned."""
+    (and any that lineage points to); the rest are pruned. ``lease_epoch``: the claim's, which
+    the web checks against the run's current one (a worker from before epochs leaves it out;
+    the URI's ``epoch-<n>/`` folder, when it has one, is checked all the same)."""
 
     step: Step
     uri: Text = Field(max_length=1000)
     metrics: dict[str, Any] = Field(default_factory=dict)
     resumable: bool = False
     keep: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    lease_epoch: Annotated[int, Field(ge=0, le=MAX_STEP)] | None = None
 
 
 class SampleRow(BaseModel):

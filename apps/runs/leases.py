@@ -6,11 +6,12 @@ view read it."""
 
 from __future__ import annotations
 
+import re
 import secrets
 
 from django.utils import timezone
 
-from apps.core.exceptions import LeaseError
+from apps.core.exceptions import Conflict, LeaseError
 from apps.runs.models import ACTIVE_STATUSES, Run
 
 
@@ -33,3 +34,24 @@ refuses a row lock outside one)."""
     locked = Run.objects.select_for_update().get(pk=run.pk)
     check_lease(locked, lease_id)
     return locked
+
+
+# The folder an attempt's checkpoints go to (``workers.adapters.common.checkpoint_key``).
+EPOCH_FOLDER = re.compile(r"/checkpoints/epoch-(\d+)/")
+
+
+def check_epoch(run: Run, lease_epoch: int | None, uri: str) -> None:
+    """Refuse (409 ``stale_epoch``) a checkpoint of another lease epoch than the run's current
+    one, by the epoch the report carries or the ``epoch-<n>/`` folder its URI names: a live
+    lease may not register what a revoked attempt wrote, so a resume never starts from it.
+    (A revoked attempt's own reports already fail the lease check.)"""
+    found = EPOCH_FOLDER.search(uri)
+    claimed = {lease_epoch} if lease_epoch is not None else set()
+    if found:
+        claimed.add(int(found.group(1)))
+    stale = sorted(e for e in claimed if e != run.lease_epoch)
+    if stale:
+        raise Conflict(f"This checkpoint belongs to lease epoch {stale[0]} of run {run.pk}; "
+                       f"the run's current epoch is {run.lease_epoch}: a later claim replaced "
+                       "that attempt, so its checkpoints are not recorded.", code="stale_epoch",
+                       details={"lease_epoch": stale[0], "current": run.lease_epoch})

@@ -61,6 +61,11 @@ class Run(models.Model):
     lease_id = models.CharField(max_length=64, blank=True)
     lease_holder = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The fencing token of the current lease: +1 at every claim, never reset (``attempt``
+    # is the count people read and retries budget against). An attempt's checkpoints carry
+    # it and live under ``checkpoints/epoch-<n>/``; a report from an older epoch is refused,
+    # so a revoked attempt that writes late never becomes what the next attempt resumes.
+    lease_epoch = models.PositiveBigIntegerField(default=0)
     attempt = models.PositiveIntegerField(default=0)
     # Attempts this run may make before a failure is final (automatic retries of lost or
     # failed attempts); ``retry_base`` is the attempt count when a person last queued it.

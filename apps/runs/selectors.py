@@ -172,6 +172,7 @@ def claimed_run(run: Run) -> ClaimedRun:
         config=run.config,
         lease_id=run.lease_id,
         lease_expires_at=run.lease_expires_at.isoformat() if run.lease_expires_at else None,
+        lease_epoch=run.lease_epoch,
         # Every object the run reports must lie under this key prefix of the object store.
         object_prefix=objects.prefix_of(run),
         datasets={

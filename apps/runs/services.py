@@ -26,7 +26,7 @@ from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
 from apps.runs import dispatch, objects, scheduler
-from apps.runs.leases import leased
+from apps.runs.leases import check_epoch, leased
 from apps.runs.models import (
     ACTIVE_STATUSES,
     AttemptOutcome,
@@ -269,9 +269,10 @@ def claim(
             if run is None:
                 return None
         run.lease_id = secrets.token_urlsafe(24)
+        run.lease_epoch += 1
         run.lease_holder = worker_id[:200]
         run.lease_expires_at = timezone.now() + timedelta(seconds=_lease_seconds())
-        run.save(update_fields=["lease_id", "lease_holder", "lease_expires_at"])
+        run.save(update_fields=["lease_id", "lease_epoch", "lease_holder", "lease_expires_at"])
         return transition(actor=actor, run=run, to=S.CLAIMED, reason=f"by {run.lease_holder}",
                           locked=True)
 
@@ -474,14 +475,17 @@ def append_events(*, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> lis
 
 def add_checkpoint(
     *, actor: Actor, run: Run, lease_id: str, step: int, uri: str, metrics: dict[str, Any],
-    resumable: bool = False, keep: int | None = None,
+    resumable: bool = False, keep: int | None = None, lease_epoch: int | None = None,
 ) -> tuple[Checkpoint, bool]:
     """Record a checkpoint the worker uploaded under the run's prefix (once per step; the
     same step again with the same URI is a retry and records nothing new); with ``keep``,
     then prune the run's resumable checkpoints in the object store down to the newest
-    ``keep`` (see ``prune_checkpoints``; a retry prunes again, which changes nothing)."""
+    ``keep`` (see ``prune_checkpoints``; a retry prunes again, which changes nothing). Only
+    the current lease epoch's checkpoints are recorded (``check_epoch``): what a resume
+    reads is what a live lease wrote."""
     with transaction.atomic():
         run = leased(run, lease_id)
+        check_epoch(run, lease_epoch, uri)
         existing = Checkpoint.objects.filter(run=run, step=step).first()
         if existing is not None:
             if existing.uri != uri:

@@ -56,6 +56,14 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
         return f"skipped: {exc.code}"
     if session is None:
         return "skipped: nothing to claim"
+    return run_claimed(session)
+
+
+def run_claimed(session: WorkerSession) -> str:
+    """Run a claimed session to a final status, with its heartbeat. An engine stopped by a
+    preemption has already checkpointed (the train engine writes its last completed step
+    first), so ``preempted`` is reported only after that checkpoint is recorded."""
+    run_id = session.run_id
     adapter = ADAPTERS.get(session.run.kind)
     session.start_heartbeat()
     try:
@@ -69,7 +77,8 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
         return "succeeded"
     except (LeaseLost, Stopped) as exc:
         log.warning("run %s stopped: %s", run_id, exc)
-        if session.preempt_requested and not session.lease_lost:
+        if session.preempt_requested and not session.lease_lost \
+                and not isinstance(exc, LeaseLost):
             # The scheduler asked for the GPUs: say so, and the run goes back to the queue
             # (resuming from its last checkpoint) at once instead of at the deadline.
             try:

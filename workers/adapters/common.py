@@ -14,7 +14,7 @@ from workers.client import WorkerSession
 from workers.envs.load import ResolveDataset, stored_datasets
 from workers.jsonsafe import is_finite_number, json_safe
 from workers.model_cache import pack_checkpoint
-from workers.protocol import PinnedEnvironment
+from workers.protocol import ClaimedRun, PinnedEnvironment
 from workers.reporting import Stopped
 from workers.storage import ObjectStore, default_store, run_key
 
@@ -45,25 +45,35 @@ def finite_metrics(values: dict[str, Any]) -> dict[str, float]:
 class ApiReporter:
     """The engines' :class:`workers.reporting.Reporter` for a claimed run: every call goes to
     the API. Non-finite values (a skipped NaN step) are left out of metric batches; events and
-    samples are made strict JSON. Checkpoints are packed into the object store
-    (``<run prefix>/checkpoints/<name>.tar``) so that any worker can resume the run or start
-    another run from them. Every call first checks whether the run was canceled or its lease
-    lost, and raises :class:`Stopped` if so, so an engine stops at its next report."""
+    samples are made strict JSON. Checkpoints are packed into the object store under the
+    attempt's lease epoch (``<run prefix>/checkpoints/epoch-<n>/<name>.tar``) so that any worker
+    can resume the run or start another run from them, and a revoked attempt that writes late
+    never overwrites a later attempt's objects. Every call first checks whether the run was
+    canceled or its lease lost, and raises :class:`Stopped` if so, so an engine stops at its
+    next report. ``checkpoint_on_preempt``: the engine checkpoints and stops by itself when
+    ``preempted()`` (the RL trainer), so a preemption does not refuse its reports; for other
+    engines it stops them at their next report like a cancel."""
 
     def __init__(self, session: WorkerSession, store: ObjectStore | None = None,
-                 scratch: Path | None = None, keep: int | None = None) -> None:
+                 scratch: Path | None = None, keep: int | None = None, *,
+                 checkpoint_on_preempt: bool = False) -> None:
         self.session = session
         self.store = store or default_store()
         self.scratch = scratch or Path(tempfile.gettempdir())
         self.keep = keep  # checkpoint.keep, applied in the object store by the API
+        self.checkpoint_on_preempt = checkpoint_on_preempt
         self.checkpoint_steps: set[int] = {c.step for c in session.run.checkpoints}
 
     def should_stop(self) -> bool:
         return self.session.should_stop
 
+    def preempted(self) -> bool:
+        return self.session.preempt_requested and not self.session.lease_lost
+
     def _check(self) -> None:
-        if self.session.should_stop:
-            raise Stopped(f"run {self.session.run_id} was canceled or its lease lost")
+        stop = self.session.lease_lost if self.checkpoint_on_preempt else self.session.should_stop
+        if stop:
+            raise Stopped(f"run {self.session.run_id} was canceled, preempted or its lease lost")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._check()
@@ -107,12 +117,21 @@ class ApiReporter:
         self.checkpoint_steps.add(step)
 
     def upload(self, path: Path) -> str:
-        """The checkpoint as one tar object under the run's prefix (``step-N.tar`` for a
-        periodic one, ``final.tar`` for the export)."""
+        """The checkpoint as one tar object under the run's prefix and the attempt's lease
+        epoch (``step-N.tar`` for a periodic one, ``final.tar`` for the export)."""
         name = path.parent.name if path.name == "hf" else path.name
         return pack_checkpoint(self.store, path,
-                               run_key(self.session.run, f"checkpoints/{name}.tar"),
+                               run_key(self.session.run, checkpoint_key(self.session.run, name)),
                                self.scratch)
+
+
+def checkpoint_key(run: ClaimedRun, name: str) -> str:
+    """Where an attempt's checkpoint ``name`` goes under the run's prefix: a folder per lease
+    epoch, so no two attempts ever write the same key and a resume reads only the objects the
+    API recorded (a claim from a web without epochs keeps the flat layout)."""
+    if run.lease_epoch:
+        return f"checkpoints/epoch-{run.lease_epoch}/{name}.tar"
+    return f"checkpoints/{name}.tar"
 
 
 def pinned_environment(session: WorkerSession) -> PinnedEnvironment:

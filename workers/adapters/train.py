@@ -1,5 +1,7 @@
 """``train`` runs: the RL engine in this worker process (a world of one), resumed from the
-run's last recorded checkpoint when an earlier attempt was lost."""
+run's last recorded checkpoint when an earlier attempt was lost or preempted. A preemption
+reaches the engine through its reporter (``ApiReporter.preempted``, from the heartbeat's
+``stop: preempt``): the engine checkpoints its last completed step, reports it, and stops."""
 
 from __future__ import annotations
 
@@ -100,13 +102,14 @@ def pinned_datasets(session: WorkerSession, store: ObjectStore, spec: Any) -> An
 
 
 def run(session: WorkerSession) -> None:
-    """Train in a scratch folder ``var/runs/<id>/attempt-<n>`` that is removed afterwards:
-    what must outlive the attempt is in the object store and the API."""
+    """Train in a scratch folder ``var/runs/<id>/epoch-<n>`` (the claim's lease epoch: no two
+    attempts share one) that is removed afterwards: what must outlive the attempt is in the
+    object store and the API."""
     from workers.rl.trainer import train
 
     store = default_store()
     base = var_dir() / "runs" / session.run_id
-    work = base / f"attempt-{session.run.attempt}"
+    work = base / f"epoch-{session.run.lease_epoch or session.run.attempt}"
     if base.is_dir():  # leftovers of attempts that died on this host
         for old in base.iterdir():
             shutil.rmtree(old, ignore_errors=True)
@@ -115,7 +118,8 @@ def run(session: WorkerSession) -> None:
             spec, resume = prepare_train(session, store, work, hold)
             objective = environment_objective(session, store)
             pinned = pinned_datasets(session, store, spec)
-            reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep)
+            reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep,
+                                   checkpoint_on_preempt=True)
             train(spec, reporter, resume=resume, objective=objective, pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)

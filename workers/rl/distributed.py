@@ -131,3 +131,14 @@ def any_rank(flag: bool) -> bool:
     """True on every rank if it is true on any: ranks must agree on skipping a step."""
     t = torch.tensor([1.0 if flag else 0.0])
     return bool(all_reduce_sum(t).item() > 0)
+
+
+def from_rank0(value: int) -> int:
+    """Rank 0's ``value`` on every rank (identity in a world of one): a decision only rank 0
+    can make (it alone holds the run's reporter) that every rank must act on alike."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.broadcast(t, src=0)
+        return int(t.item())
+    return value

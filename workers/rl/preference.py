@@ -42,6 +42,8 @@ class PhaseHost(Protocol):
 
     def generator(self, *key: int) -> torch.Generator: ...
 
+    def warmup_stop(self, phase: str, step: int) -> None: ...
+
 
 def check_pinned(spec: RunSpec, pinned: PinnedData) -> None:
     """The engine's side of the launch check (pinned_data.check_roles)."""
@@ -71,6 +73,7 @@ def preference_phase(run: PhaseHost, tok: Any, start: Path) -> Path:
     moe = is_moe(policy)
     pairs = run.pinned.preference
     for step in range(pref.steps):
+        run.warmup_stop("preference (DPO)", step)
         g = run.generator(40_000 + step, run.rank)
         picked = [pairs[int(i)] for i in torch.randint(len(pairs), (per_rank,), generator=g)]
         # One batch: each pair's chosen rows, then its rejected rows.

@@ -88,6 +88,11 @@ class MultiSink:
     def should_stop(self) -> bool:
         return any(s.should_stop() for s in self.sinks)
 
+    def preempted(self) -> bool:
+        """A preemption only when no reporter asks for a plain stop (a lost lease wins)."""
+        stopping = [s for s in self.sinks if s.should_stop()]
+        return bool(stopping) and all(s.preempted() for s in stopping)
+
 
 class NullSink(NullReporter):
     """For ranks other than 0."""

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from workers import threads
-from workers.reporting import Reporter
+from workers.reporting import Reporter, Stopped
 from workers.rl import advantages as adv_lib
 from workers.rl import balance
 from workers.rl import checkpoint as ckpt
@@ -34,6 +34,7 @@ from workers.rl.distributed import (
     all_reduce_max,
     all_reduce_sum,
     any_rank,
+    from_rank0,
     on_cuda,
     process_group,
 )
@@ -79,6 +80,9 @@ from workers.rl.samples import finish_reason, pick_samples, reports_at
 from workers.rl.sinks import JsonlSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import DEFAULT_VOCAB_SIZE, MODE_SETTINGS, ModelSpec, RunSpec
 from workers.rl.tokenizer import load_tokenizer, train_bpe
+
+# What every rank does at a safe point (`Trainer.agreed_stop`).
+GO, CHECKPOINT_AND_STOP, STOP = 0, 1, 2
 
 
 class TrainingFailed(RuntimeError):
@@ -205,6 +209,24 @@ class Trainer:
         if dist.is_initialized():
             dist.barrier()
 
+    def agreed_stop(self) -> int:
+        """What every rank does at this safe point, as rank 0's reporter says (it alone holds
+        the run's): GO on, CHECKPOINT_AND_STOP (a preemption), or STOP at once (a cancel or a
+        lost lease: another worker may own the run, so nothing more is written). Broadcast, so
+        all ranks take the same branch into the collectives that follow."""
+        code = GO
+        if self.rank == 0 and self.sink.should_stop():
+            code = CHECKPOINT_AND_STOP if self.sink.preempted() else STOP
+        return from_rank0(code)
+
+    def warmup_stop(self, phase: str, step: int) -> None:
+        """A warm-up phase's safe point. SFT and DPO keep no resumable state until they finish
+        (only their final model), so any stop ends the run here, with nothing to save: the
+        next attempt trains the phase again."""
+        if self.agreed_stop() != GO:
+            raise Stopped(f"stopped during {phase} at step {step}; the warm start keeps no "
+                          "checkpoint before it ends and is trained again on resume")
+
     def generator(self, *key: int) -> torch.Generator:
         """A generator seeded by (seed, *key): the same draw on a resumed run as on the
         uninterrupted one."""
@@ -256,6 +278,7 @@ class Trainer:
         own = len(self.objective.train) if spec.sft.environment else 0
         n_examples = own + len(self.pinned.sft)
         for step in range(spec.sft.steps):
+            self.warmup_stop("SFT", step)
             g = self.generator(20_000 + step, self.rank)
             idx = torch.randint(n_examples, (per_rank,), generator=g)
             batch = completion_batch(tok, [self.sft_example(int(i)) for i in idx])
@@ -315,6 +338,7 @@ class Trainer:
         lrn = self.learner(tok, sft_dir)
         result = RunResult(steps=0)
         start, nan_streak = self.rl_start(lrn, tok, resume, result)
+        self.stop_before_rl(lrn, tok, start)
         store = WeightStore()
         actor = self.start_actor(lrn, tok, store, start)
         t_run = time.perf_counter()
@@ -330,9 +354,11 @@ class Trainer:
                     result.eval_reward[done] = metrics["eval/reward_mean"] = self.evaluate(
                         lrn.backend, tok)
                     t_evals += time.perf_counter() - t0
-                self.report_step(lrn, tok, sb, done, metrics, skipped, nan_streak)
+                saved = self.report_step(lrn, tok, sb, done, metrics, skipped, nan_streak)
                 result.steps = done
                 result.curriculum = sb.sampler_state
+                self.stop_after_step(lrn, tok, done, sb.sampler_state, nan_streak, metrics,
+                                     saved)
         finally:
             if actor is not None:
                 actor.stop()
@@ -520,21 +546,64 @@ class Trainer:
         return nan_streak
 
     def report_step(self, lrn: Learner, tok: Any, sb: StepBatch, done: int,
-                    metrics: dict[str, float], skipped: bool, nan_streak: int) -> None:
+                    metrics: dict[str, float], skipped: bool, nan_streak: int) -> bool:
         """Log step `done`'s metrics, its samples when due, and its checkpoint when due (never
-        for a skipped step, so the latest checkpoint is always a good one)."""
+        for a skipped step, so the latest checkpoint is always a good one). Returns whether it
+        wrote the checkpoint."""
         spec = self.spec
         self.sink.log(done, metrics)
         if self.rank == 0 and reports_at(spec.samples, done):
             self.sink.samples(done, self.step_samples(sb, tok))
         if spec.checkpoint.every and done % spec.checkpoint.every == 0 and not skipped:
-            cursor = sb.sampler_state["cursor"] * self.world
-            path = ckpt.save(lrn.engine, tok, self.root, done,
-                             {"cursor": cursor, "nan_streak": nan_streak, "metrics": metrics},
-                             spec.checkpoint.keep, spec.trainer.zero_stage,
-                             rank_state={"sampler": sb.sampler_state},
-                             prompt_format=self.prompt_format)
-            self.sink.checkpoint(done, str(path / "hf"), metrics)
+            self.save_checkpoint(lrn, tok, done, sb.sampler_state, nan_streak, metrics)
+            return True
+        return False
+
+    def save_checkpoint(self, lrn: Learner, tok: Any, done: int, sampler_state: dict[str, Any],
+                        nan_streak: int, metrics: dict[str, float]) -> None:
+        """Checkpoint the state after RL step `done` (collective) and report it: the one path
+        of periodic and preemption checkpoints."""
+        spec = self.spec
+        cursor = sampler_state["cursor"] * self.world
+        path = ckpt.save(lrn.engine, tok, self.root, done,
+                         {"cursor": cursor, "nan_streak": nan_streak, "metrics": metrics},
+                         spec.checkpoint.keep, spec.trainer.zero_stage,
+                         rank_state={"sampler": sampler_state},
+                         prompt_format=self.prompt_format)
+        self.sink.checkpoint(done, str(path / "hf"), metrics)
+
+    def stop_before_rl(self, lrn: Learner, tok: Any, start: int) -> None:
+        """The safe point before the first RL step. A resumed run has nothing new since the
+        checkpoint it started from; a fresh one has just finished its warm start, which a
+        preemption keeps as a checkpoint at step 0 (a resume from it skips SFT and DPO)."""
+        code = self.agreed_stop()
+        if code == GO:
+            return
+        warm = self.spec.sft.steps > 0 or self.spec.preference.steps > 0
+        if code == CHECKPOINT_AND_STOP and start == 0 and warm \
+                and ckpt.latest(self.root) is None:
+            self.save_checkpoint(lrn, tok, 0, lrn.sampler.state_dict(), 0, {})
+            self.sink.event("info", "preempted before RL step 1: the warm start is kept as "
+                            "the checkpoint at step 0", {"step": 0})
+        raise Stopped(f"stopped before RL step {start + 1}")
+
+    def stop_after_step(self, lrn: Learner, tok: Any, done: int, sampler_state: dict[str, Any],
+                        nan_streak: int, metrics: dict[str, float], saved: bool) -> None:
+        """An RL step's safe point. A preemption checkpoints step `done` (unless its periodic
+        checkpoint was just written) and stops, so the next attempt resumes at `done` + 1; a
+        cancel or a lost lease stops without writing. After a skipped (non-finite) step the
+        weights are still the last good ones and the state records the NaN streak, so its
+        checkpoint resumes as the uninterrupted run would go on."""
+        code = self.agreed_stop()
+        if code == GO:
+            return
+        if code == STOP:
+            raise Stopped(f"stopped after step {done}: the run was canceled or its lease lost")
+        if not saved:
+            self.save_checkpoint(lrn, tok, done, sampler_state, nan_streak, metrics)
+        self.sink.event("info", f"preempted: stopped after step {done}, checkpointed",
+                        {"step": done})
+        raise Stopped(f"preempted after step {done}; its checkpoint is written")
 
     def rl_finish(self, lrn: Learner, tok: Any, result: RunResult) -> None:
         """The final held-out reward (unless the last step measured it) and the final model."""

@@ -77,7 +77,9 @@ def test_checkpoints_go_to_the_store_and_a_retry_resumes_from_the_last(
         ("loss", 1)]
 
     rows = list(Checkpoint.objects.filter(run_id=run["id"]).order_by("step"))
-    prefix = f"{object_store.url}/{session.run.object_prefix}/checkpoints"
+    # Under the claim's lease epoch: no other attempt ever writes these keys.
+    assert session.run.lease_epoch == 1
+    prefix = f"{object_store.url}/{session.run.object_prefix}/checkpoints/epoch-1"
     assert [(c.step, c.uri, c.metrics) for c in rows] == [
         (2, f"{prefix}/step-000002.tar", {"loss": 0.5}),
         (4, f"{prefix}/step-000004.tar", {"loss": 0.25}),
