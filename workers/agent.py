@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
-from workers.client import ApiError, CrucibleClient
+from workers.client import ApiError, CrucibleClient, node_name
 from workers.protocol import NodeHeartbeat, NodeRegistration, NodeStatus
 
 log = logging.getLogger("crucible.agent")
@@ -128,7 +127,7 @@ def describe_host(env: Mapping[str, str]) -> NodeRegistration:
     gpus = detect_gpus(env)
     pool = env.get("CRUCIBLE_NODE_POOL", "").strip() or ("gpu" if gpus.total else "cpu")
     return NodeRegistration.model_validate({
-        "name": env.get("CRUCIBLE_NODE_NAME", "").strip() or socket.gethostname(),
+        "name": node_name(env),
         "pool": pool, "gpu_type": gpus.model, "gpu_count": gpus.total,
         "cpus": detect_cpus(), "memory_mb": detect_memory_mb(),
         "labels": parse_labels(env.get("CRUCIBLE_NODE_LABELS", "")),

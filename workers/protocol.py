@@ -31,6 +31,19 @@ PoolName = Literal["gpu", "sandbox", "cpu"]
 EventLevel = Literal["debug", "info", "warning", "error"]
 # Free text a person typed or an engine wrote: surrounding whitespace is not part of it.
 Text = Annotated[str, StringConstraints(strip_whitespace=True)]
+# A host name as DNS and Kubernetes spell them; it is the node's identity in URLs and in the
+# name of its Celery queue (node_queue).
+NodeName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100,
+                                            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NODE_QUEUE_PREFIX = "node."
+
+
+def node_queue(node: str) -> str:
+    """The Celery queue of one node: where the scheduler sends a run it placed there, so only
+    that node's workers take it. ``node.`` + a NodeName (letters, digits, '.', '_', '-') is a
+    valid queue name for Redis, RabbitMQ and kombu's filesystem transport (whose file names
+    end ``.<queue>.msg``) alike, and cannot collide with a pool's queue."""
+    return NODE_QUEUE_PREFIX + node
 
 
 class _Wire(BaseModel):
@@ -124,9 +137,14 @@ class ClaimedRun(_Wire):
 # -- requests a worker sends ------------------------------------------------------------------
 
 class ClaimRequest(BaseModel):
+    """``node``: the node the worker runs on (``CRUCIBLE_NODE_NAME``, default its host name).
+    With the scheduler on, a run is claimable only from a node its allocation names; an older
+    worker that does not say is still served while the scheduler is off."""
+
     pool: PoolName
     worker_id: Text = Field(max_length=200)
     run_id: uuid.UUID | None = None
+    node: NodeName | None = None
 
 
 class StatusChange(BaseModel):
@@ -241,9 +259,6 @@ class BatchHandOver(BaseModel):
 # -- node agents ------------------------------------------------------------------------------
 
 NodeState = Literal["ready", "cordoned", "draining", "lost"]
-# A host name as DNS and Kubernetes spell them; it is the node's identity in URLs.
-NodeName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100,
-                                            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 LABEL_VALUE_MAX = 200
 MAX_NODE_LABELS = 32

@@ -45,6 +45,7 @@ from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
 from apps.scheduling import services as scheduling_services
 from apps.scheduling.models import Allocation
+from workers.protocol import node_queue
 
 log = logging.getLogger(__name__)
 S = RunStatus
@@ -235,12 +236,14 @@ def resume(*, actor: Actor, run: Run) -> Run:
 
 
 def claim(
-    *, actor: Actor, pool: str, worker_id: str, team_id: int | None, run_id: object = None
+    *, actor: Actor, pool: str, worker_id: str, team_id: int | None, run_id: object = None,
+    node: str | None = None,
 ) -> Run | None:
     """Give a worker the lease on a queued run (a specific one, or the next for ``pool``).
 
     Returns None when there is nothing to claim. Expired leases are swept first, so a run
-    whose worker died is claimable again without waiting for the periodic sweep.
+    whose worker died is claimable again without waiting for the periodic sweep. With the
+    scheduler on, ``node`` (the worker's node) must be one the run's allocation names.
     """
     sweep_expired(actor=Actor.system())
     with transaction.atomic():
@@ -255,14 +258,16 @@ def claim(
                 raise Conflict(f"Run {run.pk} belongs to pool '{run.pool}', not '{pool}'.",
                                code="wrong_pool")
             if scheduler.enabled():
-                _check_admitted(run)
+                _check_admitted(run, node)
         else:
             candidates = Run.objects.select_for_update(skip_locked=_skip_locked()).filter(
                 status=S.QUEUED, pool=pool
             )
             if scheduler.enabled():
+                _require_node(node, what=f"a run of pool '{pool}'")
                 candidates = candidates.filter(pk__in=Allocation.objects.filter(
-                    released_at__isnull=True, dispatched_at__isnull=False).values("run_id"))
+                    released_at__isnull=True, dispatched_at__isnull=False,
+                    node__name=node).values("run_id"))
             if team_id is not None:
                 candidates = candidates.filter(team_id=team_id)
             run = candidates.order_by("-priority", "created_at").first()
@@ -276,10 +281,20 @@ def claim(
                           locked=True)
 
 
-def _check_admitted(run: Run) -> None:
+def _require_node(node: str | None, *, what: str) -> None:
+    if node is None:
+        raise Conflict(f"With the scheduler on, a worker must say which node it runs on to "
+                       f"claim {what} (the claim's 'node': CRUCIBLE_NODE_NAME, default the "
+                       "host name); a run is claimable only on the nodes its allocation "
+                       "names.", code="node_required")
+
+
+def _check_admitted(run: Run, node: str | None) -> None:
     """With the scheduler on, a run is claimable only once a pass gave it an allocation and
-    its GPUs are free (it was dispatched); 409 saying why not."""
-    active = list(Allocation.objects.filter(run=run, released_at__isnull=True))
+    its GPUs are free (it was dispatched), and only from a node the allocation names (its
+    GPU ids mean nothing elsewhere); 409 saying why not."""
+    active = list(Allocation.objects.filter(run=run, released_at__isnull=True)
+                  .select_related("node"))
     if not active:
         why = f" (waiting: {run.wait_reason})" if run.wait_reason else ""
         raise Conflict(f"Run {run.pk} has no allocation: the scheduler has not admitted it "
@@ -289,6 +304,13 @@ def _check_admitted(run: Run) -> None:
     if any(a.dispatched_at is None for a in active):
         raise Conflict(f"Run {run.pk} is admitted but waits for preempted runs to free its "
                        "GPUs; it is dispatched when they have stopped.", code="not_admitted")
+    _require_node(node, what=f"run {run.pk}")
+    names = sorted({a.node.name for a in active})
+    if node not in names:
+        raise Conflict(f"Run {run.pk} is allocated to node {', '.join(names)}, not to this "
+                       f"worker's node '{node}': only a worker on {' or '.join(names)} may "
+                       f"claim it (its message went to queue {node_queue(names[0])}).",
+                       code="wrong_node", details={"nodes": names, "node": node})
 
 
 def _skip_locked() -> bool:

@@ -38,7 +38,8 @@ class WorkerRunViewSet(WorkerViewSet):
     def claim(self, request: Request) -> Response:
         body = parse(protocol.ClaimRequest, request.data)
         run = services.claim(actor=self.actor, pool=body.pool, worker_id=body.worker_id,
-                             team_id=self.principal.team_id, run_id=body.run_id)
+                             team_id=self.principal.team_id, run_id=body.run_id,
+                             node=body.node)
         if run is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(selectors.worker_view(self._run(str(run.pk))))

@@ -14,7 +14,14 @@ import httpx
 
 from workers.adapters import eval as eval_adapter
 from workers.adapters import profile, qc, synthesize, train
-from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
+from workers.client import (
+    ApiError,
+    CrucibleClient,
+    LeaseLost,
+    WorkerSession,
+    default_worker_id,
+    node_name,
+)
 from workers.reporting import Stopped
 
 log = logging.getLogger(__name__)
@@ -45,11 +52,13 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_ERRORS)
 
 
-def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None) -> str:
-    """Claim ``run_id`` and run it to a final status. Returns what happened, for logs."""
+def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None,
+            node: str | None = None) -> str:
+    """Claim ``run_id`` from this node (``node``, default :func:`node_name`) and run it to a
+    final status. Returns what happened, for logs."""
     worker_id = worker_id or default_worker_id()
     try:
-        session = client.claim(pool, worker_id, run_id=run_id)
+        session = client.claim(pool, worker_id, run_id=run_id, node=node or node_name())
     except ApiError as exc:
         # 409: already claimed (a duplicate delivery) or canceled; 404: gone.
         log.info("run %s not claimed: %s", run_id, exc)
