@@ -519,10 +519,12 @@ class WorkerSession:
         stop at the next safe point."""
         return self._lost.is_set() or self._preempt.is_set()
 
-    def set_status(self, status: str, error: str = "", *, retry: bool = False) -> dict[str, Any]:
+    def set_status(self, status: str, error: str = "", *, retry: bool = False,
+                   **classified: Any) -> dict[str, Any]:
         """Retried on network errors and 5xx; if an earlier try was applied but its answer
-        lost, the server's 409 "already <status>" counts as done."""
-        body: dict[str, Any] = {"status": status, "error": error}
+        lost, the server's 409 "already <status>" counts as done. ``classified``: the
+        failure's ``cause``, ``node`` and ``toolchains`` (protocol.StatusChange)."""
+        body: dict[str, Any] = {"status": status, "error": error, **classified}
         if retry:
             body["retry"] = True
         try:

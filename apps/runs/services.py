@@ -44,7 +44,7 @@ from apps.runs.models import (
 from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
 from apps.scheduling import services as scheduling_services
-from apps.scheduling.models import Allocation
+from apps.scheduling.models import Allocation, Node
 from workers.protocol import node_queue
 
 log = logging.getLogger(__name__)
@@ -351,11 +351,15 @@ def heartbeat(*, run: Run, lease_id: str) -> Run:
 
 
 def worker_transition(
-    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = "", retry: bool = False
+    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = "", retry: bool = False,
+    cause: str | None = None, node: str | None = None,
+    toolchains: dict[str, dict[str, Any]] | None = None,
 ) -> Run:
     """A worker's status report. ``failed`` with ``retry`` (an error another attempt may not
     meet: a lost node, an out-of-memory kill) queues the run again while it has attempts
-    left; the failed attempt and its error stay in the run's attempts and events."""
+    left; the failed attempt and its error stay in the run's attempts and events.
+    ``cause="environment"`` (the sandbox its environments need failed its probe on
+    ``node``) is retried likewise, counted against the node, and asks it to re-check."""
     if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED):
         raise InvalidInput(f"Workers may set status running, succeeded, failed or (when the "
                            f"scheduler asked) preempted, not '{to}'.",
@@ -368,11 +372,28 @@ def worker_transition(
                                    "only a run whose heartbeat said 'stop: preempt' may report "
                                    "preempted.", details={"status": [to]})
             return finish_preemption(actor=actor, run=run, forced=False)
+        environment = to == S.FAILED and cause == "environment"
+        retry = retry or environment or (to == S.FAILED and cause == "infra")
         nodes = _allocated_nodes(run) if to in (S.SUCCEEDED, S.FAILED) else []
+        if environment and not nodes and node and Node.objects.filter(name=node).exists():
+            nodes = [node]  # scheduler off: the node the worker says it ran on
         run = transition(actor=actor, run=run, to=to, error=error, locked=True)
         _record_on_nodes(nodes, to=to, infra=retry, detail=error)
+        if environment:
+            for name in nodes:
+                scheduling_services.record_toolchain_failure(
+                    node=name, toolchains=toolchains or {}, run_id=str(run.pk))
         if to == S.FAILED and retry:
-            _retry_or_give_up(actor, run, f"attempt {run.attempt} failed")
+            why = f"attempt {run.attempt} failed" + (
+                f" (environment broken on node {node or ', '.join(nodes) or '?'})"
+                if environment else "")
+            _retry_or_give_up(actor, run, why)
+            if environment and run.status == S.FAILED:
+                used = run.attempt - run.retry_base
+                run.error = (f"{run.error} — gave up after {used} of {run.max_attempts} "
+                             "attempts: the environment's sandbox failed its health probe "
+                             "each time")[:MAX_MESSAGE]
+                run.save(update_fields=["error"])
         return run
 
 

@@ -64,7 +64,10 @@ class WorkerRunViewSet(WorkerViewSet):
         limits.check_text(body.error, field="error", limit=limits.MESSAGE)
         obj = services.worker_transition(actor=self.actor, run=self._run(run),
                                          lease_id=self.lease_id, to=body.status,
-                                         error=body.error, retry=body.retry)
+                                         error=body.error, retry=body.retry,
+                                         cause=body.cause, node=body.node,
+                                         toolchains={lang: h.model_dump() for lang, h
+                                                     in body.toolchains.items()})
         return Response({"status": obj.status})
 
     @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)

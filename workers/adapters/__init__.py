@@ -13,7 +13,8 @@ from collections.abc import Callable
 import httpx
 
 from workers.adapters import eval as eval_adapter
-from workers.adapters import profile, qc, synthesize, train
+from workers.adapters import health, profile, qc, synthesize, train
+from workers.adapters.health import Broken
 from workers.client import (
     ApiError,
     CrucibleClient,
@@ -56,9 +57,9 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
             node: str | None = None) -> str:
     """Claim ``run_id`` from this node (``node``, default :func:`node_name`) and run it to a
     final status. Returns what happened, for logs."""
-    worker_id = worker_id or default_worker_id()
+    worker_id, node = worker_id or default_worker_id(), node or node_name()
     try:
-        session = client.claim(pool, worker_id, run_id=run_id, node=node or node_name())
+        session = client.claim(pool, worker_id, run_id=run_id, node=node)
     except ApiError as exc:
         # 409: already claimed (a duplicate delivery) or canceled; 404: gone.
         log.info("run %s not claimed: %s", run_id, exc)
@@ -72,6 +73,10 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
             session.set_status("failed", f"This worker has no engine for runs of kind "
                                          f"'{session.run.kind}'.")
             return "failed: no engine"
+        broken = health.check(session.run, node)  # before it starts: a broken sandbox
+        if broken is not None:
+            health.report(session, broken, node)
+            return "failed: environment"
         session.set_status("running")
         adapter(session)
         session.set_status("succeeded")
@@ -91,6 +96,12 @@ def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | Non
         log.exception("run %s failed", run_id)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         try:
+            # The sandbox may have broken under the run: then it is the node's failure.
+            broken = health.check(session.run, node)
+            if broken is not None:
+                health.report(session, Broken(f"{detail}; {broken.message}", broken.toolchains),
+                              node)
+                return "failed: environment"
             session.set_status("failed", detail, retry=retryable(exc))
         except ApiError:
             log.exception("could not report failure of run %s", run_id)

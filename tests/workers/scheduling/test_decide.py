@@ -247,3 +247,20 @@ def test_decide_is_deterministic_and_leaves_the_snapshot_alone() -> None:
                                            for i in range(12)])
     assert decide(snap) == decide(snap)
     assert all(w.allocation == {} for w in snap.workloads)
+
+
+def test_a_run_is_not_placed_on_the_nodes_it_avoids() -> None:
+    """The control plane fills ``avoid`` with the nodes whose sandbox probe fails for a language
+    the run needs: the run goes elsewhere (the best fit would have been n1), or waits."""
+    from dataclasses import replace
+
+    other = running(job("r", gpus=6), {"n1": (0, 1, 2, 3, 4, 5)})
+    nodes = [gpu_node("n1"), gpu_node("n2")]
+    picky = replace(job("s", gpus=2), avoid=frozenset({"n1"}))
+    plain = job("p", gpus=2, at=1)
+    got = admits(decide(state(nodes, [queue("a", 16)], [other, picky, plain])))
+    assert got == {"s": {"n2": (0, 1)}, "p": {"n1": (6, 7)}}
+    nowhere = replace(job("s", gpus=2), avoid=frozenset({"n1", "n2"}))
+    actions = decide(state(nodes, [queue("a", 16)], [nowhere, job("p", gpus=2, at=1)]))
+    assert waits(actions)["s"].reason == NO_FITTING_NODES
+    assert set(admits(actions)) == {"p"}  # the same shape without avoid still fits
