@@ -16,6 +16,8 @@ from apps.runs import admission, services
 from apps.runs.models import Run, RunEnvironment, RunStatus
 from apps.scheduling import services as scheduling_services
 from apps.scheduling.models import Allocation, Node
+from tests.apps.scheduling.test_cluster_page import signed_in
+from tests.django_fixtures import Caller
 from tests.factories import make_run
 
 SYSTEM = Actor.system()
@@ -50,7 +52,7 @@ def fail_environment(run: Run, node: str) -> Run:
 
 
 def test_an_environment_failure_requeues_counts_on_the_node_and_asks_for_a_recheck(
-        project: Project, worker: Any, settings: Any) -> None:
+        project: Project, worker: Any, member: Caller, settings: Any) -> None:
     settings.CRUCIBLE = {**settings.CRUCIBLE, "NODE_INFRA_FAILURES_TO_CORDON": 3}
     cpu_node("n1")
     run = make_run(project, max_attempts=3)
@@ -66,6 +68,13 @@ def test_an_environment_failure_requeues_counts_on_the_node_and_asks_for_a_reche
                          "environment's sandbox failed its health probe each time")
     assert node.state == "cordoned" and "3 consecutive infrastructure failures" in \
         node.state_reason
+    # The API and the cluster page show what failed and that a re-check is asked.
+    shown = member.client.get("/api/v1/cluster/nodes/n1").json()
+    assert shown["toolchains"]["python"]["ok"] is False and shown["recheck"] == ["python"]
+    assert shown["toolchains"]["python"]["source"] == f"run {run.pk}"
+    page = signed_in(member.user).get("/cluster/").content.decode()
+    assert "sandbox python broken (re-check asked): python: sandbox failure: /usr/bin/bwrap " \
+           "is missing" in page
     # The heartbeat's answer asks the agent to re-check; its report clears the request.
     beat = worker.post("/api/v1/worker/nodes/n1/heartbeat", {}, format="json")
     assert beat.json()["recheck"] == ["python"]
