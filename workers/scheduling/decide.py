@@ -103,7 +103,7 @@ class _Pass:
         self.blocked_flavors: set[str] = set()    # backfill off: flavors with a blocked run
         # Per shape (and nodes avoided): how many nodes fit when none of the flavor did.
         self.no_fit: dict[tuple[str, int, int, float, float, frozenset[str]], int] = {}
-        self.no_preempt: set[tuple[str, int, str, int, int]] = set()
+        self.no_preempt: set[tuple[str, int, str, int, int, frozenset[str]]] = set()
         self.attempts = 0
         self.victim_pool: dict[str, set[str]] = {}   # flavor -> ids of preemptible holders
         self.lowest_victim: int | None = None
@@ -357,7 +357,8 @@ class _Pass:
         if not self.policy.preemption or self.attempts >= self.policy.max_preemption_attempts:
             return False
         res, amount = w.resources, w.resources.amount
-        memo = (w.queue, self._prio(w), str(res.gpu_types), res.gpus_per_node, res.nodes)
+        memo = (w.queue, self._prio(w), str(res.gpu_types), res.gpus_per_node, res.nodes,
+                w.avoid)
         if memo in self.no_preempt:
             return False
         reclaim = any(self._within_nominal(w.queue, f, amount) for f in self._flavors(w))

@@ -264,3 +264,18 @@ def test_a_run_is_not_placed_on_the_nodes_it_avoids() -> None:
     actions = decide(state(nodes, [queue("a", 16)], [nowhere, job("p", gpus=2, at=1)]))
     assert waits(actions)["s"].reason == NO_FITTING_NODES
     assert set(admits(actions)) == {"p"}  # the same shape without avoid still fits
+
+
+def test_a_run_that_avoids_the_only_node_does_not_stop_preemption_for_others() -> None:
+    """Preemption for a run that avoids n1 cannot succeed; the same shape without `avoid`,
+    later in the pass, still preempts (the pass's memo of failed shapes keys on avoid)."""
+    from dataclasses import replace
+
+    nodes = [gpu_node("n1")]
+    victim = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=0, checkpoint=9900)
+    picky = replace(job("p1", gpus=8, prio="production"), avoid=frozenset({"n1"}))
+    plain = job("p2", gpus=8, prio="production", at=1)
+    actions = decide(state(nodes, [queue("a", 16)], [victim, picky, plain]))
+    assert preempts(actions) == {"v": "p2"}
+    assert admits(actions) == {"p2": {"n1": tuple(range(8))}}
+    assert waits(actions)["p1"].reason == NO_FITTING_NODES
