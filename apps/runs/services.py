@@ -375,26 +375,38 @@ def worker_transition(
         environment = to == S.FAILED and cause == "environment"
         retry = retry or environment or (to == S.FAILED and cause == "infra")
         nodes = _allocated_nodes(run) if to in (S.SUCCEEDED, S.FAILED) else []
-        if environment and not nodes and node and Node.objects.filter(name=node).exists():
-            nodes = [node]  # scheduler off: the node the worker says it ran on
+        if environment and not nodes:
+            nodes = _registered(node)  # scheduler off: the node the worker says it ran on
         run = transition(actor=actor, run=run, to=to, error=error, locked=True)
         _record_on_nodes(nodes, to=to, infra=retry, detail=error)
         if environment:
-            for name in nodes:
-                scheduling_services.record_toolchain_failure(
-                    node=name, toolchains=toolchains or {}, run_id=str(run.pk))
+            return _environment_failed(actor, run, nodes, node, toolchains or {})
         if to == S.FAILED and retry:
-            why = f"attempt {run.attempt} failed" + (
-                f" (environment broken on node {node or ', '.join(nodes) or '?'})"
-                if environment else "")
-            _retry_or_give_up(actor, run, why)
-            if environment and run.status == S.FAILED:
-                used = run.attempt - run.retry_base
-                run.error = (f"{run.error} — gave up after {used} of {run.max_attempts} "
-                             "attempts: the environment's sandbox failed its health probe "
-                             "each time")[:MAX_MESSAGE]
-                run.save(update_fields=["error"])
+            _retry_or_give_up(actor, run, f"attempt {run.attempt} failed")
         return run
+
+
+def _registered(node: str | None) -> list[str]:
+    return [node] if node and Node.objects.filter(name=node).exists() else []
+
+
+def _environment_failed(actor: Actor, run: Run, nodes: list[str], node: str | None,
+                        toolchains: dict[str, dict[str, Any]]) -> Run:
+    """The run's environment failed its sandbox probe (the run is failed and locked): ask
+    its nodes to re-check, then retry it like an infrastructure failure; once out of
+    attempts its error says the probe failed every time."""
+    for name in nodes:
+        scheduling_services.record_toolchain_failure(node=name, toolchains=toolchains,
+                                                     run_id=str(run.pk))
+    where = node or ", ".join(nodes) or "?"
+    _retry_or_give_up(actor, run, f"attempt {run.attempt} failed (environment broken on node "
+                                  f"{where})")
+    if run.status == S.FAILED:
+        used = run.attempt - run.retry_base
+        run.error = (f"{run.error} — gave up after {used} of {run.max_attempts} attempts: "
+                     "the environment's sandbox failed its health probe each time")[:MAX_MESSAGE]
+        run.save(update_fields=["error"])
+    return run
 
 
 def _allocated_nodes(run: Run) -> list[str]:
