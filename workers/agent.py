@@ -10,6 +10,11 @@ Environment:
   when the host has GPUs, else ``cpu``)
 - ``CRUCIBLE_NODE_LABELS``: ``key=value,key=value`` (e.g. ``zone=a,ib=true``)
 - ``CRUCIBLE_NODE_HEARTBEAT_S``: seconds between heartbeats (default 10)
+- ``CRUCIBLE_NODE_PROBE``: sandbox languages to health-probe at start and every
+  ``CRUCIBLE_NODE_PROBE_S`` seconds (default ``python``, and 300 s; ``none`` probes nothing
+  until asked), reported in the heartbeat; when a heartbeat's answer asks for a ``recheck``
+  (a run's environment failed on this node), the agent clears the sandbox's cached state,
+  probes those languages again and reports them in its next beat
 - ``CRUCIBLE_FAKE_GPUS=N`` and ``CRUCIBLE_GPU_TYPE``: pretend to have N GPUs of that type
   (tests, development); without them ``nvidia-smi`` is asked when it is installed.
   ``CRUCIBLE_GPU_TYPE`` also overrides the type ``nvidia-smi`` reports.
@@ -23,10 +28,10 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from importlib import metadata
@@ -35,12 +40,13 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
-from workers.client import ApiError, CrucibleClient
-from workers.protocol import NodeHeartbeat, NodeRegistration, NodeStatus
+from workers.client import ApiError, CrucibleClient, node_name
+from workers.protocol import NodeHeartbeat, NodeRegistration, NodeStatus, ToolchainHealth
 
 log = logging.getLogger("crucible.agent")
 
 DEFAULT_HEARTBEAT_S = 10.0
+DEFAULT_PROBE_S = 300.0
 NVIDIA_SMI_TIMEOUT_S = 20
 
 
@@ -128,7 +134,7 @@ def describe_host(env: Mapping[str, str]) -> NodeRegistration:
     gpus = detect_gpus(env)
     pool = env.get("CRUCIBLE_NODE_POOL", "").strip() or ("gpu" if gpus.total else "cpu")
     return NodeRegistration.model_validate({
-        "name": env.get("CRUCIBLE_NODE_NAME", "").strip() or socket.gethostname(),
+        "name": node_name(env),
         "pool": pool, "gpu_type": gpus.model, "gpu_count": gpus.total,
         "cpus": detect_cpus(), "memory_mb": detect_memory_mb(),
         "labels": parse_labels(env.get("CRUCIBLE_NODE_LABELS", "")),
@@ -148,17 +154,62 @@ def heartbeat_interval(env: Mapping[str, str]) -> float:
     return value
 
 
+def probe_languages(env: Mapping[str, str]) -> tuple[str, ...]:
+    raw = env.get("CRUCIBLE_NODE_PROBE", "python").strip()
+    if raw.lower() in ("", "none", "off"):
+        return ()
+    return tuple(sorted({part.strip() for part in raw.split(",") if part.strip()}))
+
+
+def probe_interval(env: Mapping[str, str]) -> float:
+    raw = env.get("CRUCIBLE_NODE_PROBE_S", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_PROBE_S
+    except ValueError as exc:
+        raise SystemExit(f"CRUCIBLE_NODE_PROBE_S must be a number of seconds, not "
+                         f"{raw!r}") from exc
+    return value if value > 0 else DEFAULT_PROBE_S
+
+
+def probe_toolchains(languages: list[str], *, rebuild: bool) -> dict[str, ToolchainHealth]:
+    """Probe the sandbox for ``languages`` (after clearing its cached state when asked to
+    rebuild): what the next heartbeat reports."""
+    from workers.sandbox import health  # the sandbox engine: only agents that probe
+
+    if rebuild:
+        health.rebuild()
+    found = health.probe(languages)
+    for check in found.values():
+        if not check.ok:
+            log.warning("sandbox probe failed: %s", check.detail)
+    return {name: ToolchainHealth(ok=c.ok, detail=c.detail) for name, c in found.items()}
+
+
 class Agent:
     """Register, then heartbeat until stopped; register again whenever the web answers that
     the node is lost or unknown (the web restarted on a fresh database, or the sweep gave up
     on this host during a network partition)."""
 
     def __init__(self, client: CrucibleClient, registration: NodeRegistration,
-                 interval: float) -> None:
+                 interval: float, probe: tuple[str, ...] = (),
+                 probe_every: float = DEFAULT_PROBE_S) -> None:
         self.client, self.registration, self.interval = client, registration, interval
         self.stop = threading.Event()
         self.state: str | None = None
         self.registered = False
+        self.probe, self.probe_every = set(probe), probe_every
+        self.next_probe = 0.0  # monotonic time of the next periodic probe: at once
+        self.found: dict[str, ToolchainHealth] = {}  # probed, not yet reported
+
+    def _probe_if_due(self, recheck: list[str]) -> None:
+        """Probe what the web asked to re-check (rebuilding first), and periodically what
+        this agent watches; the findings go with the next heartbeat."""
+        if recheck:
+            self.probe |= set(recheck)
+            self.found.update(probe_toolchains(sorted(recheck), rebuild=True))
+        if self.probe and time.monotonic() >= self.next_probe:
+            self.found.update(probe_toolchains(sorted(self.probe), rebuild=False))
+            self.next_probe = time.monotonic() + self.probe_every
 
     def _observe(self, status: NodeStatus) -> None:
         if status.state != self.state:
@@ -184,10 +235,12 @@ class Agent:
         if not self.registered:
             self._register()
             return
+        self._probe_if_due([])
         try:
             status = self.client.node_heartbeat(
                 self.registration.name,
-                NodeHeartbeat(agent_version=self.registration.agent_version))
+                NodeHeartbeat(agent_version=self.registration.agent_version,
+                              toolchains=self.found))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -196,10 +249,13 @@ class Agent:
             self.registered = False
             self._register()
             return
+        self.found = {}
         self._observe(status)
         if status.state == "lost":
             self.registered = False
             self._register()
+            return
+        self._probe_if_due(status.recheck)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -230,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     interval = heartbeat_interval(env)
     # Short retries inside one beat: the loop itself retries on the next beat.
     with CrucibleClient(retries=2, backoff=0.5, timeout=max(5.0, interval)) as client:
-        agent = Agent(client, registration, interval)
+        agent = Agent(client, registration, interval, probe=probe_languages(env),
+                      probe_every=probe_interval(env))
 
         def stop(signum: int, frame: FrameType | None) -> None:
             agent.stop.set()

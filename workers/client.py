@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -374,9 +374,14 @@ class CrucibleClient:
             time.sleep(poll)
 
     # --- for workers -----------------------------------------------------------------
-    def claim(self, pool: str, worker_id: str, run_id: str | None = None) -> WorkerSession | None:
-        body = self.request("POST", "worker/claim",
-                            json={"pool": pool, "worker_id": worker_id, "run_id": run_id})
+    def claim(self, pool: str, worker_id: str, run_id: str | None = None,
+              node: str | None = None) -> WorkerSession | None:
+        """Claim a run; ``node`` says which node this worker runs on (with the scheduler on,
+        only a node the run's allocation names may claim it)."""
+        request: dict[str, Any] = {"pool": pool, "worker_id": worker_id, "run_id": run_id}
+        if node is not None:
+            request["node"] = node
+        body = self.request("POST", "worker/claim", json=request)
         if body is None:
             return None
         return WorkerSession(self, ClaimedRun.model_validate(body), worker_id)
@@ -420,6 +425,13 @@ class CrucibleClient:
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """This host's node name: ``CRUCIBLE_NODE_NAME``, else the host name. The node agent
+    registers under it and the host's workers claim under it, so both must read it here."""
+    env = os.environ if env is None else env
+    return env.get("CRUCIBLE_NODE_NAME", "").strip() or socket.gethostname()
 
 
 @dataclass
@@ -507,10 +519,12 @@ class WorkerSession:
         stop at the next safe point."""
         return self._lost.is_set() or self._preempt.is_set()
 
-    def set_status(self, status: str, error: str = "", *, retry: bool = False) -> dict[str, Any]:
+    def set_status(self, status: str, error: str = "", *, retry: bool = False,
+                   **classified: Any) -> dict[str, Any]:
         """Retried on network errors and 5xx; if an earlier try was applied but its answer
-        lost, the server's 409 "already <status>" counts as done."""
-        body: dict[str, Any] = {"status": status, "error": error}
+        lost, the server's 409 "already <status>" counts as done. ``classified``: the
+        failure's ``cause``, ``node`` and ``toolchains`` (protocol.StatusChange)."""
+        body: dict[str, Any] = {"status": status, "error": error, **classified}
         if retry:
             body["retry"] = True
         try:

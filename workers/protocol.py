@@ -15,6 +15,7 @@ import uuid
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,6 +32,19 @@ PoolName = Literal["gpu", "sandbox", "cpu"]
 EventLevel = Literal["debug", "info", "warning", "error"]
 # Free text a person typed or an engine wrote: surrounding whitespace is not part of it.
 Text = Annotated[str, StringConstraints(strip_whitespace=True)]
+# A host name as DNS and Kubernetes spell them; it is the node's identity in URLs and in the
+# name of its Celery queue (node_queue).
+NodeName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100,
+                                            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NODE_QUEUE_PREFIX = "node."
+
+
+def node_queue(node: str) -> str:
+    """The Celery queue of one node: where the scheduler sends a run it placed there, so only
+    that node's workers take it. ``node.`` + a NodeName (letters, digits, '.', '_', '-') is a
+    valid queue name for Redis, RabbitMQ and kombu's filesystem transport (whose file names
+    end ``.<queue>.msg``) alike, and cannot collide with a pool's queue."""
+    return NODE_QUEUE_PREFIX + node
 
 
 class _Wire(BaseModel):
@@ -127,18 +141,58 @@ class ClaimedRun(_Wire):
 # -- requests a worker sends ------------------------------------------------------------------
 
 class ClaimRequest(BaseModel):
+    """``node``: the node the worker runs on (``CRUCIBLE_NODE_NAME``, default its host name).
+    With the scheduler on, a run is claimable only from a node its allocation names; an older
+    worker that does not say is still served while the scheduler is off."""
+
     pool: PoolName
     worker_id: Text = Field(max_length=200)
     run_id: uuid.UUID | None = None
+    node: NodeName | None = None
+
+
+class ToolchainHealth(BaseModel):
+    """One sandbox language's health probe on a node (workers.sandbox.health): ``ok``, else
+    ``detail`` says what failed and what to install."""
+
+    ok: bool
+    detail: Text = Field(default="", max_length=500)
+
+
+# A sandbox language's name (workers/sandbox/languages.py).
+LANGUAGE_NAME = r"^[a-z][a-z0-9_+-]{0,31}$"
+LanguageName = Annotated[str, StringConstraints(pattern=LANGUAGE_NAME)]
+
+
+def _language_keys(value: dict[str, ToolchainHealth]) -> dict[str, ToolchainHealth]:
+    """Keys checked here, not as patternProperties (which OpenAPI 3.0 lacks)."""
+    for key in value:
+        if not re.match(LANGUAGE_NAME, key):
+            raise ValueError(f"{key[:40]!r} is not a sandbox language name")
+    return value
+
+
+Toolchains = Annotated[dict[str, ToolchainHealth], Field(max_length=64),
+                       AfterValidator(_language_keys)]
+FailureCause = Literal["run", "infra", "environment"]
 
 
 class StatusChange(BaseModel):
     """``retry`` with ``failed``: the error may pass on another attempt; queue the run again if
-    it has attempts left. Which statuses a worker may set is the web's rule (it answers 400)."""
+    it has attempts left. Which statuses a worker may set is the web's rule (it answers 400).
+
+    ``cause`` classifies a failure: ``run`` (its code or config: another attempt meets it
+    again), ``infra`` (the node's fault: a lost GPU, an OOM kill; as ``retry``) or
+    ``environment`` (the sandbox or a toolchain the run's environments need failed its health
+    probe on ``node``; ``toolchains`` has the probe's findings): the run is queued again, the
+    failure counts against the node, not the run, and the node is asked to re-check."""
 
     status: Text = Field(max_length=32)
     error: Text = ""
     retry: bool = False
+    cause: FailureCause | None = None
+    node: NodeName | None = None
+    toolchains: Toolchains = Field(default_factory=dict)
 
 
 # A JSON number a float can hold: not NaN, not an infinity, not an int beyond float range.
@@ -247,9 +301,6 @@ class BatchHandOver(BaseModel):
 # -- node agents ------------------------------------------------------------------------------
 
 NodeState = Literal["ready", "cordoned", "draining", "lost"]
-# A host name as DNS and Kubernetes spell them; it is the node's identity in URLs.
-NodeName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100,
-                                            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 LABEL_VALUE_MAX = 200
 MAX_NODE_LABELS = 32
@@ -292,23 +343,27 @@ class NodeRegistration(BaseModel):
 
 
 class NodeHeartbeat(BaseModel):
-    """An agent's periodic sign of life; the answer carries the node's state."""
+    """An agent's periodic sign of life; the answer carries the node's state. ``toolchains``:
+    the sandbox languages the agent probed since its last beat (none: nothing new)."""
 
     agent_version: Text = Field(default="", max_length=50)
+    toolchains: Toolchains = Field(default_factory=dict)
 
 
 class NodeStatus(BaseModel):
     """The web's answer to a registration or heartbeat: what the node should do now
-    (``cordoned``/``draining``: take no new work; ``lost``: register again)."""
+    (``cordoned``/``draining``: take no new work; ``lost``: register again; ``recheck``:
+    rebuild the sandbox state and probe these languages, a run failed on them here)."""
 
     name: str
     state: NodeState
     state_reason: str = ""
+    recheck: list[LanguageName] = Field(default_factory=list)
 
 
 # Every document above, each published as a component of the OpenAPI document.
 PROTOCOL_MODELS: tuple[type[BaseModel], ...] = (
     ClaimedRun, ClaimRequest, StatusChange, MetricBatch, EventBatch, CheckpointReport,
     SampleBatch, ReportArtifact, QcReport, QcResult, BatchHandOver, NodeRegistration,
-    NodeHeartbeat, NodeStatus,
+    NodeHeartbeat, NodeStatus, ToolchainHealth,
 )

@@ -52,8 +52,10 @@ def _threads_for_pool_process(**_: Any) -> None:
 
 
 @app.task(name="workers.tasks.execute_run", bind=True)
-def execute_run(self: Any, run_id: str) -> str:
-    pool = (self.request.delivery_info or {}).get("routing_key") or "cpu"
+def execute_run(self: Any, run_id: str, pool: str | None = None) -> str:
+    """``pool`` comes with a message sent to a node's queue (scheduler on); a message sent to
+    a pool's queue names its pool by its routing key."""
+    pool = pool or (self.request.delivery_info or {}).get("routing_key") or "cpu"
     with CrucibleClient() as client:
         return execute(client, run_id, pool)
 

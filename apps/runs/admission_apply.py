@@ -103,6 +103,6 @@ def dispatch_ready() -> list[str]:
             continue
         Allocation.objects.filter(pk__in=[a.pk for a in allocations]).update(
             dispatched_at=timezone.now())
-        dispatch.send_on_commit(allocations[0].run)
+        dispatch.send_on_commit(allocations[0].run, node=min(a.node.name for a in allocations))
         sent.append(str(allocations[0].run_id))
     return sent

@@ -20,10 +20,11 @@ from datetime import datetime
 from django.db.models import Max, Prefetch
 from django.utils import timezone
 
-from apps.runs.models import ACTIVE_STATUSES, Run, RunStatus
+from apps.runs.models import ACTIVE_STATUSES, Run, RunEnvironment, RunStatus
 from apps.runs.validation.resources import default_resources
 from apps.scheduling import queues as queue_reads
 from apps.scheduling.models import Allocation, Node, Queue
+from workers.envs.spec import sandbox_languages
 from workers.scheduling.spec import QueueSpec, Resources
 from workers.scheduling.state import ClusterState, NodeState, Workload, WorkloadStatus
 from workers.scheduling.state import Node as EngineNode
@@ -38,6 +39,7 @@ class NodeRow:
     memory_gb: float
     pool: str
     state: str
+    broken: frozenset[str] = frozenset()  # sandbox languages whose probe fails here
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class RunRow:
     last_checkpoint_at: datetime | None = None
     preemptions: int = 0
     stopping: bool = False
+    languages: frozenset[str] = frozenset()  # sandbox languages its environments execute
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -70,6 +73,8 @@ def workload_status(row: RunRow) -> WorkloadStatus | None:
 
 def build_state(*, nodes: Iterable[NodeRow], queues: Iterable[QueueSpec],
                 runs: Iterable[RunRow], now: datetime) -> ClusterState:
+    """A run is kept off the nodes whose sandbox probe fails a language it needs."""
+    nodes = list(nodes)
     engine_nodes = tuple(
         EngineNode(name=n.name, flavor=n.flavor, gpu_ids=tuple(range(n.gpu_count)),
                    cpus=float(max(n.cpus, 0.0)), memory_gb=max(n.memory_gb, 0.0),
@@ -80,13 +85,14 @@ def build_state(*, nodes: Iterable[NodeRow], queues: Iterable[QueueSpec],
         status = workload_status(row)
         if status is None:
             continue
+        avoid = frozenset(n.name for n in nodes if n.broken & row.languages)
         workloads.append(Workload(
             id=row.id, queue=row.queue, priority=row.priority_class,
             resources=Resources.model_validate(dict(row.resources)),
             submitted_at=row.submitted_at.timestamp(), status=status,
             allocation=(dict(row.allocation) if status != WorkloadStatus.PENDING else {}),
             started_at=_ts(row.started_at), last_checkpoint_at=_ts(row.last_checkpoint_at),
-            preemptions=row.preemptions))
+            preemptions=row.preemptions, avoid=avoid))
     return ClusterState(nodes=engine_nodes, queues=tuple(queues), workloads=tuple(workloads),
                         now=now.timestamp())
 
@@ -94,7 +100,7 @@ def build_state(*, nodes: Iterable[NodeRow], queues: Iterable[QueueSpec],
 def _node_rows(nodes: Iterable[Node]) -> list[NodeRow]:
     return [NodeRow(name=n.name, flavor=queue_reads.node_flavor(n), gpu_count=n.gpu_count,
                     cpus=float(n.cpus), memory_gb=n.memory_mb / 1024, pool=n.pool,
-                    state=n.state) for n in nodes]
+                    state=n.state, broken=n.broken_languages()) for n in nodes]
 
 
 def snapshot(now: datetime | None = None) -> tuple[ClusterState, dict[str, Run]]:
@@ -108,7 +114,10 @@ def snapshot(now: datetime | None = None) -> tuple[ClusterState, dict[str, Run]]
         .prefetch_related(Prefetch(
             "allocations", to_attr="active_allocations",
             queryset=Allocation.objects.filter(released_at__isnull=True)
-            .select_related("node")))
+            .select_related("node")),
+            Prefetch("environment_pins", to_attr="pinned_environments",
+                     queryset=RunEnvironment.objects.select_related("environment_version")))
+        .select_related("environment_version")
         .order_by("created_at", "id"))
     cluster = queue_reads.capacity(nodes)
     specs: dict[str, QueueSpec] = {}
@@ -129,11 +138,23 @@ def snapshot(now: datetime | None = None) -> tuple[ClusterState, dict[str, Run]]
             submitted_at=run.queued_at or run.created_at, allocation=allocation,
             started_at=run.started_at or run.claimed_at,
             last_checkpoint_at=run.last_checkpoint,  # type: ignore[attr-defined]
-            preemptions=run.preemptions, stopping=run.preempt_deadline_at is not None))
+            preemptions=run.preemptions, stopping=run.preempt_deadline_at is not None,
+            languages=_languages(run) if run.status == RunStatus.QUEUED else frozenset()))
     state = build_state(nodes=_node_rows(nodes), queues=sorted(specs.values(),
                                                                 key=lambda q: q.name),
                         runs=rows, now=now)
     return state, {str(r.pk): r for r in runs}
+
+
+def _languages(run: Run) -> frozenset[str]:
+    """The sandbox languages the run's pinned environments execute."""
+    versions = [p.environment_version for p in run.pinned_environments]  # type: ignore[attr-defined]
+    if not versions and run.environment_version is not None:
+        versions = [run.environment_version]
+    found: frozenset[str] = frozenset()
+    for version in versions:
+        found |= sandbox_languages(version.spec)
+    return found
 
 
 def _legacy_resources(pool: str) -> dict[str, object]:

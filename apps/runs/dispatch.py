@@ -5,18 +5,21 @@ delivery harmless (the second worker's claim gets a 409 and returns).
 
 With the scheduler on (``CRUCIBLE_SCHEDULER``) a queued run is not sent at once: the commit
 triggers an admission pass instead, and the pass sends the run (``send_on_commit``) once it
-holds an allocation whose GPUs are free.
+holds an allocation whose GPUs are free, to the queue of the allocation's first node
+(``node.<name>``), which only that node's workers consume.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from django.db import transaction
 
 from apps.runs import scheduler
 from config.celery import app
+from workers.protocol import node_queue
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +30,25 @@ _pass_hook: list[Callable[[], object]] = []
 imports this module: a hook keeps the import one-way)."""
 
 
-def _send(run_id: str, pool: str, priority: int) -> None:
+def _send(run_id: str, pool: str, priority: int, node: str | None = None) -> None:
+    options: dict[str, Any] = {"queue": pool}
+    if node is not None:
+        # Only the allocation's node's workers consume its queue; the message names the pool,
+        # which its routing key no longer says.
+        options = {"queue": node_queue(node), "kwargs": {"pool": pool}}
     try:
-        app.send_task(EXECUTE_TASK, args=[run_id], queue=pool,
-                      priority=max(0, min(9, priority)))
+        app.send_task(EXECUTE_TASK, args=[run_id], priority=max(0, min(9, priority)),
+                      **options)
     except Exception:
         # The run stays queued; a worker that polls /worker/claim, or a resend, picks it up.
-        log.exception("could not enqueue run %s on %s", run_id, pool)
+        log.exception("could not enqueue run %s on %s", run_id, options["queue"])
 
 
-def send_on_commit(run: object) -> None:
-    """Send the run's message once the current transaction commits."""
+def send_on_commit(run: object, node: str | None = None) -> None:
+    """Send the run's message once the current transaction commits: to its pool's queue, or
+    with ``node`` (an admitted run's first allocated node) to that node's queue."""
     run_id, pool, priority = str(run.pk), run.pool, run.priority  # type: ignore[attr-defined]
-    transaction.on_commit(lambda: _send(run_id, pool, priority))
+    transaction.on_commit(lambda: _send(run_id, pool, priority, node))
 
 
 def register_pass(hook: Callable[[], object]) -> None:

@@ -44,7 +44,8 @@ from apps.runs.models import (
 from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
 from apps.scheduling import services as scheduling_services
-from apps.scheduling.models import Allocation
+from apps.scheduling.models import Allocation, Node
+from workers.protocol import node_queue
 
 log = logging.getLogger(__name__)
 S = RunStatus
@@ -235,12 +236,14 @@ def resume(*, actor: Actor, run: Run) -> Run:
 
 
 def claim(
-    *, actor: Actor, pool: str, worker_id: str, team_id: int | None, run_id: object = None
+    *, actor: Actor, pool: str, worker_id: str, team_id: int | None, run_id: object = None,
+    node: str | None = None,
 ) -> Run | None:
     """Give a worker the lease on a queued run (a specific one, or the next for ``pool``).
 
     Returns None when there is nothing to claim. Expired leases are swept first, so a run
-    whose worker died is claimable again without waiting for the periodic sweep.
+    whose worker died is claimable again without waiting for the periodic sweep. With the
+    scheduler on, ``node`` (the worker's node) must be one the run's allocation names.
     """
     sweep_expired(actor=Actor.system())
     with transaction.atomic():
@@ -255,14 +258,16 @@ def claim(
                 raise Conflict(f"Run {run.pk} belongs to pool '{run.pool}', not '{pool}'.",
                                code="wrong_pool")
             if scheduler.enabled():
-                _check_admitted(run)
+                _check_admitted(run, node)
         else:
             candidates = Run.objects.select_for_update(skip_locked=_skip_locked()).filter(
                 status=S.QUEUED, pool=pool
             )
             if scheduler.enabled():
+                _require_node(node, what=f"a run of pool '{pool}'")
                 candidates = candidates.filter(pk__in=Allocation.objects.filter(
-                    released_at__isnull=True, dispatched_at__isnull=False).values("run_id"))
+                    released_at__isnull=True, dispatched_at__isnull=False,
+                    node__name=node).values("run_id"))
             if team_id is not None:
                 candidates = candidates.filter(team_id=team_id)
             run = candidates.order_by("-priority", "created_at").first()
@@ -277,10 +282,20 @@ def claim(
                           locked=True)
 
 
-def _check_admitted(run: Run) -> None:
+def _require_node(node: str | None, *, what: str) -> None:
+    if node is None:
+        raise Conflict(f"With the scheduler on, a worker must say which node it runs on to "
+                       f"claim {what} (the claim's 'node': CRUCIBLE_NODE_NAME, default the "
+                       "host name); a run is claimable only on the nodes its allocation "
+                       "names.", code="node_required")
+
+
+def _check_admitted(run: Run, node: str | None) -> None:
     """With the scheduler on, a run is claimable only once a pass gave it an allocation and
-    its GPUs are free (it was dispatched); 409 saying why not."""
-    active = list(Allocation.objects.filter(run=run, released_at__isnull=True))
+    its GPUs are free (it was dispatched), and only from a node the allocation names (its
+    GPU ids mean nothing elsewhere); 409 saying why not."""
+    active = list(Allocation.objects.filter(run=run, released_at__isnull=True)
+                  .select_related("node"))
     if not active:
         why = f" (waiting: {run.wait_reason})" if run.wait_reason else ""
         raise Conflict(f"Run {run.pk} has no allocation: the scheduler has not admitted it "
@@ -290,6 +305,13 @@ def _check_admitted(run: Run) -> None:
     if any(a.dispatched_at is None for a in active):
         raise Conflict(f"Run {run.pk} is admitted but waits for preempted runs to free its "
                        "GPUs; it is dispatched when they have stopped.", code="not_admitted")
+    _require_node(node, what=f"run {run.pk}")
+    names = sorted({a.node.name for a in active})
+    if node not in names:
+        raise Conflict(f"Run {run.pk} is allocated to node {', '.join(names)}, not to this "
+                       f"worker's node '{node}': only a worker on {' or '.join(names)} may "
+                       f"claim it (its message went to queue {node_queue(names[0])}).",
+                       code="wrong_node", details={"nodes": names, "node": node})
 
 
 def _skip_locked() -> bool:
@@ -330,11 +352,15 @@ def heartbeat(*, run: Run, lease_id: str) -> Run:
 
 
 def worker_transition(
-    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = "", retry: bool = False
+    *, actor: Actor, run: Run, lease_id: str, to: str, error: str = "", retry: bool = False,
+    cause: str | None = None, node: str | None = None,
+    toolchains: dict[str, dict[str, Any]] | None = None,
 ) -> Run:
     """A worker's status report. ``failed`` with ``retry`` (an error another attempt may not
     meet: a lost node, an out-of-memory kill) queues the run again while it has attempts
-    left; the failed attempt and its error stay in the run's attempts and events."""
+    left; the failed attempt and its error stay in the run's attempts and events.
+    ``cause="environment"`` (the sandbox its environments need failed its probe on
+    ``node``) is retried likewise, counted against the node, and asks it to re-check."""
     if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED):
         raise InvalidInput(f"Workers may set status running, succeeded, failed or (when the "
                            f"scheduler asked) preempted, not '{to}'.",
@@ -347,12 +373,41 @@ def worker_transition(
                                    "only a run whose heartbeat said 'stop: preempt' may report "
                                    "preempted.", details={"status": [to]})
             return finish_preemption(actor=actor, run=run, forced=False)
+        environment = to == S.FAILED and cause == "environment"
+        retry = retry or environment or (to == S.FAILED and cause == "infra")
         nodes = _allocated_nodes(run) if to in (S.SUCCEEDED, S.FAILED) else []
+        if environment and not nodes:
+            nodes = _registered(node)  # scheduler off: the node the worker says it ran on
         run = transition(actor=actor, run=run, to=to, error=error, locked=True)
         _record_on_nodes(nodes, to=to, infra=retry, detail=error)
+        if environment:
+            return _environment_failed(actor, run, nodes, node, toolchains or {})
         if to == S.FAILED and retry:
             _retry_or_give_up(actor, run, f"attempt {run.attempt} failed")
         return run
+
+
+def _registered(node: str | None) -> list[str]:
+    return [node] if node and Node.objects.filter(name=node).exists() else []
+
+
+def _environment_failed(actor: Actor, run: Run, nodes: list[str], node: str | None,
+                        toolchains: dict[str, dict[str, Any]]) -> Run:
+    """The run's environment failed its sandbox probe (the run is failed and locked): ask
+    its nodes to re-check, then retry it like an infrastructure failure; once out of
+    attempts its error says the probe failed every time."""
+    for name in nodes:
+        scheduling_services.record_toolchain_failure(node=name, toolchains=toolchains,
+                                                     run_id=str(run.pk))
+    where = node or ", ".join(nodes) or "?"
+    _retry_or_give_up(actor, run, f"attempt {run.attempt} failed (environment broken on node "
+                                  f"{where})")
+    if run.status == S.FAILED:
+        used = run.attempt - run.retry_base
+        run.error = (f"{run.error} — gave up after {used} of {run.max_attempts} attempts: "
+                     "the environment's sandbox failed its health probe each time")[:MAX_MESSAGE]
+        run.save(update_fields=["error"])
+    return run
 
 
 def _allocated_nodes(run: Run) -> list[str]:

@@ -38,7 +38,8 @@ class WorkerRunViewSet(WorkerViewSet):
     def claim(self, request: Request) -> Response:
         body = parse(protocol.ClaimRequest, request.data)
         run = services.claim(actor=self.actor, pool=body.pool, worker_id=body.worker_id,
-                             team_id=self.principal.team_id, run_id=body.run_id)
+                             team_id=self.principal.team_id, run_id=body.run_id,
+                             node=body.node)
         if run is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(selectors.worker_view(self._run(str(run.pk))))
@@ -63,7 +64,10 @@ class WorkerRunViewSet(WorkerViewSet):
         limits.check_text(body.error, field="error", limit=limits.MESSAGE)
         obj = services.worker_transition(actor=self.actor, run=self._run(run),
                                          lease_id=self.lease_id, to=body.status,
-                                         error=body.error, retry=body.retry)
+                                         error=body.error, retry=body.retry,
+                                         cause=body.cause, node=body.node,
+                                         toolchains={lang: h.model_dump() for lang, h
+                                                     in body.toolchains.items()})
         return Response({"status": obj.status})
 
     @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)

@@ -42,7 +42,8 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = ["name", "pool", "gpu_type", "gpu_count", "cpus", "memory_mb", "labels",
                   "agent_version", "state", "state_reason", "registered_at",
-                  "last_heartbeat_at", "heartbeat_age_s", "consecutive_infra_failures"]
+                  "last_heartbeat_at", "heartbeat_age_s", "consecutive_infra_failures",
+                  "toolchains", "recheck"]
         read_only_fields = fields
 
     def get_heartbeat_age_s(self, node: Node) -> int:

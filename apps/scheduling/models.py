@@ -42,12 +42,24 @@ class Node(models.Model):
     registered_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
     consecutive_infra_failures = models.PositiveIntegerField(default=0)
+    # Sandbox health per language, as last probed here ({"python": {"ok", "detail", "at",
+    # "source"}}): by the agent, or a run whose environment failed on this node. The
+    # scheduler places no run on a node failing a language its environments need.
+    toolchains = models.JSONField(default=dict, blank=True)
+    # Languages the node is asked to rebuild and re-probe (a run's environment failed on
+    # them here); the agent's next report of a language clears it.
+    recheck = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def broken_languages(self) -> frozenset[str]:
+        """Languages whose last probe on this node failed."""
+        return frozenset(name for name, health in (self.toolchains or {}).items()
+                         if isinstance(health, dict) and not health.get("ok", False))
 
 
 class NodeTransition(models.Model):

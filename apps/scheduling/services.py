@@ -14,6 +14,7 @@ State machine (``ready`` is the only state that takes new work)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -123,15 +124,54 @@ def register_node(*, actor: Actor, registration: NodeRegistration,
     return node, created
 
 
-def heartbeat(*, name: str, now: datetime | None = None) -> Node:
+def heartbeat(*, name: str, now: datetime | None = None,
+              toolchains: Mapping[str, Mapping[str, Any]] | None = None) -> Node:
     """Record a sign of life (not audited: one every few seconds per node). A lost node
     stays lost until it registers again: its capacity may have changed while it was away,
-    and the answer's ``lost`` tells the agent to register."""
+    and the answer's ``lost`` tells the agent to register. ``toolchains``: what the agent's
+    sandbox probes found since its last beat; a language it reports is re-checked."""
     now = now or timezone.now()
     if not Node.objects.filter(name=name).update(last_heartbeat_at=now):
         raise NotFound(f"No node '{name}': register it first (POST /api/v1/worker/nodes/"
                        "register).")
+    if toolchains:
+        with transaction.atomic():
+            node = _locked(name)
+            _merge_toolchains(node, toolchains, source="agent", now=now)
+            node.recheck = [lang for lang in node.recheck if lang not in toolchains]
+            node.save(update_fields=["toolchains", "recheck"])
     return Node.objects.get(name=name)
+
+
+def _merge_toolchains(node: Node, found: Mapping[str, Mapping[str, Any]], *, source: str,
+                      now: datetime) -> None:
+    merged = dict(node.toolchains or {})
+    for lang, health in found.items():
+        merged[lang] = {"ok": bool(health.get("ok")),
+                        "detail": str(health.get("detail", ""))[:REASON_MAX],
+                        "at": now.isoformat(), "source": source}
+    node.toolchains = merged
+
+
+def record_toolchain_failure(*, node: Node | str, toolchains: Mapping[str, Mapping[str, Any]],
+                             run_id: str, now: datetime | None = None) -> Node:
+    """A run's environment failed its sandbox probe on ``node``: remember what failed (the
+    scheduler then keeps runs that need those languages off the node) and ask the node to
+    rebuild and re-probe them (its next heartbeat answer carries ``recheck``). The lemon rule
+    is counted by the caller (``record_run_failure(infra=True)``)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        locked = _locked(node)
+        _merge_toolchains(locked, toolchains, source=f"run {run_id}", now=now)
+        failed = sorted(lang for lang, h in toolchains.items() if not h.get("ok"))
+        locked.recheck = sorted(set(locked.recheck) | set(failed))
+        locked.save(update_fields=["toolchains", "recheck"])
+        audit.record(actor=Actor.system(), action="node.toolchain_failure", team_id=None,
+                     target_type="node", target_id=locked.name,
+                     data={"run": run_id, "failed": failed,
+                           "details": {lang: toolchains[lang].get("detail", "")
+                                       for lang in failed}})
+    return locked
 
 
 def sweep_lost_nodes(*, now: datetime | None = None) -> list[str]:

@@ -4,6 +4,8 @@ team's worker token may not add capacity or speak for a host."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -17,9 +19,10 @@ from apps.teams.viewsets import WorkerViewSet
 from workers import protocol
 
 
-def node_status(node: Node) -> dict[str, str]:
+def node_status(node: Node) -> dict[str, Any]:
     return protocol.NodeStatus.model_validate(
-        {"name": node.name, "state": node.state, "state_reason": node.state_reason}).model_dump()
+        {"name": node.name, "state": node.state, "state_reason": node.state_reason,
+         "recheck": node.recheck}).model_dump()
 
 
 class WorkerNodeViewSet(WorkerViewSet):
@@ -41,5 +44,6 @@ class WorkerNodeViewSet(WorkerViewSet):
     @extend_schema(request=protocol.NodeHeartbeat, responses=protocol.NodeStatus)
     def heartbeat(self, request: Request, name: str) -> Response:
         self._operator_only()
-        parse(protocol.NodeHeartbeat, request.data)
-        return Response(node_status(services.heartbeat(name=name)))
+        body = parse(protocol.NodeHeartbeat, request.data)
+        found = {lang: h.model_dump() for lang, h in body.toolchains.items()}
+        return Response(node_status(services.heartbeat(name=name, toolchains=found)))

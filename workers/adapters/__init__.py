@@ -13,8 +13,16 @@ from collections.abc import Callable
 import httpx
 
 from workers.adapters import eval as eval_adapter
-from workers.adapters import profile, qc, synthesize, train
-from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession, default_worker_id
+from workers.adapters import health, profile, qc, synthesize, train
+from workers.adapters.health import Broken
+from workers.client import (
+    ApiError,
+    CrucibleClient,
+    LeaseLost,
+    WorkerSession,
+    default_worker_id,
+    node_name,
+)
 from workers.reporting import Stopped
 
 log = logging.getLogger(__name__)
@@ -45,25 +53,29 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_ERRORS)
 
 
-def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None) -> str:
-    """Claim ``run_id`` and run it to a final status. Returns what happened, for logs."""
-    worker_id = worker_id or default_worker_id()
+def execute(client: CrucibleClient, run_id: str, pool: str, worker_id: str | None = None,
+            node: str | None = None) -> str:
+    """Claim ``run_id`` from this node (``node``, default :func:`node_name`) and run it to a
+    final status. Returns what happened, for logs."""
+    worker_id, node = worker_id or default_worker_id(), node or node_name()
     try:
-        session = client.claim(pool, worker_id, run_id=run_id)
+        session = client.claim(pool, worker_id, run_id=run_id, node=node)
     except ApiError as exc:
         # 409: already claimed (a duplicate delivery) or canceled; 404: gone.
         log.info("run %s not claimed: %s", run_id, exc)
         return f"skipped: {exc.code}"
     if session is None:
         return "skipped: nothing to claim"
-    return run_claimed(session)
+    return run_claimed(session, node)
 
 
-def run_claimed(session: WorkerSession) -> str:
-    """Run a claimed session to a final status, with its heartbeat. An engine stopped by a
-    preemption has already checkpointed (the train engine writes its last completed step
-    first), so ``preempted`` is reported only after that checkpoint is recorded."""
-    run_id = session.run_id
+def run_claimed(session: WorkerSession, node: str | None = None) -> str:
+    """Run a claimed session to a final status, with its heartbeat, probing the sandbox of
+    this node (``node``, default :func:`node_name`) before the run and after a failure. An
+    engine stopped by a preemption has already checkpointed (the train engine writes its last
+    completed step first), so ``preempted`` is reported only after that checkpoint is
+    recorded."""
+    run_id, node = session.run_id, node or node_name()
     adapter = ADAPTERS.get(session.run.kind)
     session.start_heartbeat()
     try:
@@ -71,6 +83,10 @@ def run_claimed(session: WorkerSession) -> str:
             session.set_status("failed", f"This worker has no engine for runs of kind "
                                          f"'{session.run.kind}'.")
             return "failed: no engine"
+        broken = health.check(session.run, node)  # before it starts: a broken sandbox
+        if broken is not None:
+            health.report(session, broken, node)
+            return "failed: environment"
         session.set_status("running")
         adapter(session)
         session.set_status("succeeded")
@@ -91,6 +107,12 @@ def run_claimed(session: WorkerSession) -> str:
         log.exception("run %s failed", run_id)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         try:
+            # The sandbox may have broken under the run: then it is the node's failure.
+            broken = health.check(session.run, node)
+            if broken is not None:
+                health.report(session, Broken(f"{detail}; {broken.message}", broken.toolchains),
+                              node)
+                return "failed: environment"
             session.set_status("failed", detail, retry=retryable(exc))
         except ApiError:
             log.exception("could not report failure of run %s", run_id)

@@ -416,6 +416,46 @@ def parse_environment_spec(data: dict[str, Any]) -> EnvironmentSpec:
         raise EnvSpecError("invalid environment spec:\n  " + "\n  ".join(lines)) from err
 
 
+_SANDBOXED_BUILTINS = frozenset({"code", "code_repair", "humaneval"})
+
+
+def _component_languages(checker: str, params: dict[str, Any]) -> set[str]:
+    if checker == "unit_tests":
+        return {"python"}
+    if checker in ("stdio_cases", "call_cases"):
+        return {str(params.get("language", "python"))}
+    if checker == "weighted":
+        found: set[str] = set()
+        for part in params.get("checkers", []) or []:
+            if isinstance(part, dict):
+                found |= _component_languages(str(part.get("checker", "")),
+                                              part.get("params") or {})
+        return found
+    return set()
+
+
+def sandbox_languages(document: dict[str, Any]) -> frozenset[str]:
+    """The sandbox languages an environment version's rewards and tools execute: what a
+    worker probes before it runs the environment, and what the scheduler matches against the
+    nodes' toolchain health. Empty for environments that never touch the sandbox (and for a
+    document that does not parse: it was validated when it was registered)."""
+    try:
+        env = parse_environment_spec(document).env
+    except EnvSpecError:
+        return frozenset()
+    if isinstance(env, BuiltinEnvSpec):
+        if env.name in _SANDBOXED_BUILTINS:
+            return frozenset({"python"})
+        tools = env.params.get("tools") or []
+        return frozenset({"python"}) if env.name == "math" and "python" in tools else frozenset()
+    if isinstance(env, TasksEnvSpec):
+        found = {"python"} if "python" in env.interaction.tools else set()
+        for component in env.rubric.components:
+            found |= _component_languages(component.checker, component.params)
+        return frozenset(found)
+    return frozenset()
+
+
 def canonical_json(value: Any) -> bytes:
     """Sorted keys, no spaces, UTF-8: the same bytes as dataset records' canonical lines."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,

@@ -101,8 +101,9 @@ class _Pass:
         self.held: dict[str, set[str]] = {}       # queue -> flavors kept for its blocked head
         self.reclaiming: set[tuple[str, str]] = set()  # (cohort, flavor): no new borrowing
         self.blocked_flavors: set[str] = set()    # backfill off: flavors with a blocked run
-        self.no_fit: dict[tuple[str, int, int, float, float], int] = {}
-        self.no_preempt: set[tuple[str, int, str, int, int]] = set()
+        # Per shape (and nodes avoided): how many nodes fit when none of the flavor did.
+        self.no_fit: dict[tuple[str, int, int, float, float, frozenset[str]], int] = {}
+        self.no_preempt: set[tuple[str, int, str, int, int, frozenset[str]]] = set()
         self.attempts = 0
         self.victim_pool: dict[str, set[str]] = {}   # flavor -> ids of preemptible holders
         self.lowest_victim: int | None = None
@@ -235,15 +236,15 @@ class _Pass:
 
     def _place(self, w: Workload, flavor: str) -> Allocation | None:
         res = w.resources
-        shape = (flavor, res.gpus_per_node, res.nodes, res.cpus, res.memory_gb)
+        shape = (flavor, res.gpus_per_node, res.nodes, res.cpus, res.memory_gb, w.avoid)
         if shape in self.no_fit:
             return None
-        alloc, _ = self.cap.place(res, flavor, self._relevant(w))
+        alloc, _ = self.cap.place(res, flavor, self._relevant(w), w.avoid)
         if alloc is None:
-            plain, fitted = self.cap.place(res, flavor, [])
+            plain, fitted = self.cap.place(res, flavor, [], w.avoid)
             if plain is None:
                 self.no_fit[shape] = fitted if fitted >= 0 else \
-                    self.cap.count_fitting(res, flavor)
+                    self.cap.count_fitting(res, flavor, w.avoid)
         return alloc
 
     def _admit(self, w: Workload, flavor: str, alloc: Allocation) -> None:
@@ -262,7 +263,7 @@ class _Pass:
             self.waiting.append((w, QUOTA, None))
             return
         flavor = passed[0]
-        shape = (flavor, res.gpus_per_node, res.nodes, res.cpus, res.memory_gb)
+        shape = (flavor, res.gpus_per_node, res.nodes, res.cpus, res.memory_gb, w.avoid)
         if shape not in self.no_fit:
             self.waiting.append((w, behind(len(self._relevant(w))), None))
             return
@@ -321,7 +322,7 @@ class _Pass:
                 claimed.setdefault(name, set()).update(held_ids)
             for name, held_cpus in r.cpus.items():
                 claimed_cpus[name] = claimed_cpus.get(name, 0.0) + held_cpus
-        ready = {n.name for n in self.cap.ready.get(flavor, ())}
+        ready = {n.name for n in self.cap.ready.get(flavor, ()) if n.name not in w.avoid}
         ids = {n: set(self.cap.free_gpus[n]) - claimed.get(n, set()) for n in ready}
         cpus = {n: self.cap.free_cpus[n] - claimed_cpus.get(n, 0.0) for n in ready}
         mem = {n: self.cap.free_mem[n] for n in ready}
@@ -356,7 +357,8 @@ class _Pass:
         if not self.policy.preemption or self.attempts >= self.policy.max_preemption_attempts:
             return False
         res, amount = w.resources, w.resources.amount
-        memo = (w.queue, self._prio(w), str(res.gpu_types), res.gpus_per_node, res.nodes)
+        memo = (w.queue, self._prio(w), str(res.gpu_types), res.gpus_per_node, res.nodes,
+                w.avoid)
         if memo in self.no_preempt:
             return False
         reclaim = any(self._within_nominal(w.queue, f, amount) for f in self._flavors(w))
@@ -420,7 +422,7 @@ class _Pass:
         res = w.resources
         if not self._quota_fits(w, flavor, res.amount, not self._class(w).preemptible):
             return None
-        alloc, _ = self.cap.place(res, flavor, self._relevant(w))
+        alloc, _ = self.cap.place(res, flavor, self._relevant(w), w.avoid)
         return alloc
 
     def _make_room(self, w: Workload, flavor: str, victims: list[Workload]) -> bool:
@@ -467,6 +469,8 @@ class _Pass:
                 on_node.setdefault(name, []).append(v)
         costs: list[tuple[tuple[int, int, str], list[Workload]]] = []
         for node in self.cap.ready.get(flavor, ()):
+            if node.name in w.avoid:
+                continue
             need: list[Workload] = []
             for v in on_node.get(node.name, []):
                 if self.cap.node_fits(node.name, res, self._relevant(w)):

@@ -110,7 +110,10 @@ class Capacity:
                 free = [g for g in free if g not in claimed]
         return free
 
-    def node_fits(self, name: str, res: Resources, reservations: list[Reservation]) -> bool:
+    def node_fits(self, name: str, res: Resources, reservations: list[Reservation],
+                  avoid: frozenset[str] = frozenset()) -> bool:
+        if name in avoid:
+            return False
         cpus = self.free_cpus[name] - sum(r.cpus.get(name, 0.0) for r in reservations)
         if cpus < res.cpus or self.free_mem[name] < res.memory_gb:
             return False
@@ -118,21 +121,21 @@ class Capacity:
             return True
         return len(self.usable_gpus(name, reservations)) >= res.gpus_per_node
 
-    def place(self, res: Resources, flavor: str,
-              reservations: list[Reservation]) -> tuple[Allocation | None, int]:
+    def place(self, res: Resources, flavor: str, reservations: list[Reservation],
+              avoid: frozenset[str] = frozenset()) -> tuple[Allocation | None, int]:
         """Best fit of a whole gang on ready nodes of `flavor`, avoiding reserved resources.
 
         Nodes are ranked by how little would be left on them (tightest first, then name), so
         small runs fill partly used nodes and whole nodes stay whole for gangs; GPU ids are the
-        lowest free ones. Returns the allocation, or None and how many nodes did fit (-1: not
-        counted, the flavor lacks the total).
+        lowest free ones; nodes in `avoid` are skipped. Returns the allocation, or None and
+        how many nodes did fit (-1: not counted, the flavor lacks the total).
         """
         need = res.gpus_per_node if res.gpus_per_node else res.cpus
         if self.free_total.get(flavor, 0.0) < need * res.nodes:
             return None, -1
         fitting: list[tuple[float, str]] = []
         for node in self.ready.get(flavor, ()):
-            if self.node_fits(node.name, res, reservations):
+            if self.node_fits(node.name, res, reservations, avoid):
                 fitting.append((self._amount(node.name) - need, node.name))
         if len(fitting) < res.nodes:
             return None, len(fitting)
@@ -144,8 +147,9 @@ class Capacity:
         return alloc, res.nodes
 
 
-    def count_fitting(self, res: Resources, flavor: str) -> int:
-        return sum(self.node_fits(n.name, res, []) for n in self.ready.get(flavor, ()))
+    def count_fitting(self, res: Resources, flavor: str,
+                      avoid: frozenset[str] = frozenset()) -> int:
+        return sum(self.node_fits(n.name, res, [], avoid) for n in self.ready.get(flavor, ()))
 
 
 @dataclass

@@ -80,6 +80,9 @@ class Workload:
     started_at: float | None = None
     last_checkpoint_at: float | None = None
     preemptions: int = 0
+    avoid: frozenset[str] = frozenset()
+    """Nodes it must not be placed on: the control plane fills it with the nodes whose
+    sandbox health probe fails for a language the run's environments need."""
 
     def runtime_estimate(self) -> float | None:
         """`max_runtime_s` if the run declared one (a promise), else the history estimate."""

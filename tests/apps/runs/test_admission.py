@@ -64,9 +64,11 @@ def held(run: Run) -> dict[str, list[int]]:
         run=run, released_at__isnull=True).select_related("node")}
 
 
-def claim(run: Run) -> Run:
+def claim(run: Run, node: str | None = None) -> Run:
+    """Claim as a worker on the run's (first) allocated node, unless ``node`` says another."""
+    node = node or min(held(run), default=None)
     claimed = services.claim(actor=SYSTEM, pool=run.pool, worker_id="w", team_id=None,
-                             run_id=run.pk)
+                             run_id=run.pk, node=node)
     assert claimed is not None
     return claimed
 
@@ -98,7 +100,9 @@ def test_a_pass_admits_onto_specific_gpus_and_dispatches_on_commit(
     for callback in callbacks:
         callback()
     assert {tuple(m["args"]) for m in sent} == {(str(a.pk),), (str(b.pk),)}
-    assert all(m["name"] == EXECUTE_TASK and m["queue"] == "gpu" for m in sent)
+    # To the node's queue, not the pool's: only n1's workers may take them.
+    assert all(m["name"] == EXECUTE_TASK and m["queue"] == "node.n1"
+               and m["kwargs"] == {"pool": "gpu"} for m in sent)
     assert held(a) == {"n1": [0, 1]} and held(b) == {"n1": [2]}
     # A second pass admits nothing twice and sends nothing again.
     sent.clear()
@@ -159,11 +163,40 @@ def test_a_claim_without_an_allocation_is_refused(project: Project, worker: Any)
     assert r.status_code == 409, r.content
     assert "has no allocation" in r.json()["message"]
     # The pool-wide claim only picks allocated runs.
-    r = worker.post("/api/v1/worker/claim", {"pool": "gpu", "worker_id": "w1"}, format="json")
+    r = worker.post("/api/v1/worker/claim", {"pool": "gpu", "worker_id": "w1", "node": "n1"},
+                    format="json")
     assert r.status_code == 204
     gpu_node("n1", gpus=1)
     admission.admission_pass()
-    r = worker.post("/api/v1/worker/claim", {"pool": "gpu", "worker_id": "w1"}, format="json")
+    r = worker.post("/api/v1/worker/claim", {"pool": "gpu", "worker_id": "w1", "node": "n1"},
+                    format="json")
+    assert r.status_code == 200 and r.json()["id"] == str(run.pk)
+
+
+def test_a_claim_from_a_node_the_allocation_does_not_name_is_refused(
+        project: Project, worker: Any, sent: list[dict[str, Any]]) -> None:
+    gpu_node("n1", gpus=1)
+    gpu_node("n2", gpus=1)
+    run = gpu_run(project)
+    admission.admission_pass()
+    [(placed, _)] = held(run).items()
+    other = ({"n1", "n2"} - {placed}).pop()
+    body = {"pool": "gpu", "worker_id": "w1", "run_id": str(run.pk)}
+    r = worker.post("/api/v1/worker/claim", {**body, "node": other}, format="json")
+    assert r.status_code == 409, r.content
+    assert r.json()["code"] == "wrong_node"
+    assert f"allocated to node {placed}, not to this worker's node '{other}'" in \
+        r.json()["message"]
+    # A worker that does not say its node is refused too while the scheduler is on, and the
+    # pool-wide claim from the other node finds nothing of its own.
+    r = worker.post("/api/v1/worker/claim", body, format="json")
+    assert r.status_code == 409 and r.json()["code"] == "node_required"
+    r = worker.post("/api/v1/worker/claim", {"pool": "gpu", "worker_id": "w1", "node": other},
+                    format="json")
+    assert r.status_code == 204
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    r = worker.post("/api/v1/worker/claim", {**body, "node": placed}, format="json")
     assert r.status_code == 200 and r.json()["id"] == str(run.pk)
 
 
@@ -376,7 +409,7 @@ def test_a_worker_that_stops_when_asked_requeues_its_run_at_once(
     gpu_node("n1", gpus=1)
     victim = gpu_run(project, priority_class="preemptible")
     admission.admission_pass()
-    session = pool.claim("gpu", "w1", run_id=str(victim.pk))
+    session = pool.claim("gpu", "w1", run_id=str(victim.pk), node="n1")
     session.set_status("running")
     with pytest.raises(Exception, match="was not asked to stop"):
         session.set_status("preempted")
@@ -403,7 +436,9 @@ def test_a_gang_is_allocated_whole_across_nodes_and_sent_once(
     with django_capture_on_commit_callbacks(execute=True):
         admission.admission_pass()
     assert held(gang) == {"n1": [0, 1], "n2": [0, 1]}
-    assert [m["args"] for m in sent] == [[str(gang.pk)]]
+    assert [(m["args"], m["queue"]) for m in sent] == [([str(gang.pk)], "node.n1")]
+    # Any node of the gang may claim it (its ranks meet there); the first node got the message.
+    assert claim(gang, node="n2").status == RunStatus.CLAIMED
     too_big.refresh_from_db()
     assert held(too_big) == {} and too_big.wait_reason
 

@@ -50,3 +50,18 @@ def test_actions_become_rows() -> None:
     assert result.waits["w"].position == 2 and result.waits["w"].reason == "quota"
     assert result.waits["w"].estimated_start_at == T0
     assert result.summary() == {"admitted": ["a"], "preempted": ["v"], "waiting": 1}
+
+
+def test_a_run_avoids_the_nodes_whose_probe_fails_a_language_it_needs() -> None:
+    state = build_state(
+        nodes=[NodeRow("n1", "H100", 4, 64, 500.0, "gpu", "ready", broken=frozenset({"python"})),
+               NodeRow("n2", "H100", 4, 64, 500.0, "gpu", "ready", broken=frozenset({"c"})),
+               NodeRow("n3", "H100", 4, 64, 500.0, "gpu", "ready")],
+        queues=[QueueSpec(name="acme", nominal={"H100": 12})],
+        runs=[row("python", "queued", languages=frozenset({"python"})),
+              row("both", "queued", languages=frozenset({"python", "c"})),
+              row("none", "queued")],
+        now=T0)
+    by_id = {w.id: w for w in state.workloads}
+    assert {k: v.avoid for k, v in by_id.items()} == {
+        "python": {"n1"}, "both": {"n1", "n2"}, "none": frozenset()}

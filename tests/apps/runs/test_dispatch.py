@@ -5,6 +5,7 @@ a recorder stands in for it."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -85,3 +86,16 @@ def test_a_refused_launch_sends_nothing(
         make_run(project, datasets=["missing"])
     assert callbacks == []
     assert sent == []
+
+
+def test_the_local_worker_consumes_its_pools_and_its_node_queue(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``manage.py up``'s worker takes runs the scheduler placed on this host: the queue it
+    adds is the one dispatch sends to, for the name the agent registers."""
+    from apps.runs.management.commands.up import worker_queues
+    from workers.client import node_name
+
+    monkeypatch.setenv("CRUCIBLE_NODE_NAME", "box-1.lan")
+    assert worker_queues(node_name()) == "gpu,sandbox,cpu,node.box-1.lan"
+    monkeypatch.delenv("CRUCIBLE_NODE_NAME")
+    assert node_name() == socket.gethostname()

@@ -59,3 +59,28 @@ def test_a_team_token_stops_the_agent(wsgi, team):
     with (CrucibleClient("http://testserver", raw, transport=wsgi, retries=0) as client,
           pytest.raises(SystemExit, match="operator worker tokens")):
         Agent(client, describe_host(ENV), interval=0.1).run()
+
+
+def test_the_agent_probes_its_sandbox_and_rechecks_when_asked(pool, caplog):
+    """Real probes of this host's sandbox: reported in the next heartbeat; a run's failed
+    probe asks for a re-check, which the agent answers by rebuilding and probing again."""
+    from tests.skips import sandbox_unavailable
+
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    caplog.set_level(logging.INFO)
+    agent = Agent(pool, describe_host(ENV), interval=0.1, probe=("python",))
+    agent.beat_once()  # registers
+    agent.beat_once()  # probes python (due at once) and reports it
+    node = Node.objects.get()
+    assert node.toolchains["python"]["ok"] is True and node.recheck == []
+    services.record_toolchain_failure(
+        node="box-1", toolchains={"python": {"ok": False, "detail": "bwrap missing"}},
+        run_id="r1")
+    agent.beat_once()  # the answer asks for a re-check: rebuild, probe
+    node.refresh_from_db()
+    assert node.recheck == ["python"] and node.broken_languages() == {"python"}
+    assert "sandbox state cleared" in caplog.text
+    agent.beat_once()  # reports what it found
+    node.refresh_from_db()
+    assert node.recheck == [] and node.broken_languages() == frozenset()

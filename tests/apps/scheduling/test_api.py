@@ -36,7 +36,8 @@ def make_node(name: str = "gpu-a1", **overrides: Any) -> Node:
 def test_agent_registers_again_and_again_and_heartbeats(worker):
     first = worker.post(REGISTER, BODY, format="json")
     assert first.status_code == 201, first.content
-    assert first.json() == {"name": "gpu-a1", "state": "ready", "state_reason": ""}
+    assert first.json() == {"name": "gpu-a1", "state": "ready", "state_reason": "",
+                            "recheck": []}
     again = worker.post(REGISTER, {**BODY, "gpu_count": 4}, format="json")
     assert again.status_code == 200
     assert Node.objects.get(name="gpu-a1").gpu_count == 4
@@ -48,7 +49,8 @@ def test_heartbeat_tells_a_cordoned_agent_so(worker):
     node = make_node()
     services.cordon(actor=Actor.system(), node=node, reason="bad GPU 3")
     beat = worker.post("/api/v1/worker/nodes/gpu-a1/heartbeat", None, format="json")
-    assert beat.json() == {"name": "gpu-a1", "state": "cordoned", "state_reason": "bad GPU 3"}
+    assert beat.json() == {"name": "gpu-a1", "state": "cordoned", "state_reason": "bad GPU 3",
+                           "recheck": []}
 
 
 def test_heartbeat_of_an_unregistered_node_is_404_saying_register(worker):

@@ -247,3 +247,35 @@ def test_decide_is_deterministic_and_leaves_the_snapshot_alone() -> None:
                                            for i in range(12)])
     assert decide(snap) == decide(snap)
     assert all(w.allocation == {} for w in snap.workloads)
+
+
+def test_a_run_is_not_placed_on_the_nodes_it_avoids() -> None:
+    """The control plane fills ``avoid`` with the nodes whose sandbox probe fails for a language
+    the run needs: the run goes elsewhere (the best fit would have been n1), or waits."""
+    from dataclasses import replace
+
+    other = running(job("r", gpus=6), {"n1": (0, 1, 2, 3, 4, 5)})
+    nodes = [gpu_node("n1"), gpu_node("n2")]
+    picky = replace(job("s", gpus=2), avoid=frozenset({"n1"}))
+    plain = job("p", gpus=2, at=1)
+    got = admits(decide(state(nodes, [queue("a", 16)], [other, picky, plain])))
+    assert got == {"s": {"n2": (0, 1)}, "p": {"n1": (6, 7)}}
+    nowhere = replace(job("s", gpus=2), avoid=frozenset({"n1", "n2"}))
+    actions = decide(state(nodes, [queue("a", 16)], [nowhere, job("p", gpus=2, at=1)]))
+    assert waits(actions)["s"].reason == NO_FITTING_NODES
+    assert set(admits(actions)) == {"p"}  # the same shape without avoid still fits
+
+
+def test_a_run_that_avoids_the_only_node_does_not_stop_preemption_for_others() -> None:
+    """Preemption for a run that avoids n1 cannot succeed; the same shape without `avoid`,
+    later in the pass, still preempts (the pass's memo of failed shapes keys on avoid)."""
+    from dataclasses import replace
+
+    nodes = [gpu_node("n1")]
+    victim = running(job("v", gpus=8), {"n1": tuple(range(8))}, started=0, checkpoint=9900)
+    picky = replace(job("p1", gpus=8, prio="production"), avoid=frozenset({"n1"}))
+    plain = job("p2", gpus=8, prio="production", at=1)
+    actions = decide(state(nodes, [queue("a", 16)], [victim, picky, plain]))
+    assert preempts(actions) == {"v": "p2"}
+    assert admits(actions) == {"p2": {"n1": tuple(range(8))}}
+    assert waits(actions)["p1"].reason == NO_FITTING_NODES

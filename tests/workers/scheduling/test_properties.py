@@ -58,6 +58,9 @@ def clusters(draw: st.DrawFn) -> ClusterState:
     held = _apply(snap, decide(snap, POLICY), started=True)
     later = [_job(rng, 100 + i, queues, rng.uniform(0, 5000), urgent=0.5)
              for i in range(rng.randint(0, 25))]
+    # Some runs must avoid some nodes (their sandbox probe fails a language the run needs).
+    later = [replace(w, avoid=frozenset(n.name for n in nodes if rng.random() < 0.3))
+             if rng.random() < 0.3 else w for w in later]
     now = rng.choice([300.0, 5000.0, 5000.0, 50_000.0])
     held = [replace(w, last_checkpoint_at=rng.choice([None, rng.uniform(max(0, now - 1800), now),
                                                       rng.uniform(max(0, now - 600), now)]),
@@ -152,6 +155,7 @@ def check_admits(state: ClusterState, actions: list[Action]) -> None:
         assert {nodes[n].flavor for n in a.allocation} == {a.flavor}
         for name, ids in a.allocation.items():
             assert nodes[name].state == NodeState.READY
+            assert name not in by_id[a.workload_id].avoid, "never on a node it avoids"
             assert len(ids) == res.gpus_per_node
         if res.gpu_types:
             assert a.flavor in res.gpu_types

@@ -25,7 +25,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-BWRAP = "/usr/bin/bwrap"
+# The bubblewrap binary; another path where a host installs it elsewhere.
+BWRAP = os.environ.get("CRUCIBLE_SANDBOX_BWRAP", "").strip() or "/usr/bin/bwrap"
 WORK = "/work"
 PATH = "/usr/local/bin:/usr/bin:/bin"
 

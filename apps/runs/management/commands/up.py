@@ -33,7 +33,9 @@ from apps.core.actor import Actor
 from apps.projects.models import Project
 from apps.teams.models import Membership, Role, Team
 from apps.teams.services import personal_token_create, worker_token_create
-from workers.client import CrucibleClient
+from config.celery import QUEUES
+from workers.client import CrucibleClient, node_name
+from workers.protocol import node_queue
 
 DEMO_DATA = settings.BASE_DIR / "deploy" / "demo" / "arithmetic.jsonl"
 
@@ -65,6 +67,12 @@ DEMO_EVAL = {"samples_per_task": 1, "k": [1],
              "sampling": {"max_tokens": 3, "temperature": 0.0}}
 
 
+def worker_queues(node: str) -> str:
+    """The queues this host's worker consumes: every pool's, and its node's own (where the
+    scheduler sends runs it placed on this node)."""
+    return ",".join([*QUEUES, node_queue(node)])
+
+
 class Command(BaseCommand):
     help = ("Start web + worker on the embedded defaults, run the demo profile job, then the "
             "pipeline demo (synthesis, QC, SFT + GRPO, evaluation before/after).")
@@ -92,8 +100,12 @@ class Command(BaseCommand):
         )
         _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="local-pool")
 
+        # The agent registers this host under its node name and the worker claims under the
+        # same name and consumes the node's queue (where the scheduler sends runs it placed
+        # here): one name for both.
+        node = node_name()
         env = {**os.environ, "CRUCIBLE_API_URL": base_url, "CRUCIBLE_WORKER_TOKEN": worker_token,
-               "CRUCIBLE_VAR_DIR": str(settings.VAR_DIR),
+               "CRUCIBLE_VAR_DIR": str(settings.VAR_DIR), "CRUCIBLE_NODE_NAME": node,
                "OBJECT_STORE_URL": settings.OBJECT_STORE_URL, "PYTHONUNBUFFERED": "1"}
         logs = settings.VAR_DIR / "logs"
         logs.mkdir(exist_ok=True)
@@ -102,7 +114,7 @@ class Command(BaseCommand):
                                 "--host", opts["host"], "--port", str(opts["port"]),
                                 "--log-level", "warning"], env, logs),
             self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config.celery",
-                                   "worker", "-B", "-Q", "gpu,sandbox,cpu", "-c", "2",
+                                   "worker", "-B", "-Q", worker_queues(node), "-c", "2",
                                    "--loglevel", "INFO", "-s",
                                    str(settings.VAR_DIR / "celerybeat-schedule")], env, logs),
             # This host's node agent: its capacity in the inventory (the /cluster/ page).
