@@ -242,6 +242,12 @@ CRUCIBLE = {
     "SCHEDULER": env.bool("CRUCIBLE_SCHEDULER", default=False),
     # How long a preempted run has to checkpoint and stop before its lease is revoked.
     "PREEMPT_GRACE_S": env.int("CRUCIBLE_PREEMPT_GRACE_S", default=300),
+    # The preemption policy's knobs (workers.scheduling.decide.Policy): a run is preempted
+    # only once it ran this long in its current attempt, fewer than this many times, and
+    # while it would lose at most this much work (seconds since its last checkpoint).
+    "PREEMPT_MIN_RUNTIME_S": env.float("CRUCIBLE_PREEMPT_MIN_RUNTIME_S", default=600.0),
+    "MAX_PREEMPTIONS": env.int("CRUCIBLE_MAX_PREEMPTIONS", default=3),
+    "PREEMPT_MAX_LOSS_S": env.float("CRUCIBLE_PREEMPT_MAX_LOSS_S", default=900.0),
 }
 
 # --- Password logins (django-axes): a username+address pair is locked out after
