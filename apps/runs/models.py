@@ -191,6 +191,7 @@ class AttemptOutcome(models.TextChoices):
     FAILED = "failed"
     CANCELED = "canceled"
     LOST = "lost"  # the worker's lease expired (killed, hung, or cut off)
+    PREEMPTED = "preempted"  # the scheduler took its resources back; not a failure
 
 
 class RunAttempt(models.Model):

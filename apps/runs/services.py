@@ -141,9 +141,11 @@ def create_run(*, actor: Actor, team_id: int, plan: RunPlan) -> Run:
 
 
 def transition(
-    *, actor: Actor, run: Run, to: str, error: str = "", reason: str = "", locked: bool = False
+    *, actor: Actor, run: Run, to: str, error: str = "", reason: str = "", locked: bool = False,
+    outcome: str | None = None,
 ) -> Run:
-    """Move ``run`` to ``to`` or raise IllegalTransition (409)."""
+    """Move ``run`` to ``to`` or raise IllegalTransition (409). ``outcome`` overrides how the
+    attempt that ends here is recorded (a scheduler preemption is not a lost worker)."""
     with transaction.atomic():
         run = run if locked else _lock(run)
         if to not in TRANSITIONS[run.status]:
@@ -185,7 +187,7 @@ def transition(
         if to not in ACTIVE_STATUSES and to != previous and \
                 scheduling_services.release_allocations(run_id=run.pk, now=now):
             dispatch.request_pass_on_commit()
-        _record_attempt(run, previous, to, reason)
+        _record_attempt(run, previous, to, reason, outcome)
         message = to + (f": {reason}" if reason else "") + (f": {run.error}" if to == S.FAILED
                                                             else "")
         level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
@@ -199,7 +201,8 @@ def transition(
     return run
 
 
-def _record_attempt(run: Run, previous: str, to: str, reason: str) -> None:
+def _record_attempt(run: Run, previous: str, to: str, reason: str,
+                    outcome: str | None = None) -> None:
     """Open an attempt row on a claim; close it, with its outcome, when the run leaves the
     active statuses (the caller holds the run's lock)."""
     now = timezone.now()
@@ -210,7 +213,7 @@ def _record_attempt(run: Run, previous: str, to: str, reason: str) -> None:
         error = run.error if to == S.FAILED else (reason if to == S.PREEMPTED else "")
         RunAttempt.objects.filter(run=run, number=run.attempt,
                                   outcome=AttemptOutcome.ACTIVE).update(
-            outcome=ATTEMPT_OUTCOMES[to], error=error[:MAX_MESSAGE], ended_at=now)
+            outcome=outcome or ATTEMPT_OUTCOMES[to], error=error[:MAX_MESSAGE], ended_at=now)
 
 
 def attempts_left(run: Run) -> int:
@@ -492,7 +495,8 @@ def finish_preemption(*, actor: Actor, run: Run, forced: bool) -> Run:
             return run
         how = "lease revoked at the deadline" if forced else "stopped"
         transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
-                   reason=f"preempted by the scheduler ({how})")
+                   reason=f"preempted by the scheduler ({how})",
+                   outcome=AttemptOutcome.PREEMPTED)
         run.preemptions += 1
         run.retry_base += 1  # the attempt is given back
         run.save(update_fields=["preemptions", "retry_base"])

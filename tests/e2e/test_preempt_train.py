@@ -82,7 +82,7 @@ def test_a_preempted_run_checkpoints_then_resumes_after_its_last_step(
         run = Run.objects.get(pk=rid)
         assert (run.preemptions, run.lease_epoch) == (1, 2)
         first, second = done["attempts"]
-        assert (first["outcome"], second["outcome"]) == ("lost", "succeeded")
+        assert (first["outcome"], second["outcome"]) == ("preempted", "succeeded")
         # It stopped by itself (reported preempted), not at the deadline.
         assert first["error"] == "preempted by the scheduler (stopped)"
 

@@ -374,7 +374,7 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
                         "queued: requeued after preemption 1"), messages
         assert borrower["attempt"] == 1 and borrower["error"] == ""
         assert [(a["outcome"], a["error"]) for a in borrower["attempts"]] == [
-            ("lost", "preempted by the scheduler (stopped)")]
+            ("preempted", "preempted by the scheduler (stopped)")]
         assert run_services.attempts_left(Run.objects.get(pk=bid)) == borrower["max_attempts"]
         # It waits for quota: alpha uses its whole nominal, so it lends nothing now.
         assert borrower["allocation"] == {}
@@ -457,7 +457,7 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
 
         borrower = bob.run("beta", bid)
         assert borrower["preemptions"] == 1 and borrower["attempt"] == 2
-        assert [a["outcome"] for a in borrower["attempts"]] == ["lost", "canceled"]
+        assert [a["outcome"] for a in borrower["attempts"]] == ["preempted", "canceled"]
 
         # The page tells the story after the fact.
         page.goto(f"{server}/t/beta/runs/{bid}/")

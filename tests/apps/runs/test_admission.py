@@ -282,6 +282,9 @@ def test_a_production_run_preempts_a_preemptible_one_then_starts_when_it_stops(
     assert victim.status == RunStatus.QUEUED and victim.preemptions == 1
     assert services.attempts_left(victim) == victim.max_attempts
     assert held(victim) == {}
+    # The attempt reads as preempted (the scheduler's doing), not as a lost worker.
+    assert [(a.outcome, a.error) for a in victim.attempts.order_by("number")] == [
+        ("preempted", "preempted by the scheduler (lease revoked at the deadline)")]
     assert [m["args"] for m in sent][-1] == [str(urgent.pk)]
     assert claim(urgent).status == RunStatus.CLAIMED
 
@@ -424,6 +427,7 @@ def test_a_worker_that_stops_when_asked_requeues_its_run_at_once(
     assert victim.status == RunStatus.QUEUED and victim.preemptions == 1
     assert victim.preempt_deadline_at is None and held(victim) == {}
     assert services.attempts_left(victim) == victim.max_attempts
+    assert [a.outcome for a in victim.attempts.all()] == ["preempted"]
 
 
 def test_a_gang_is_allocated_whole_across_nodes_and_sent_once(
