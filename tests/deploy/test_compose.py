@@ -87,8 +87,9 @@ def test_env_example_holds_no_secrets() -> None:
 
 
 def test_required_secrets_fail_loudly_when_unset() -> None:
-    text = interpolate(COMPOSE.read_text(), {**env_example(), "POSTGRES_PASSWORD": ""})
-    assert "<POSTGRES_PASSWORD unset>" in text
+    for secret in ("POSTGRES_PASSWORD", "SECRET_KEY"):
+        text = interpolate(COMPOSE.read_text(), {**env_example(), secret: ""})
+        assert f"<{secret} unset>" in text, f"compose starts with an empty {secret}"
 
 
 def test_depends_on_targets_exist_with_sound_conditions(compose: dict) -> None:
