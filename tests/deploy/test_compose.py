@@ -196,3 +196,19 @@ def test_build_targets_exist(compose: dict) -> None:
         target = build.get("target")
         if target:
             parse_dockerfile(path).stage(target)
+
+
+def test_agents_register_the_node_names_the_workers_claim_as(compose: dict) -> None:
+    services = compose["services"]
+    env = {name: svc.get("environment") or {} for name, svc in services.items()}
+    assert env["agent"]["CRUCIBLE_NODE_NAME"] == env["worker-gpu"]["CRUCIBLE_NODE_NAME"]
+    cpu_node = env["agent-cpu"]["CRUCIBLE_NODE_NAME"]
+    assert cpu_node != env["agent"]["CRUCIBLE_NODE_NAME"]  # a node is one pool
+    assert env["worker-cpu"]["CRUCIBLE_NODE_NAME"] == cpu_node
+    assert env["worker-sandbox"]["CRUCIBLE_NODE_NAME"] == cpu_node
+    assert env["agent-cpu"]["CRUCIBLE_NODE_POOL"] == "cpu"
+    assert services["agent-cpu"]["profiles"] == ["scheduler"]
+    # The cpu agent probes the sandbox, so it runs where the sandbox can: privileged, as root.
+    assert services["agent-cpu"]["privileged"] is True
+    assert services["agent-cpu"]["image"] == services["worker-sandbox"]["image"]
+    assert env["agent"]["CRUCIBLE_NODE_PROBE"] == "none"

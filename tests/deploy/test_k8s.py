@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.files import K8S, celery_queues
+from tests.deploy.files import K8S, ROOT, celery_queues
 from tests.skips import host_reason
 
 kv = pytest.importorskip("kubernetes_validate.utils",
@@ -315,6 +315,21 @@ def test_ingress_keeps_websockets_open() -> None:
     assert ingress["spec"]["tls"][0]["secretName"]
 
 
+def test_container_commands_name_what_the_images_hold() -> None:
+    for doc in source_objects():
+        for where, template in pod_specs(doc):
+            for c in containers(template):
+                argv = c.get("command", [])
+                for word in " ".join(argv).split():
+                    if word.startswith("/app/"):
+                        assert (ROOT / word.removeprefix("/app/")).is_file(), f"{where}: {word}"
+                if argv[:2] == ["python", "-m"]:
+                    module = ROOT.joinpath(*argv[2].split("."))
+                    assert module.with_suffix(".py").is_file() or module.is_dir(), where
+                if argv[:1] == ["python"] and len(argv) > 1 and argv[1].endswith(".py"):
+                    assert (ROOT / argv[1].removeprefix("/app/")).is_file(), where
+
+
 def test_migrations_run_before_the_web_serves() -> None:
     objects = {key(d): d for d in source_objects()}
     job = objects["Job/crucible-migrate"]
@@ -366,3 +381,34 @@ def test_rendered_overlay_validates(overlay: str) -> None:
     if overlay == "overlays/production":
         (ray,) = [d for d in objects if d["kind"] == "RayCluster"]
         assert ray["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "crucible-gpu"
+        check_scheduler_nodes(objects)
+
+
+def check_scheduler_nodes(objects: list[dict]) -> None:
+    """With the scheduler on, a run is claimable only from its allocation's node: every pool
+    worker claims as its Kubernetes node's name, and runs where an agent of its pool registers
+    that node."""
+    (config,) = [d for d in objects if key(d) == "ConfigMap/crucible-config"]
+    assert config["data"]["CRUCIBLE_SCHEDULER"] == "true"
+    agents: dict[str, dict] = {}
+    for doc in objects:
+        if doc["kind"] == "DaemonSet":
+            c = doc["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e for e in c.get("env", [])}
+            if "workers.agent" in c["command"]:
+                assert env["CRUCIBLE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+                    "spec.nodeName"
+                agents[env["CRUCIBLE_NODE_POOL"]["value"]] = doc["spec"]["template"]["spec"]
+    assert set(agents) == {"gpu", "cpu"}
+    for doc in objects:
+        for where, template in pod_specs(doc):
+            c = template["spec"]["containers"][0]
+            env = {e["name"]: e for e in c.get("env", [])}
+            queue = env.get("CRUCIBLE_WORKER_QUEUES", {}).get("value")
+            if queue is None:
+                continue
+            assert env["CRUCIBLE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+                "spec.nodeName", where
+            if queue in ("cpu", "sandbox"):
+                assert template["spec"].get("nodeSelector") == agents["cpu"]["nodeSelector"], (
+                    f"{where} runs off the nodes the cpu agent registers")
