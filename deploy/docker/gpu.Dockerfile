@@ -49,8 +49,9 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 
     CRUCIBLE_VAR_DIR=/var/lib/crucible \
     CRUCIBLE_WORKER_QUEUES=gpu CRUCIBLE_WORKER_CONCURRENCY=1 \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# A C/C++ compiler and Python's headers: DeepSpeed's just-in-time op builds need them with nvcc.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-dev \
+    && apt-get install -y --no-install-recommends python3 python3-dev build-essential \
     && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 crucible \
     && useradd --system --uid 10001 --gid crucible --home-dir /var/lib/crucible \

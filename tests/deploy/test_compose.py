@@ -212,3 +212,35 @@ def test_agents_register_the_node_names_the_workers_claim_as(compose: dict) -> N
     assert services["agent-cpu"]["privileged"] is True
     assert services["agent-cpu"]["image"] == services["worker-sandbox"]["image"]
     assert env["agent"]["CRUCIBLE_NODE_PROBE"] == "none"
+
+
+def test_s3_init_creates_the_bucket_once_against_a_real_s3_server(compose: dict) -> None:
+    """Run s3-init's own script against moto's S3 server, as compose would: it creates the
+    bucket OBJECT_STORE_URL names, and a second run (a restart) finds it and succeeds."""
+    import os
+    import subprocess
+    import sys
+
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] missing: .[dev]")
+    boto3 = pytest.importorskip("boto3")
+    svc = compose["services"]["s3-init"]
+    argv = svc["command"]
+    assert argv[:2] == ["python", "-c"]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {**os.environ, **{k: str(v) for k, v in svc["environment"].items()},
+               "S3_ENDPOINT_URL": f"http://{host}:{port}"}
+        for _ in range(2):
+            done = subprocess.run([sys.executable, "-c", argv[2]], env=env, capture_output=True,
+                                  text=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "bucket crucible ready" in done.stdout
+        client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"],
+                              region_name=env["AWS_DEFAULT_REGION"],
+                              aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+        assert [b["Name"] for b in client.list_buckets()["Buckets"]] == ["crucible"]
+    finally:
+        server.stop()
