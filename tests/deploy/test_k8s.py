@@ -35,6 +35,9 @@ CLUSTER_SCOPED = {"Namespace", "ClusterQueue", "ResourceFlavor"}
 KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
 # Not Kubernetes objects: prometheus-adapter's Helm values.
 NOT_OBJECTS = {K8S / "components" / "monitoring" / "prometheus-adapter-rules.yaml"}
+# Objects no kustomization applies: the Secrets, which people create themselves so that
+# `kubectl apply -k` never overwrites them.
+SECRETS_TEMPLATE = K8S / "secrets.template.yaml"
 
 
 def kustomization(folder: Path) -> dict:
@@ -50,13 +53,18 @@ def all_resource_files() -> list[Path]:
     return sorted({f for folder in KUSTOMIZATIONS for f in resource_files(folder)})
 
 
+def object_files() -> list[Path]:
+    return [*all_resource_files(), SECRETS_TEMPLATE]
+
+
 def documents(paths: list[Path]) -> list[dict]:
     return [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
 
 
 def source_objects() -> list[dict]:
-    """Everything the base, the components and kueue-cluster define, before any overlay."""
-    return documents(all_resource_files())
+    """Everything the base, the components, kueue-cluster and the Secret templates define,
+    before any overlay."""
+    return documents(object_files())
 
 
 def key(doc: dict) -> str:
@@ -101,10 +109,10 @@ def test_every_kustomization_names_files_that_exist() -> None:
 def test_no_manifest_is_left_out_of_every_kustomization() -> None:
     listed = set(all_resource_files())
     files = {p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"}
-    assert files - listed - NOT_OBJECTS == set()
+    assert files - listed - NOT_OBJECTS == {SECRETS_TEMPLATE}
 
 
-@pytest.mark.parametrize("path", all_resource_files(), ids=lambda p: str(p.relative_to(K8S)))
+@pytest.mark.parametrize("path", object_files(), ids=lambda p: str(p.relative_to(K8S)))
 def test_core_objects_validate_against_the_kubernetes_schemas(path: Path) -> None:
     docs = documents([path])
     assert docs, f"{path} is empty"
@@ -224,7 +232,7 @@ def quantity(value: str | int) -> float:
 # -- references and posture, on what the tree defines -------------------------------------------
 
 def check_references(objects: list[dict]) -> None:
-    by_key = {key(d): d for d in objects}
+    by_key = {key(d): d for d in objects + documents([SECRETS_TEMPLATE])}
     workloads = [d for d in objects if list(pod_specs(d))]
     for doc in workloads:
         for where, template in pod_specs(doc):
@@ -280,8 +288,12 @@ def test_only_the_sandbox_is_privileged_and_pools_never_get_the_database() -> No
                         f"{where}/{c['name']} is a pool and gets the database secret")
 
 
-def test_secret_templates_hold_no_values() -> None:
-    for secret in crd("Secret"):
+def test_secret_templates_hold_no_values_and_nothing_applies_them() -> None:
+    secrets = crd("Secret")
+    assert {s["metadata"]["name"] for s in secrets} == {
+        "crucible-control-plane", "crucible-broker", "crucible-object-store", "crucible-worker"}
+    assert all(d["kind"] != "Secret" for d in documents(all_resource_files()))
+    for secret in secrets:
         assert secret.get("stringData"), key(secret)
         assert all(v == "" for v in secret["stringData"].values()), f"{key(secret)} has values"
         assert "data" not in secret
@@ -361,6 +373,7 @@ def test_rendered_overlay_validates(overlay: str) -> None:
                          check=True, timeout=120).stdout
     objects = [d for d in yaml.safe_load_all(out) if d]
     assert objects
+    assert not [d for d in objects if d["kind"] == "Secret"], "apply -k would overwrite Secrets"
     for doc in objects:
         if (doc["apiVersion"], doc["kind"]) not in CRDS:
             validate_core(doc)
