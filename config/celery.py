@@ -11,14 +11,20 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init  # noqa: F401 - re-exported
+from celery.signals import (  # noqa: F401 - re-exported
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 from kombu import Queue
 
 from config import env
 
 QUEUES = ("gpu", "sandbox", "cpu")
-# worker_init and worker_process_init are re-exported for workers.tasks (which may import this
-# module, not celery itself): each worker process takes its thread allotment there.
+# The worker signals are re-exported for workers.tasks (which may import this module, not
+# celery itself): each worker process takes its thread allotment there, and the main process
+# writes its health heartbeat (workers/health.py) from ready to shutdown.
 
 
 def _seconds(var: str, default: float) -> float:

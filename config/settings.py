@@ -56,6 +56,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so the latency histogram (crucible_http_request_duration_seconds) sees the whole
+    # request, static files and refusals included.
+    "apps.core.telemetry.request_metrics",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -242,6 +245,15 @@ CRUCIBLE = {
     "SCHEDULER": env.bool("CRUCIBLE_SCHEDULER", default=False),
     # How long a preempted run has to checkpoint and stop before its lease is revoked.
     "PREEMPT_GRACE_S": env.int("CRUCIBLE_PREEMPT_GRACE_S", default=300),
+    # A bearer token that may read /metrics (a Prometheus scrape config's credentials);
+    # blank: only staff users and operator worker tokens may (docs/operations.md).
+    "METRICS_TOKEN": env.str("CRUCIBLE_METRICS_TOKEN", default=""),
+    # The preemption policy's knobs (workers.scheduling.decide.Policy): a run is preempted
+    # only once it ran this long in its current attempt, fewer than this many times, and
+    # while it would lose at most this much work (seconds since its last checkpoint).
+    "PREEMPT_MIN_RUNTIME_S": env.float("CRUCIBLE_PREEMPT_MIN_RUNTIME_S", default=600.0),
+    "MAX_PREEMPTIONS": env.int("CRUCIBLE_MAX_PREEMPTIONS", default=3),
+    "PREEMPT_MAX_LOSS_S": env.float("CRUCIBLE_PREEMPT_MAX_LOSS_S", default=900.0),
 }
 
 # --- Password logins (django-axes): a username+address pair is locked out after

@@ -14,6 +14,7 @@ from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
 from apps.lineage.api import LineageViewSet
+from apps.ops import views as ops_views
 from apps.projects.api import ProjectViewSet
 from apps.runs import queue_pages
 from apps.runs import views as run_views
@@ -94,6 +95,8 @@ urlpatterns = [
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),
+    path("readyz", ops_views.readyz, name="readyz"),
+    path("metrics", ops_views.metrics, name="metrics"),
     path("invite/", team_views.accept_invitation, name="invite-accept"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

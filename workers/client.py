@@ -44,6 +44,12 @@ class ApiError(Exception):
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message, self.body = status, code, message, body
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild from the fields, not from ``args`` (the one formatted string): Exception's
+        default pickling calls ``cls(*args)``, which fails here, so Celery logged an
+        ``UnpickleableExceptionWrapper`` instead of the error (subclasses inherit this)."""
+        return type(self), (self.status, self.code, self.message, self.body), self.__dict__
+
 
 class LeaseLost(ApiError):
     """The run was canceled, or its lease expired or moved: stop working on it."""

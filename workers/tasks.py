@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any
 
-from config.celery import app, worker_init, worker_process_init
-from workers import threads
+from config.celery import app, worker_init, worker_process_init, worker_ready, worker_shutdown
+from workers import health, threads
 from workers.adapters import execute
 from workers.client import ApiError, CrucibleClient, default_worker_id
 
@@ -49,6 +49,33 @@ def _threads_for_pool_process(**_: Any) -> None:
     allot = threads.configure(role="celery worker process")
     print(f"crucible worker process {os.getpid()}: {allot.describe()}", file=sys.stderr,
           flush=True)
+
+
+_heartbeat: health.Heartbeat | None = None
+
+
+def _describe_consumer(consumer: Any) -> dict[str, Any]:
+    connection = getattr(consumer, "connection", None)
+    return {"worker": str(getattr(consumer, "hostname", "") or ""),
+            "broker_connected": bool(connection is not None and connection.connected)}
+
+
+@worker_ready.connect
+def _start_health_heartbeat(sender: Any = None, **_: Any) -> None:
+    """worker_ready, in the main process once it consumes: from now on ``python -m
+    workers.health`` finds a fresh heartbeat until the worker stops or hangs."""
+    global _heartbeat
+    name = str(getattr(sender, "hostname", "") or f"worker-{os.getpid()}")
+    _heartbeat = health.Heartbeat(health.heartbeat_path(name), health.interval(),
+                                  lambda: _describe_consumer(sender))
+    _heartbeat.start()
+    log.info("worker heartbeat: %s every %.0fs", _heartbeat.path, _heartbeat.every)
+
+
+@worker_shutdown.connect
+def _stop_health_heartbeat(**_: Any) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
 
 
 @app.task(name="workers.tasks.execute_run", bind=True)

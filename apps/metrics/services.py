@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from pydantic import TypeAdapter
 
-from apps.core import events
+from apps.core import events, telemetry
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
 from apps.core.protocol import parse_as
 from apps.metrics import rollups
@@ -55,6 +55,7 @@ def store_batch(*, run: models.Model, seq: int, rows: list[Row]) -> tuple[int, b
     try:
         with transaction.atomic():
             if MetricBatch.objects.filter(run_id=run.pk, seq=seq).exists():
+                telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("duplicate"))
                 return 0, True
             stream_seq = allocate_stream_seq(run, 1)
             ids = insert_points(run.pk, rows)
@@ -63,7 +64,10 @@ def store_batch(*, run: models.Model, seq: int, rows: list[Row]) -> tuple[int, b
                                        first_id=min(ids), last_id=max(ids),
                                        point_count=len(rows))
     except IntegrityError:
+        telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("duplicate"))
         return 0, True  # a concurrent retry of the same batch won
+    telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("stored"))
+    telemetry.count_on_commit(telemetry.METRIC_POINTS, len(rows))
     events.publish_on_commit(events.run_group(run.pk), metrics_message(stream_seq, rows))
     return len(rows), False
 

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.runs import admission_apply, admission_loader, dispatch, scheduler, services
-from workers.scheduling.decide import decide
+from workers.scheduling.decide import Policy, decide
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,18 @@ def _advisory_lock() -> bool:
         return bool(cursor.fetchone()[0])
 
 
+def policy() -> Policy:
+    """The engine's policy with the knobs operators set (``CRUCIBLE_PREEMPT_MIN_RUNTIME_S``,
+    ``CRUCIBLE_MAX_PREEMPTIONS``, ``CRUCIBLE_PREEMPT_MAX_LOSS_S``); the rest as the engine
+    defines them."""
+    knobs, defaults = settings.CRUCIBLE, Policy()
+    loss = knobs.get("PREEMPT_MAX_LOSS_S", defaults.max_victim_loss_s)
+    return Policy(
+        min_runtime_s=float(knobs.get("PREEMPT_MIN_RUNTIME_S", defaults.min_runtime_s)),
+        max_preemptions=int(knobs.get("MAX_PREEMPTIONS", defaults.max_preemptions)),
+        max_victim_loss_s=None if loss is None else float(loss))
+
+
 def admission_pass(now: datetime | None = None) -> dict[str, Any]:
     """One pass; returns what it did (``{"leader": False}`` when another pass held the
     lock, ``{"enabled": False}`` with the scheduler off)."""
@@ -82,7 +94,7 @@ def admission_pass(now: datetime | None = None) -> dict[str, Any]:
             if not _advisory_lock():
                 return {"leader": False}
             state, runs = admission_loader.snapshot(now)
-            result = admission_apply.plan(decide(state))
+            result = admission_apply.plan(decide(state, policy()))
             admission_apply.apply(result, runs, now)
     return {"leader": True, **result.summary()}
 

@@ -136,7 +136,9 @@ def snapshot(now: datetime | None = None) -> tuple[ClusterState, dict[str, Run]]
             priority_class=run.priority_class or specs[slug].default_priority,
             resources=run.resources or _legacy_resources(run.pool), status=run.status,
             submitted_at=run.queued_at or run.created_at, allocation=allocation,
-            started_at=run.started_at or run.claimed_at,
+            # This attempt's start: a run requeued after a preemption or a lost worker
+            # counts its minimum runtime and the work it would lose afresh once claimed.
+            started_at=run.claimed_at if run.status in ACTIVE_STATUSES else None,
             last_checkpoint_at=run.last_checkpoint,  # type: ignore[attr-defined]
             preemptions=run.preemptions, stopping=run.preempt_deadline_at is not None,
             languages=_languages(run) if run.status == RunStatus.QUEUED else frozenset()))

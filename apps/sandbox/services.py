@@ -13,15 +13,16 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from apps.core import audit
+from apps.core import audit, telemetry
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, DomainError, InvalidInput, LeaseError, NotFound
 from apps.sandbox.models import ACTIVE, Execution, ExecutionStatus
 from apps.teams.models import Team
 from config.celery import app
-from workers.sandbox.spec import ExecutionRequest
+from workers.sandbox.spec import ExecutionRequest, Status
 
 EXECUTE_TASK = "workers.tasks.execute_sandbox"
+VERDICTS = frozenset(s.value for s in Status)
 
 
 class QuotaExceeded(DomainError):
@@ -142,7 +143,15 @@ def finish(*, execution: Execution, result: dict[str, Any] | None, error: str = 
                      target_type="execution", target_id=execution.pk,
                      data={"status": execution.status, "result": verdict,
                            "error": execution.error[:200]})
+        telemetry.count_on_commit(telemetry.SANDBOX_FINISHED.labels(
+            execution.status, _verdict_label(verdict) if not error else "none"))
     return execution
+
+
+def _verdict_label(verdict: object) -> str:
+    """The engine's verdict as a metric label: one of its Status values, else ``other`` (the
+    result comes from a worker; a label must not take arbitrary values)."""
+    return str(verdict) if verdict in VERDICTS else "other"
 
 
 def sweep_lost() -> int:
@@ -156,6 +165,7 @@ def sweep_lost() -> int:
         Execution.objects.filter(pk__in=[pk for pk, _ in lost]).update(
             status=ExecutionStatus.ERROR, error="the sandbox worker was lost",
             finished_at=timezone.now())
+        telemetry.count_on_commit(telemetry.SANDBOX_FINISHED.labels("lost", "none"), len(lost))
         audit.record_many(actor=Actor.system(), rows=[
             {"action": "sandbox.execution.lost", "team_id": team_id, "target_type": "execution",
              "target_id": pk} for pk, team_id in lost])
