@@ -71,6 +71,6 @@ USER 10001:10001
 # Ray's head and the GPU worker share this image: 6379 (GCS), 8265 (dashboard and Jobs API),
 # 10001 (Ray client) matter only for the head.
 EXPOSE 6379 8265 10001
-HEALTHCHECK --interval=60s --timeout=30s --start-period=180s --retries=3 \
-    CMD ["python", "/app/deploy/docker/healthcheck.py", "worker"]
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
+    CMD ["python", "-m", "workers.health"]
 CMD ["/app/deploy/docker/worker.sh"]

@@ -1,58 +1,46 @@
-"""Container health checks for Crucible's images: ``python healthcheck.py web|worker|beat``.
+"""Container health checks for the web and beat images: ``python healthcheck.py web|beat``.
 
 Exit 0 when healthy, 1 otherwise, with one line saying why (Docker keeps the last lines of a
 check's output in ``docker inspect``). Standard library plus what the image already has
-(celery, kombu); no Django, so a check never touches the database.
+(celery, kombu); no Django. The workers' images use Crucible's own probe instead,
+``python -m workers.health`` (docs/operations.md).
 
-- ``web``: ``GET /healthz`` on this container answers 200.
-- ``worker``: this container's Celery worker answers a broker ping, as
-  ``celery -A config.celery inspect ping -d celery@$HOSTNAME`` would.
+- ``web``: ``GET /readyz`` on this container answers 200: the database answers, every
+  migration is applied, the channel layer and the broker answer. Compose's
+  ``service_healthy`` therefore means "ready to serve". (Kubernetes probes ``/healthz`` for
+  liveness and ``/readyz`` for readiness itself.)
 - ``beat``: the broker is reachable and the beat's schedule file was written recently (the beat
-  rewrites it every few minutes while it ticks; a hung beat stops writing it).
-
-The operations work (issue 21, item 6) adds ``/readyz`` and a worker health command; when it
-lands, these checks call those instead.
+  rewrites it every few minutes while it ticks; a hung beat stops writing it). Crucible has no
+  probe of its own for a standalone beat.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import socket
 import sys
 import time
 import urllib.error
 import urllib.request
 
-WEB_URL = "http://127.0.0.1:{port}/healthz"
-# Celery's default worker name is celery@<host name>; worker.sh does not change it.
-WORKER_NAME = "celery@{host}"
+WEB_URL = "http://127.0.0.1:{port}{path}"
+WEB_PATH = "/readyz"
 BEAT_SCHEDULE = "/var/lib/crucible/celerybeat-schedule"
 BEAT_STALE_S = 600.0
 
 
-def check_web(port: str | None = None) -> str | None:
-    url = WEB_URL.format(port=port or os.environ.get("PORT", "8000"))
+def check_web(port: str | None = None, path: str = WEB_PATH) -> str | None:
+    url = WEB_URL.format(port=port or os.environ.get("PORT", "8000"), path=path)
     try:
         with urllib.request.urlopen(url, timeout=4) as resp:  # noqa: S310 - a fixed local URL
             if resp.status == 200:
                 return None
             return f"{url} answered {resp.status}"
+    except urllib.error.HTTPError as exc:  # 503 from /readyz: its body names the failing check
+        body = exc.read(500).decode("utf-8", "replace")
+        return f"{url} answered {exc.code}: {body}"
     except (urllib.error.URLError, OSError) as exc:
         return f"{url}: {exc}"
-
-
-def check_worker(host: str | None = None, timeout: float = 10.0) -> str | None:
-    from config.celery import app
-
-    name = WORKER_NAME.format(host=host or socket.gethostname())
-    try:
-        replies = app.control.ping(destination=[name], timeout=timeout) or []
-    except Exception as exc:  # noqa: BLE001 - any broker error makes the worker unhealthy
-        return f"ping {name}: {exc!r}"
-    if any(name in reply for reply in replies):
-        return None
-    return f"{name} did not answer a ping within {timeout:g} s"
 
 
 def schedule_age(pattern: str = BEAT_SCHEDULE, now: float | None = None) -> float | None:
@@ -69,7 +57,7 @@ def check_beat(timeout: float = 10.0) -> str | None:
     try:
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=timeout)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any broker error makes the beat unhealthy
         return f"broker unreachable: {exc!r}"
     stale = float(os.environ.get("CRUCIBLE_BEAT_STALE_S", BEAT_STALE_S))
     age = schedule_age()
@@ -80,7 +68,7 @@ def check_beat(timeout: float = 10.0) -> str | None:
     return None
 
 
-CHECKS = {"web": check_web, "worker": check_worker, "beat": check_beat}
+CHECKS = {"web": check_web, "beat": check_beat}
 
 
 def main(argv: list[str]) -> int:

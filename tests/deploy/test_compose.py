@@ -81,7 +81,8 @@ def test_every_variable_is_in_env_example_and_every_example_is_used() -> None:
 
 def test_env_example_holds_no_secrets() -> None:
     values = env_example()
-    for key in ("SECRET_KEY", "POSTGRES_PASSWORD", "CRUCIBLE_WORKER_TOKEN"):
+    for key in ("SECRET_KEY", "POSTGRES_PASSWORD", "CRUCIBLE_WORKER_TOKEN",
+                "CRUCIBLE_METRICS_TOKEN"):
         assert values[key] == "", f"{key} must be left empty in .env.example"
     assert "development-only" in values["AWS_SECRET_ACCESS_KEY"]
 

@@ -90,13 +90,19 @@ def test_each_image_has_a_health_check_that_exists(target: str) -> None:
     assert "CMD" in check.args and "NONE" not in check.args.split()
     cmd = exec_form(check.args.split("CMD", 1)[1])
     assert cmd is not None, f"{target}: write the HEALTHCHECK in exec form"
+    if target.startswith("worker-"):
+        # Crucible's own worker probe (docs/operations.md): its heartbeat file.
+        assert cmd == ["python", "-m", "workers.health"], f"{target}: {cmd}"
+        assert (ROOT / "workers" / "health.py").is_file()
+        # ... which reads the file every Celery worker process writes (workers/tasks.py).
+        assert "health.Heartbeat(" in (ROOT / "workers" / "tasks.py").read_text()
+        return
     script = next(a for a in cmd if a.endswith(".py"))
     assert (ROOT / script.removeprefix("/app/")).is_file(), f"{target}: {script} missing"
     from deploy.docker import healthcheck  # the module the image runs
 
     assert cmd[-1] in healthcheck.CHECKS, f"{target}: no health check named {cmd[-1]!r}"
-    expected = {"web": "web", "beat": "beat"}.get(target, "worker")
-    assert cmd[-1] == expected
+    assert cmd[-1] == target
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -268,15 +274,17 @@ class _Health(http.server.BaseHTTPRequestHandler):
     status = 200
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.send_response(self.status if self.path == "/healthz" else 404)
+        self.send_response(self.status if self.path == "/readyz" else 404)
         self.end_headers()
+        if self.status != 200:
+            self.wfile.write(b'{"message": "migrations: 1 unapplied migration(s)"}')
 
     def log_message(self, *args: object) -> None:
         pass
 
 
 @pytest.mark.parametrize("status", [200, 503])
-def test_web_health_check_reads_healthz(status: int) -> None:
+def test_web_health_check_reads_readyz(status: int) -> None:
     from deploy.docker import healthcheck
 
     handler = type("H", (_Health,), {"status": status})
@@ -291,7 +299,7 @@ def test_web_health_check_reads_healthz(status: int) -> None:
     if status == 200:
         assert problem is None
     else:
-        assert problem and "503" in problem
+        assert problem and "503" in problem and "unapplied migration" in problem
 
 
 def test_web_health_check_fails_when_nothing_listens() -> None:
