@@ -231,6 +231,12 @@ def test_s3_init_creates_the_bucket_once_against_a_real_s3_server(compose: dict)
     server.start()
     try:
         host, port = server.get_host_and_port()
+        # moto keeps one in-memory backend per process: buckets other tests made in this
+        # process would show here, so start from an empty store.
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{host}:{port}/moto-api/reset", method="POST"), timeout=30).close()
         env = {**os.environ, **{k: str(v) for k, v in svc["environment"].items()},
                "S3_ENDPOINT_URL": f"http://{host}:{port}"}
         for _ in range(2):
