@@ -1,0 +1,213 @@
+"""Multi-node train runs on a real local Ray cluster (``ray.cluster_utils.Cluster``: a head and
+three worker nodes on this host, CPU only, one core each), against the single-host torchrun run:
+
+- a 2-rank ZeRO-2 run placed one rank per node (STRICT_SPREAD, pinned to named nodes) reports
+  the same per-step losses as the 2-rank torchrun run;
+- a gang the cluster cannot place fails within its timeout, naming what is missing;
+- killing the node of rank 1 mid-run fails that attempt naming rank 1 (never a hang), and the
+  next attempt resumes from the last checkpoint on the remaining nodes: attempts
+  [lost, succeeded], contiguous steps, the uninterrupted run's losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray  # the cluster extra (.[cluster]): `make test` installs it
+from ray.cluster_utils import Cluster
+
+from tests.workers.rl.test_rl_distributed import CONFIG, finish, launch, losses
+from workers.cluster.plan import ClusterPlan, node_resource
+from workers.cluster.progress import IncompleteRun, check_trained
+from workers.cluster.ray_job import (
+    PlacementFailed,
+    RankFailed,
+    run_on_ray,
+    run_with_retries,
+)
+from workers.rl.sinks import JsonlSink, read_jsonl
+from workers.rl.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[3]
+TOLERANCE = 1e-6  # absolute, as the torchrun test: CPU fp32 with fixed seeds replays exactly
+ZERO2 = CONFIG.replace("zero_stage = 3", "zero_stage = 2")
+NODES = ("n0", "n1", "n2")
+MB = 1024 * 1024
+NAMES: dict[str, str] = {}  # Ray node id -> the Crucible node name it was started for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+class Recorder(JsonlSink):
+    """The driver's reporter: the run's JSON lines, plus the placement events kept in memory
+    so a test can find the node a rank runs on."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.placements: list[list[dict[str, Any]]] = []
+
+    def event(self, level: str, message: str, data: dict[str, Any] | None = None) -> None:
+        if data and "placement" in data:
+            self.placements.append(data["placement"])
+        super().event(level, message, data)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (no CPUs: it runs only the driver's relay) and three one-core worker nodes, each
+    offering its Crucible node resource. Node death is noticed within a few seconds."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 80 * MB, "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000,
+                           "health_check_failure_threshold": 3},
+    })
+    try:
+        for name in NODES:
+            node = c.add_node(num_cpus=1, object_store_memory=80 * MB,
+                              resources={node_resource(name): 1})
+            NAMES[node.node_id] = name
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": {
+            "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CRUCIBLE_DEVICE": "cpu"}})
+        c.wait_for_nodes(timeout=120)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, float]:
+    """The single-host 2-rank torchrun run's per-step losses (ZeRO-2)."""
+    run_dir = tmp_path_factory.mktemp("torchrun")
+    finish(launch(run_dir, config=ZERO2), run_dir)
+    ref = losses(run_dir)
+    assert sorted(ref) == [1, 2, 3, 4, 5, 6]
+    return ref
+
+
+def spec_in(run_dir: Path) -> Any:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.toml").write_text(ZERO2.format(dir=run_dir))
+    return load_spec(run_dir / "run.toml")
+
+
+def test_check_trained_refuses_a_resume_that_trained_nothing():
+    assert check_trained(2, 6, [5, 3, 4, 6]) == [3, 4, 5, 6]
+    assert check_trained(6, 6, []) == []  # resumed at the end: nothing was left
+    with pytest.raises(IncompleteRun, match="trained nothing"):
+        check_trained(2, 6, [])
+    with pytest.raises(IncompleteRun, match=r"missing \[6\]"):
+        check_trained(2, 6, [3, 4, 5])
+
+
+def test_an_unplaceable_gang_fails_within_its_timeout(cluster, tmp_path):
+    spec = spec_in(tmp_path / "run")
+    plan = ClusterPlan(nodes=4, placement_timeout_s=5)  # three nodes offer CPUs
+    with pytest.raises(PlacementFailed, match="could not place 4 node bundles"):
+        run_on_ray(spec, Recorder(tmp_path / "run" / "metrics.jsonl"), plan)
+    named = ClusterPlan(nodes=2, node_names=("n0", "gone"), placement_timeout_s=5)
+    with pytest.raises(PlacementFailed, match="crucible-node-<name>"):
+        run_on_ray(spec, Recorder(tmp_path / "run" / "metrics.jsonl"), named)
+
+
+def test_two_nodes_match_the_single_host_run(cluster, reference, tmp_path):
+    run_dir = tmp_path / "ray"
+    spec = spec_in(run_dir)
+    rec = Recorder(run_dir / "metrics.jsonl")
+    plan = ClusterPlan(nodes=2, node_names=("n0", "n2"), collective_timeout_s=120)
+    result = run_on_ray(spec, rec, plan)
+
+    assert result.start == 0 and result.trained == [1, 2, 3, 4, 5, 6] and result.steps == 6
+    (placement,) = rec.placements
+    assert [p["rank"] for p in placement] == [0, 1]
+    assert placement[0]["node_id"] != placement[1]["node_id"], "one rank per node"
+    assert [NAMES[p["node_id"]] for p in placement] == ["n0", "n2"], "the allocation's nodes"
+
+    got = losses(run_dir)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):
+        assert abs(got[step] - reference[step]) <= TOLERANCE, (step, got[step], reference[step])
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    first = next(r for r in records if r["kind"] == "event" and "rank(s)" in r["message"]
+                 and "spec" in r["data"])
+    assert first["data"]["world_size"] == 2
+    outputs = [r for r in records if r["kind"] == "event" and r["message"].startswith("rank ")
+               and "stream" in r["data"]]
+    assert {r["data"]["rank"] for r in outputs} == {0, 1}, "both ranks' output is streamed"
+    assert [r["step"] for r in records if r["kind"] == "checkpoint"][:3] == [2, 4, 6]
+    assert (run_dir / "ckpt" / "final" / "model.safetensors").is_file()
+
+
+def test_a_lost_node_fails_the_attempt_naming_the_rank_and_the_run_resumes(
+        cluster, reference, tmp_path):
+    run_dir = tmp_path / "killed"
+    spec = spec_in(run_dir)
+    rec = Recorder(run_dir / "metrics.jsonl")
+    killed: dict[str, Any] = {}
+
+    def kill_rank1_node() -> None:
+        """Remove (SIGKILL, raylet included) the node of rank 1 once step 2 is checkpointed."""
+        deadline = time.monotonic() + 400
+        marker = run_dir / "ckpt" / "step-000002" / "state.json"
+        while not (marker.is_file() and rec.placements):
+            if time.monotonic() > deadline:
+                killed["error"] = "no step-2 checkpoint within 400 s"
+                return
+            time.sleep(0.05)
+        victim = rec.placements[0][1]["node_id"]
+        node = next(n for n in cluster.worker_nodes if n.node_id == victim)
+        killed["node_id"], killed["steps_before"] = victim, max(losses(run_dir), default=0)
+        cluster.remove_node(node, allow_graceful=False)
+
+    killer = threading.Thread(target=kill_rank1_node, daemon=True)
+    killer.start()
+    outcomes, result = run_with_retries(
+        spec, rec, lambda attempt: ClusterPlan(nodes=2, collective_timeout_s=60,
+                                               failure_grace_s=60, placement_timeout_s=120),
+        max_attempts=2)
+    killer.join(timeout=60)
+    assert "error" not in killed, killed
+    assert killed.get("node_id"), "the node was never killed"
+
+    assert outcomes == ["lost", "succeeded"]
+    lost = [r for r in read_jsonl(run_dir / "metrics.jsonl")
+            if r["kind"] == "event" and r["message"].startswith("attempt 1 lost")]
+    assert len(lost) == 1 and lost[0]["data"]["rank"] == 1, lost
+    assert "rank 1 (node" in lost[0]["message"] and "died" in lost[0]["message"]
+    assert killed["steps_before"] < 6, "the run finished before its node was killed"
+
+    # The second attempt ran on the two nodes left, from the last checkpoint, to the end.
+    second = rec.placements[1]
+    assert killed["node_id"] not in {p["node_id"] for p in second}
+    assert result.start in (2, 4)
+    assert result.trained == list(range(result.start + 1, 7))
+    resumed = [r for r in read_jsonl(run_dir / "metrics.jsonl")
+               if r["kind"] == "event" and r["message"].startswith("resumed from")]
+    assert [r["data"]["step"] for r in resumed] == [result.start]
+    got = losses(run_dir)  # the last loss reported per step: contiguous 1..6
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):
+        assert abs(got[step] - reference[step]) <= TOLERANCE, (step, got[step], reference[step])
+    with open(run_dir / "metrics.jsonl") as f:
+        assert all(json.loads(line) for line in f)
+
+
+def test_a_rank_that_raises_fails_the_attempt_naming_it(cluster, tmp_path):
+    """A deterministic error inside the ranks (a layout the engine refuses) is a final
+    RankFailed naming rank 0, not a hang and not a retry."""
+    run_dir = tmp_path / "bad"
+    run_dir.mkdir()
+    (run_dir / "run.toml").write_text(
+        ZERO2.format(dir=run_dir).replace("prompts_per_step = 4", "prompts_per_step = 3"))
+    spec = load_spec(run_dir / "run.toml")
+    with pytest.raises(RankFailed, match=r"rank 0 \(node .*\) failed: ValueError") as info:
+        run_on_ray(spec, Recorder(run_dir / "metrics.jsonl"), ClusterPlan(nodes=2))
+    assert info.value.retryable is False
