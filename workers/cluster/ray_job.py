@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import (
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+)
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
@@ -387,14 +393,16 @@ def run_on_ray(spec: Any, reporter: Reporter, plan: ClusterPlan, *, resume: bool
                    "node offering its crucible-node-<name> resource" if plan.node_names else "")
             ) from exc
         here = ray.get_runtime_context().get_node_id()
+        # On the driver's node: it lives exactly as long as the driver can use it.
         relay = Relay.options(  # type: ignore[attr-defined]
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
         actors = _start_ranks(pg, plan, relay)
         placement = ray.get([a.where.remote() for a in actors], timeout=plan.placement_timeout_s)
         reporter.event("info", f"multi-node attempt on {plan.nodes} node(s), {plan.world} "
                        "rank(s): " + "; ".join(f"rank {p['rank']} on {_describe(p)}"
                                                  for p in placement),
-                       {"placement": placement, "nodes": plan.nodes, "world_size": plan.world})
+                       {"placement": placement, "nodes": plan.nodes, "world_size": plan.world,
+                        "driver_node_id": here})
         master = ray.get(actors[0].endpoint.remote(), timeout=CALL_TIMEOUT_S)
         # A rank computes with the cores Ray reserved for it, not the node's.
         env = {"CRUCIBLE_DIST_TIMEOUT_S": str(plan.collective_timeout_s),
@@ -445,6 +453,7 @@ def _drive(refs: dict[Any, int], placement: list[dict[str, Any]], relay: Any,
     failures: dict[int, RankFailed] = {}
     stop_deadline: float | None = None
     first_failure: float | None = None
+    relay_error: RayError | None = None
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=poll_s)
         for ref in ready:
@@ -454,14 +463,21 @@ def _drive(refs: dict[Any, int], placement: list[dict[str, Any]], relay: Any,
             except RayError as exc:
                 failures[rank] = _failure(rank, placement[rank], exc)
                 first_failure = first_failure or time.monotonic()
-        try:
-            fwd.pump()
-        except RayError as exc:  # the relay's node is gone: the ranks cannot report
-            if not failures:
-                raise RankFailed(0, "relay", f"the report relay died: {exc}", died=True) from exc
+        if relay_error is None:
+            try:
+                fwd.pump()
+            except ActorUnavailableError:
+                pass  # a transient loss of contact: try again at the next turn
+            except RayError as exc:
+                # Rank 0 cannot report any more and fails at its next report; wait for the
+                # ranks, so the failure names the rank whose loss took the relay with it.
+                relay_error = exc
+                first_failure = first_failure or time.monotonic()
         if first_failure is not None and (
                 not pending or time.monotonic() - first_failure > plan.failure_grace_s):
             break
+        if relay_error is not None:
+            continue
         if not failures and fwd.sync_stop() and stop_deadline is None:
             stop_deadline = time.monotonic() + plan.stop_grace_s
         if stop_deadline is not None and time.monotonic() > stop_deadline:
@@ -471,6 +487,9 @@ def _drive(refs: dict[Any, int], placement: list[dict[str, Any]], relay: Any,
     if failures:
         died = [r for r in sorted(failures) if failures[r].died]
         raise failures[died[0] if died else min(failures)]
+    if relay_error is not None:
+        raise RankFailed(0, "the report relay", f"the relay between rank 0 and this worker "
+                         f"died: {str(relay_error).splitlines()[0][:300]}", died=True)
     # Every rank sent its last record before returning; take what is still in the relay.
     deadline = time.monotonic() + CALL_TIMEOUT_S
     while len(fwd.ended) < len(refs) and time.monotonic() < deadline:

@@ -12,18 +12,16 @@ three worker nodes on this host, CPU only, one core each), against the single-ho
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray  # the cluster extra (.[cluster]): `make test` installs it
-from ray.cluster_utils import Cluster
 
+from tests.ray_fixtures import NAMES, ray_cluster_fixture  # noqa: F401 - ray_cluster
 from tests.workers.rl.test_rl_distributed import CONFIG, finish, launch, losses
-from workers.cluster.plan import ClusterPlan, node_resource
+from workers.cluster.plan import ClusterPlan
 from workers.cluster.progress import IncompleteRun, check_trained
 from workers.cluster.ray_job import (
     PlacementFailed,
@@ -34,12 +32,8 @@ from workers.cluster.ray_job import (
 from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import load_spec
 
-REPO = Path(__file__).resolve().parents[3]
 TOLERANCE = 1e-6  # absolute, as the torchrun test: CPU fp32 with fixed seeds replays exactly
 ZERO2 = CONFIG.replace("zero_stage = 3", "zero_stage = 2")
-NODES = ("n0", "n1", "n2")
-MB = 1024 * 1024
-NAMES: dict[str, str] = {}  # Ray node id -> the Crucible node name it was started for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -56,31 +50,6 @@ class Recorder(JsonlSink):
         if data and "placement" in data:
             self.placements.append(data["placement"])
         super().event(level, message, data)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A head (no CPUs: it runs only the driver's relay) and three one-core worker nodes, each
-    offering its Crucible node resource. Node death is noticed within a few seconds."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": 80 * MB, "include_dashboard": False,
-        "_system_config": {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000,
-                           "health_check_failure_threshold": 3},
-    })
-    try:
-        for name in NODES:
-            node = c.add_node(num_cpus=1, object_store_memory=80 * MB,
-                              resources={node_resource(name): 1})
-            NAMES[node.node_id] = name
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": {
-            "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CRUCIBLE_DEVICE": "cpu"}})
-        c.wait_for_nodes(timeout=120)
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +77,7 @@ def test_check_trained_refuses_a_resume_that_trained_nothing():
         check_trained(2, 6, [3, 4, 5])
 
 
-def test_an_unplaceable_gang_fails_within_its_timeout(cluster, tmp_path):
+def test_an_unplaceable_gang_fails_within_its_timeout(ray_cluster, tmp_path):
     spec = spec_in(tmp_path / "run")
     plan = ClusterPlan(nodes=4, placement_timeout_s=5)  # three nodes offer CPUs
     with pytest.raises(PlacementFailed, match="could not place 4 node bundles"):
@@ -118,7 +87,7 @@ def test_an_unplaceable_gang_fails_within_its_timeout(cluster, tmp_path):
         run_on_ray(spec, Recorder(tmp_path / "run" / "metrics.jsonl"), named)
 
 
-def test_two_nodes_match_the_single_host_run(cluster, reference, tmp_path):
+def test_two_nodes_match_the_single_host_run(ray_cluster, reference, tmp_path):
     run_dir = tmp_path / "ray"
     spec = spec_in(run_dir)
     rec = Recorder(run_dir / "metrics.jsonl")
@@ -147,7 +116,7 @@ def test_two_nodes_match_the_single_host_run(cluster, reference, tmp_path):
 
 
 def test_a_lost_node_fails_the_attempt_naming_the_rank_and_the_run_resumes(
-        cluster, reference, tmp_path):
+        ray_cluster, reference, tmp_path):
     run_dir = tmp_path / "killed"
     spec = spec_in(run_dir)
     rec = Recorder(run_dir / "metrics.jsonl")
@@ -163,9 +132,9 @@ def test_a_lost_node_fails_the_attempt_naming_the_rank_and_the_run_resumes(
                 return
             time.sleep(0.05)
         victim = rec.placements[0][1]["node_id"]
-        node = next(n for n in cluster.worker_nodes if n.node_id == victim)
+        node = next(n for n in ray_cluster.worker_nodes if n.node_id == victim)
         killed["node_id"], killed["steps_before"] = victim, max(losses(run_dir), default=0)
-        cluster.remove_node(node, allow_graceful=False)
+        ray_cluster.remove_node(node, allow_graceful=False)
 
     killer = threading.Thread(target=kill_rank1_node, daemon=True)
     killer.start()
@@ -200,7 +169,7 @@ def test_a_lost_node_fails_the_attempt_naming_the_rank_and_the_run_resumes(
         assert all(json.loads(line) for line in f)
 
 
-def test_a_rank_that_raises_fails_the_attempt_naming_it(cluster, tmp_path):
+def test_a_rank_that_raises_fails_the_attempt_naming_it(ray_cluster, tmp_path):
     """A deterministic error inside the ranks (a layout the engine refuses) is a final
     RankFailed naming rank 0, not a hang and not a retry."""
     run_dir = tmp_path / "bad"
