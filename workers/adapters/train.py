@@ -21,6 +21,7 @@ from workers.adapters.common import (
 )
 from workers.client import WorkerSession
 from workers.cluster.plan import plan_for
+from workers.cluster.progress import check_trained
 from workers.model_cache import cached_model, fetch_tar
 from workers.paths import var_dir
 from workers.rl.resume import local_folder, restore_phases, resume_point
@@ -124,7 +125,11 @@ def run(session: WorkerSession) -> None:
                                    checkpoint_on_preempt=True)
             plan = plan_for(session.run.resources, session.run.nodes)
             if plan is None:  # one host: the engine in this process, no Ray
-                train(spec, reporter, resume=resume, objective=objective, pinned=pinned)
+                result = train(spec, reporter, resume=resume, objective=objective,
+                               pinned=pinned)
+                # A resumed attempt that trained nothing is a failure, not a success.
+                last = resume_point(session.run.checkpoints) if resume else None
+                check_trained(last.step if last else 0, spec.trainer.steps, result.train_time)
             else:  # several nodes: one Ray job, this process its driver (workers.cluster)
                 from workers.cluster.ray_job import run_on_ray
 
