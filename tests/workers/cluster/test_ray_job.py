@@ -29,6 +29,7 @@ from workers.cluster.ray_job import (
     run_on_ray,
     run_with_retries,
 )
+from workers.reporting import Stopped
 from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import load_spec
 
@@ -180,3 +181,41 @@ def test_a_rank_that_raises_fails_the_attempt_naming_it(ray_cluster, tmp_path):
     with pytest.raises(RankFailed, match=r"rank 0 \(node .*\) failed: ValueError") as info:
         run_on_ray(spec, Recorder(run_dir / "metrics.jsonl"), ClusterPlan(nodes=2))
     assert info.value.retryable is False
+
+
+class PreemptAfter(Recorder):
+    """A driver-side reporter that asks for a preemption once step ``at``'s loss is reported,
+    as the worker's does when the heartbeat says ``stop: preempt``."""
+
+    def __init__(self, path: Path, at: int) -> None:
+        super().__init__(path)
+        self.at, self.asked = at, False
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        super().log(step, metrics)
+        if step == self.at and "loss" in metrics:
+            self.asked = True
+
+    def should_stop(self) -> bool:
+        return self.asked
+
+    def preempted(self) -> bool:
+        return self.asked
+
+
+def test_a_preemption_reaches_the_ranks_which_checkpoint_and_stop(ray_cluster, tmp_path):
+    """The driver's stop crosses the relay to rank 0, the ranks agree on it, checkpoint the
+    last completed step (recorded through the driver) and stop: Stopped, not a failure."""
+    run_dir = tmp_path / "preempted"
+    spec = spec_in(run_dir)
+    rec = PreemptAfter(run_dir / "metrics.jsonl", at=3)
+    with pytest.raises(Stopped, match="preempted after step"):
+        run_on_ray(spec, rec, ClusterPlan(nodes=2, collective_timeout_s=120))
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    stopped_at = max(r["step"] for r in records if r["kind"] == "metrics"
+                     and "loss" in r["metrics"])
+    # The stop lands at the first safe point after the driver has seen step 3's report.
+    assert 3 <= stopped_at < 6, stopped_at
+    assert stopped_at in [r["step"] for r in records if r["kind"] == "checkpoint"]
+    assert (run_dir / "ckpt" / f"step-{stopped_at:06d}" / "state.json").is_file()
+    assert not (run_dir / "ckpt" / "final").exists()
