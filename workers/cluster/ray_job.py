@@ -25,6 +25,7 @@ shared storage), since ZeRO writes one shard per rank and a resumed rank may lan
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -65,20 +66,31 @@ class RankFailed(RuntimeError):
     def __init__(self, rank: int, where: str, detail: str, *, died: bool,
                  cause: BaseException | None = None) -> None:
         super().__init__(f"rank {rank} ({where}) {'died' if died else 'failed'}: {detail}")
-        self.rank, self.where, self.died, self.cause = rank, where, died, cause
+        self.rank, self.where, self.detail, self.died, self.cause = rank, where, detail, died, cause
+        self.retryable = died or _retryable_cause(cause)
 
-    @property
-    def retryable(self) -> bool:
-        if self.died:
-            return True
-        flag = getattr(self.cause, "retryable", None)
-        if isinstance(flag, bool):
-            return flag
-        final = {"TrainingFailed", "SpecError", "ModelDirError", "PinnedDataError",
-                 "IncompleteRun"}
-        if any(c.__name__ in final for c in type(self.cause).__mro__):
-            return False
-        return isinstance(self.cause, OSError | TimeoutError | RuntimeError)
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable (Celery and Ray pickle exceptions) without the cause, which may not be."""
+        return (_rank_failed, (self.rank, self.where, self.detail, self.died, self.retryable))
+
+
+def _rank_failed(rank: int, where: str, detail: str, died: bool, retryable: bool) -> RankFailed:
+    exc = RankFailed(rank, where, detail, died=died)
+    exc.retryable = retryable
+    return exc
+
+
+def _retryable_cause(cause: BaseException | None) -> bool:
+    """Whether the exception a rank raised is worth another attempt: its own ``retryable``
+    flag, else final for the engine's deterministic errors (matched by name), retryable for
+    infrastructure (I/O, timeouts, runtime errors such as a collective's)."""
+    flag = getattr(cause, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    final = {"TrainingFailed", "SpecError", "ModelDirError", "PinnedDataError", "IncompleteRun"}
+    if any(c.__name__ in final for c in type(cause).__mro__):
+        return False
+    return isinstance(cause, OSError | TimeoutError | RuntimeError)
 
 
 class PlacementFailed(RuntimeError):
@@ -261,9 +273,11 @@ class Rank:
             sys.stdout.flush()
             sys.stdout, sys.stderr = out, err
             # Calls from one caller run in order: once this returns, every report and line
-            # this rank sent has reached the relay.
-            ray.get(self.relay.put.remote({"kind": "end", "rank": self.rank}),
-                    timeout=CALL_TIMEOUT_S)
+            # this rank sent has reached the relay. A lost relay must not hide the rank's own
+            # outcome (the driver notices the relay itself).
+            with contextlib.suppress(RayError):
+                ray.get(self.relay.put.remote({"kind": "end", "rank": self.rank}),
+                        timeout=CALL_TIMEOUT_S)
 
 
 # -- the driver ---------------------------------------------------------------------------------

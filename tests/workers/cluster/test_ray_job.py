@@ -22,7 +22,6 @@ import pytest
 from tests.ray_fixtures import NAMES, ray_cluster_fixture  # noqa: F401 - ray_cluster
 from tests.workers.rl.test_rl_distributed import CONFIG, finish, launch, losses
 from workers.cluster.plan import ClusterPlan
-from workers.cluster.progress import IncompleteRun, check_trained
 from workers.cluster.ray_job import (
     PlacementFailed,
     RankFailed,
@@ -67,15 +66,6 @@ def spec_in(run_dir: Path) -> Any:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.toml").write_text(ZERO2.format(dir=run_dir))
     return load_spec(run_dir / "run.toml")
-
-
-def test_check_trained_refuses_a_resume_that_trained_nothing():
-    assert check_trained(2, 6, [5, 3, 4, 6]) == [3, 4, 5, 6]
-    assert check_trained(6, 6, []) == []  # resumed at the end: nothing was left
-    with pytest.raises(IncompleteRun, match="trained nothing"):
-        check_trained(2, 6, [])
-    with pytest.raises(IncompleteRun, match=r"missing \[6\]"):
-        check_trained(2, 6, [3, 4, 5])
 
 
 def test_an_unplaceable_gang_fails_within_its_timeout(ray_cluster, tmp_path):
