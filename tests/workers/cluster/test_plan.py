@@ -3,12 +3,18 @@ check that an attempt trained what it had left, and the failure a lost rank rais
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from workers.cluster.plan import ClusterPlan, node_resource, plan_for
 from workers.cluster.progress import IncompleteRun, check_trained
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_single_host_runs_keep_the_in_process_path():
@@ -56,3 +62,14 @@ def test_rank_failures_say_whether_to_retry_and_survive_pickling():
     back = pickle.loads(pickle.dumps(died))
     assert (str(back), back.rank, back.died, back.retryable) == (str(died), 1, True, True)
     assert pickle.loads(pickle.dumps(bug)).retryable is False
+
+
+def test_the_worker_adapters_load_without_ray():
+    """A single-host worker never pays for Ray: the train adapter imports only the pure plan
+    (import-linter's contract forbids any other module from importing Ray at all)."""
+    code = ("import sys, workers.adapters, workers.cluster.plan, workers.cluster.progress; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
