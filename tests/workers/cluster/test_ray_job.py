@@ -6,7 +6,9 @@ three worker nodes on this host, CPU only, one core each), against the single-ho
 - a gang the cluster cannot place fails within its timeout, naming what is missing;
 - killing the node of rank 1 mid-run fails that attempt naming rank 1 (never a hang), and the
   next attempt resumes from the last checkpoint on the remaining nodes: attempts
-  [lost, succeeded], contiguous steps, the uninterrupted run's losses.
+  [lost, succeeded], contiguous steps, the uninterrupted run's losses;
+- a rank that raises fails the attempt naming it (final), and a preemption asked by the
+  driver's reporter reaches the ranks, which checkpoint their last completed step and stop.
 """
 
 from __future__ import annotations
