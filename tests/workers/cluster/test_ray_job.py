@@ -211,3 +211,43 @@ def test_a_preemption_reaches_the_ranks_which_checkpoint_and_stop(ray_cluster, t
     assert stopped_at in [r["step"] for r in records if r["kind"] == "checkpoint"]
     assert (run_dir / "ckpt" / f"step-{stopped_at:06d}" / "state.json").is_file()
     assert not (run_dir / "ckpt" / "final").exists()
+
+
+class CancelAfter(Recorder):
+    """A driver-side reporter whose run is canceled once step ``at`` is reported (``how =
+    "cancel"``: it answers should_stop), or whose lease is lost then (``how = "lease"``: it
+    raises Stopped from the report, as the worker's ApiReporter does)."""
+
+    def __init__(self, path: Path, at: int, how: str) -> None:
+        super().__init__(path)
+        self.at, self.how, self.asked = at, how, False
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.asked and self.how == "lease":
+            raise Stopped("lease lost")
+        super().log(step, metrics)
+        if step == self.at and "loss" in metrics:
+            self.asked = True
+
+    def should_stop(self) -> bool:
+        return self.asked and self.how == "cancel"
+
+
+@pytest.mark.parametrize("how", ["cancel", "lease"])
+def test_a_cancel_or_a_lost_lease_stops_the_ranks_without_a_checkpoint(ray_cluster, tmp_path,
+                                                                       how):
+    run_dir = tmp_path / how
+    spec = spec_in(run_dir)
+    rec = CancelAfter(run_dir / "metrics.jsonl", at=3, how=how)
+    with pytest.raises(Stopped):
+        run_on_ray(spec, rec, ClusterPlan(nodes=2, collective_timeout_s=120))
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    logged = [r["step"] for r in records if r["kind"] == "metrics" and "loss" in r["metrics"]]
+    if how == "lease":  # the reporter refuses everything after step 3
+        assert logged == [1, 2, 3]
+    else:  # the stop lands at the first safe point after the driver saw step 3's report
+        assert logged == list(range(1, len(logged) + 1)) and 3 <= len(logged) < 6, logged
+    # Only periodic checkpoints (every 2 steps): a cancel or a lost lease writes none of its own.
+    written = sorted(int(p.name.split("-")[1]) for p in (run_dir / "ckpt").glob("step-*"))
+    assert written and set(written) <= {2, 4}, written
+    assert not (run_dir / "ckpt" / "final").exists()
