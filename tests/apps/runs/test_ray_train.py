@@ -18,7 +18,7 @@ import pytest
 from apps.metrics.models import MetricPoint
 from apps.runs.models import Checkpoint, Run, RunEvent, RunStatus
 from tests.ray_fixtures import ray_cluster_fixture  # noqa: F401 - ray_cluster
-from tests.workers.cluster.test_ray_job import TOLERANCE, ZERO2
+from tests.workers.cluster.test_ray_job import TOLERANCE, ZERO2, lose_node
 from tests.workers.rl.test_rl_distributed import finish, launch, losses
 from workers.adapters import run_claimed
 from workers.client import CrucibleClient, WorkerSession
@@ -105,10 +105,8 @@ def test_a_two_node_train_run_loses_a_node_and_resumes_on_the_rest(
     killed: dict[str, Any] = {}
 
     def kill_rank1_node(session: Watched) -> None:
-        victim = session.placement[1]["node_id"]
-        node = next(n for n in ray_cluster.worker_nodes if n.node_id == victim)
-        killed["node_id"] = victim
-        ray_cluster.remove_node(node, allow_graceful=False)
+        killed["node_id"] = session.placement[1]["node_id"]
+        lose_node(ray_cluster, session.placement[1])
 
     first.at_step2 = kill_rank1_node
     t0 = time.monotonic()

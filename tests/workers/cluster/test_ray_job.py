@@ -13,7 +13,10 @@ three worker nodes on this host, CPU only, one core each), against the single-ho
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,17 @@ TOLERANCE = 1e-6  # absolute, as the torchrun test: CPU fp32 with fixed seeds re
 ZERO2 = CONFIG.replace("zero_stage = 3", "zero_stage = 2")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def lose_node(cluster: Any, rank: dict[str, Any]) -> None:
+    """The node of ``rank`` goes, as a machine does: every process on it at once. Removing a
+    node (SIGKILL to its raylet and stores) leaves its worker processes running until they
+    notice, and a rank was seen training two more steps with its peer in that time; so the
+    rank's process is killed first."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(rank["pid"], signal.SIGKILL)
+    node = next(n for n in cluster.worker_nodes if n.node_id == rank["node_id"])
+    cluster.remove_node(node, allow_graceful=False)
 
 
 class Recorder(JsonlSink):
@@ -126,10 +140,9 @@ def test_a_lost_node_fails_the_attempt_naming_the_rank_and_the_run_resumes(
         2 when the node goes."""
         if step != 2 or killed:
             return
-        victim = rec.placements[0][1]["node_id"]
-        node = next(n for n in ray_cluster.worker_nodes if n.node_id == victim)
-        killed["node_id"], killed["steps_before"] = victim, max(losses(run_dir), default=0)
-        ray_cluster.remove_node(node, allow_graceful=False)
+        rank1 = rec.placements[0][1]
+        killed["node_id"], killed["steps_before"] = rank1["node_id"], max(losses(run_dir))
+        lose_node(ray_cluster, rank1)
 
     rec.on_checkpoint = kill_rank1_node
     outcomes, result = run_with_retries(
