@@ -12,7 +12,7 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[dev,sandbox,rl,envs,bench]'
+	$(PIP) install -q -e '.[dev,sandbox,rl,envs,bench,cluster]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

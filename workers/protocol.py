@@ -136,6 +136,11 @@ class ClaimedRun(_Wire):
     checkpoints: list[CheckpointRef] = Field(default_factory=list)
     metric_seq: int = 0
     metric_steps: dict[str, int] = Field(default_factory=dict)
+    # The run's frozen request (``workers.scheduling.spec.Resources``) and, with the scheduler
+    # on, its allocation's node names, sorted (the first is where it was dispatched): a train
+    # run over several nodes runs as one Ray job (``workers.cluster``).
+    resources: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[str] = Field(default_factory=list)
 
 
 # -- requests a worker sends ------------------------------------------------------------------

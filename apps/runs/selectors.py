@@ -203,6 +203,10 @@ def claimed_run(run: Run) -> ClaimedRun:
         ],
         metric_seq=metric_seq,
         metric_steps=metric_steps,
+        resources=run.resources or {},
+        # Sorted, as dispatch does: the first is the node whose queue got the message.
+        nodes=sorted(a.node.name for a in run.allocations.filter(released_at__isnull=True)
+                     .select_related("node")),
     )
 
 

@@ -1,5 +1,6 @@
-"""``train`` runs: the RL engine in this worker process (a world of one), resumed from the
-run's last recorded checkpoint when an earlier attempt was lost or preempted. A preemption
+"""``train`` runs: the RL engine in this worker process (a world of one), or as one Ray job
+when the run spans nodes (``workers.cluster``), resumed from the run's last recorded
+checkpoint when an earlier attempt was lost or preempted. A preemption
 reaches the engine through its reporter (``ApiReporter.preempted``, from the heartbeat's
 ``stop: preempt``): the engine checkpoints its last completed step, reports it, and stops."""
 
@@ -19,6 +20,8 @@ from workers.adapters.common import (
     in_store,
 )
 from workers.client import WorkerSession
+from workers.cluster.plan import plan_for
+from workers.cluster.progress import check_trained
 from workers.model_cache import cached_model, fetch_tar
 from workers.paths import var_dir
 from workers.rl.resume import local_folder, restore_phases, resume_point
@@ -120,6 +123,17 @@ def run(session: WorkerSession) -> None:
             pinned = pinned_datasets(session, store, spec)
             reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep,
                                    checkpoint_on_preempt=True)
-            train(spec, reporter, resume=resume, objective=objective, pinned=pinned)
+            plan = plan_for(session.run.resources, session.run.nodes)
+            if plan is None:  # one host: the engine in this process, no Ray
+                result = train(spec, reporter, resume=resume, objective=objective,
+                               pinned=pinned)
+                # A resumed attempt that trained nothing is a failure, not a success.
+                last = resume_point(session.run.checkpoints) if resume else None
+                check_trained(last.step if last else 0, spec.trainer.steps, result.train_time)
+            else:  # several nodes: one Ray job, this process its driver (workers.cluster)
+                from workers.cluster.ray_job import run_on_ray
+
+                run_on_ray(spec, reporter, plan, resume=resume, objective=objective,
+                           pinned=pinned)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -6,6 +6,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,21 @@ def free_port() -> int:
 
 
 DEVICE_ENV = "CRUCIBLE_DEVICE"
+TIMEOUT_ENV = "CRUCIBLE_DIST_TIMEOUT_S"
+
+
+def collective_timeout() -> timedelta | None:
+    """How long a collective may wait for a missing peer before it raises
+    (``CRUCIBLE_DIST_TIMEOUT_S``; unset: torch's default). A launcher whose ranks live on
+    several hosts sets it, so a rank that died on a lost node fails the others' next collective
+    instead of hanging them."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return None
+    seconds = float(raw)
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, not {raw!r}")
+    return timedelta(seconds=seconds)
 
 
 def on_cuda() -> bool:
@@ -94,7 +110,9 @@ def process_group() -> Iterator[tuple[int, int]]:
                         f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} ranks; start at most {gpus} "
                         f"ranks per host, or set {DEVICE_ENV}=cpu to train on CPU (gloo)")
                 torch.cuda.set_device(local_rank)
-            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+            timeout = collective_timeout()
+            extra = {"timeout": timeout} if timeout is not None else {}
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, **extra)
         yield dist.get_rank(), dist.get_world_size()
     finally:
         if owned and dist.is_initialized():
