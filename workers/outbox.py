@@ -81,6 +81,7 @@ class Outbox:
         self._sending = False
         self._closed = False
         self._counter = 0
+        self._delivered = 0  # since the outbox was last empty
 
     def pending(self) -> bool:
         with self._cond:
@@ -134,7 +135,12 @@ class Outbox:
                 if self.items and self.items[0] is item:
                     self.items.popleft()
                     self._release(item)
+                    self._delivered += 1
                 self._sending = False
+                if not self.items:
+                    log.info("%s: the API is back; %d queued reports delivered in order",
+                             self.name, self._delivered)
+                    self._delivered = 0
                 self._cond.notify_all()
 
     def _release(self, item: Item) -> None:

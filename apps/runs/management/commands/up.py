@@ -2,7 +2,8 @@
 
 Migrates, makes sure a demo login, team and project exist, starts the web server
 (uvicorn, ASGI), a Celery worker for all three queues (with beat for lease sweeps) and
-this host's node agent (workers/agent.py),
+this host's node agent (workers/agent.py) — restarting the worker or the agent, with
+backoff, whenever one exits (workers/supervise.py; only the web's exit stops ``up``) —,
 uploads the bundled dataset through the API, launches a ``profile`` run, waits for it,
 then runs the pipeline demo through the same API: synthesise an arithmetic batch, spot-check
 it as the admin (scripted; ``--no-auto-review`` leaves it to a person) so it becomes a dataset
