@@ -154,7 +154,11 @@ class CrucibleClient:
             except httpx.TransportError as exc:
                 if not may_retry(attempt):
                     raise
-                log.warning("%s %s failed (%s); retry %d", method, path, exc, attempt)
+                # An outage ridden out until a deadline retries every couple of seconds: a
+                # line per try for the first few, then one a half minute.
+                log.log(logging.WARNING if attempt <= 3 or attempt % 15 == 0 else
+                        logging.DEBUG, "%s %s failed (%s); retry %d", method, path, exc,
+                        attempt)
                 pause(attempt)
                 continue
             if response.status_code in RETRY_STATUSES and may_retry(attempt):
@@ -609,12 +613,10 @@ class WorkerSession:
         LeaseLost when it stopped because the lease ran out or was lost."""
         if self._outbox is None:
             return
-        while not self._outbox.wait_empty(timeout=1.0):
-            if self._outbox.error is not None or self._lost.is_set():
-                break
-            if time.monotonic() >= (deadline if deadline is not None else
-                                    self.lease_deadline) and self._outbox.pending():
-                break
+        while self._outbox.pending() and self._outbox.error is None \
+                and not self._lost.is_set() and time.monotonic() < (
+                    deadline if deadline is not None else self.lease_deadline):
+            self._outbox.wait_empty(timeout=1.0)
         if self._outbox.pending() or self._outbox.error is not None:
             raise LeaseLost(409, "lease_invalid", f"reports of run {self.run_id} could not be "
                             f"delivered before its lease ran out ({self._outbox.error})")

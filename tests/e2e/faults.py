@@ -84,13 +84,23 @@ class Processes:
                             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
         self.web = self.spawn([sys.executable, "-m", "uvicorn", "config.asgi:application",
                                "--port", str(self.port), "--log-level", "warning"],
-                              self.web_env, self.tmp / "web.log")
+                              self.web_env, self.tmp / f"web-{self.port}.log")
         deadline = time.monotonic() + 90
         while not _listening(self.port):
-            assert self.web.poll() is None, f"the web process exited:\n{tail(self.tmp / 'web.log')}"
+            assert self.web.poll() is None, \
+                f"the web process exited:\n{tail(self.tmp / f'web-{self.port}.log')}"
             assert time.monotonic() < deadline, "the web process did not start"
             time.sleep(0.2)
         return self.web
+
+    def another_web(self) -> Processes:
+        """A second web process on another port, same database, Redis and object store
+        (stopped with this one's)."""
+        other = Processes(self.tmp)
+        other.procs = self.procs
+        other.web_env = {**self.web_env}
+        other.start_web()
+        return other
 
     def stop_web(self) -> None:
         _stop(self.web)
