@@ -128,9 +128,13 @@ class Processes:
             _stop(proc)
 
 
-def worker_command(queues: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", queues,
-            "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+def worker_command(queues: str, *, like_up: bool = False) -> list[str]:
+    """A quiet one-process worker; ``like_up``: the worker ``manage.py up`` runs (a prefork
+    pool, with gossip, mingle and heartbeats: the broker traffic of a real pool)."""
+    base = [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", queues]
+    if like_up:
+        return [*base, "-c", "1", "--loglevel", "INFO"]
+    return [*base, "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--loglevel", "INFO"]
 
 

@@ -15,6 +15,7 @@ Runs on both configurations (the broker test brings its own Redis in either)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import signal
@@ -54,6 +55,7 @@ CONFIG = {
     "checkpoint": {"every": 25, "keep": 1},
 }
 OUTAGE_S = 25  # longer than the old retry budget (5 tries, ~15.5 s)
+REDIS_OUTAGE_S = 15
 FINAL = ("succeeded", "failed", "canceled")
 
 
@@ -169,19 +171,29 @@ def test_a_redis_restart_under_a_busy_supervised_worker_then_a_new_run_is_done(
     agent_log = tmp_path / "agent.log"
     # The node agent runs the host's worker and starts it again whenever it exits.
     processes.start_agent(worker_token, agent_log, CRUCIBLE_AGENT_WORKER=shlex.join(
-        worker_command("gpu,cpu")), **broker)
+        worker_command("gpu,cpu", like_up=True)), **broker)
     with CrucibleClient(processes.url, token) as client:
         rid = client.launch_run("broker", project="demo", kind="train", name="busy",
                                 config=CONFIG)["id"]
         wait_for(lambda: _rewards(rid) >= 3, timeout=600, what="the busy worker's first steps")
+        # The run is held by the prefork pool's process; its parent is the Celery worker
+        # the agent started.
+        pool_pid = int(Run.objects.get(pk=rid).lease_holder.rsplit(":", 1)[1])
+        worker_pid = _parent(pool_pid)
         redis_server.stop()
-        time.sleep(5)
+        time.sleep(REDIS_OUTAGE_S)  # past several of the consumer's reconnect tries
         redis_server.start()  # same port, empty: the broker lost its state too
         done = wait_for(lambda: _finished(rid), timeout=600, what="the busy run to finish")
         assert done.status == "succeeded", (done.error, tail(agent_log))
         assert done.attempt == 1
         _assert_clean_history(rid)
 
+        # The kombu bug makes the worker exit about here (seen on a shared Redis; not every
+        # outage triggers it). Whether or not it did, make it exit now: the agent must bring
+        # it back for the next run.
+        exited_by_itself = not _alive(worker_pid)
+        if not exited_by_itself:
+            os.kill(worker_pid, signal.SIGKILL)
         client.create_dataset("broker", "after", "demo")
         client.upload_version("broker", "after", [{"q": i} for i in range(20)])
         later = client.launch_run("broker", project="demo", kind="profile",
@@ -190,6 +202,20 @@ def test_a_redis_restart_under_a_busy_supervised_worker_then_a_new_run_is_done(
                          what=f"the run launched after the outage:\n{tail(agent_log)}")
         assert after.status == "succeeded", after.error
     text = agent_log.read_text(errors="replace")
-    restarted = "worker (pid" in text and "exited with status" in text
-    print(f"redis restart under a busy worker: worker exited and was restarted by the "
-          f"agent: {restarted}")
+    assert f"worker (pid {worker_pid}) exited" in text, tail(agent_log)
+    print(f"redis restart ({REDIS_OUTAGE_S} s) under a busy worker: the worker exited by "
+          f"itself: {exited_by_itself}; restarted by the agent, the next run was done")
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return int(handle.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
