@@ -7,6 +7,9 @@ the real web process is stopped in tests/e2e/test_control_plane_faults.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -125,3 +128,31 @@ def test_a_dead_workers_lease_reported_by_its_node_agent_requeues_the_run(
     # Another worker takes it over as attempt 2.
     second = pool.claim("cpu", "host-b:7", run_id=run["id"])
     assert second is not None and second.run.attempt == 2
+
+
+def test_the_node_agent_reports_the_lease_file_of_a_dead_worker_process(api, pool, qa,
+                                                                        tmp_path):
+    """A worker process that held a run's lease died without a word (its lease file stays):
+    one look of the agent requeues the run and removes the file; a live holder's file stays."""
+    from workers import liveness
+    from workers.agent import Agent, describe_host
+
+    doomed = api.launch_run("acme", project="main", kind="profile", datasets=["qa"], config={})
+    alive = api.launch_run("acme", project="main", kind="profile", datasets=["qa"], config={})
+    dead_session = pool.claim("cpu", "host-a:1", run_id=doomed["id"])
+    live_session = pool.claim("cpu", "host-a:2", run_id=alive["id"])
+    assert dead_session is not None and live_session is not None
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = liveness.lease_dir()
+    (folder / f"{gone.pid}-{doomed['id']}.json").write_text(json.dumps({
+        "pid": gone.pid, "started": "", "run": doomed["id"], "lease_id": dead_session.lease_id,
+        "worker": "host-a:1"}))
+    agent = Agent(pool, describe_host({"CRUCIBLE_NODE_NAME": "host-a"}), interval=60)
+    with liveness.holding(alive["id"], live_session.lease_id, "host-a:2") as mine:
+        assert agent.check_leases() == [doomed["id"]]
+        assert mine is not None and mine.exists()
+        assert [h.run_id for h in liveness.held_leases()] == [alive["id"]]
+    assert Run.objects.get(pk=doomed["id"]).status == "queued"
+    assert Run.objects.get(pk=alive["id"]).status == "claimed"
+    assert agent.check_leases() == []
