@@ -45,6 +45,7 @@ MAX_PAUSE_S = 2.0
 QUICK_RETRIES = 2
 HEARTBEAT_RETRY_S = 2.0
 DEFAULT_LEASE_S = 120.0  # the web's default, for a claim that does not say
+MIN_RETRY_S = 15.0  # about the five tries with backoff a report had before the outbox
 FINAL_STATUSES = ("succeeded", "failed", "canceled")
 
 
@@ -535,6 +536,11 @@ class WorkerSession:
         """When (``time.monotonic()``) the lease runs out unless a heartbeat renews it."""
         return self._renewed + self.lease_s
 
+    def _retry_until(self) -> float:
+        """How long a report keeps trying: to the lease's end, and never less than the
+        client's old budget (a session without heartbeats, or a very short lease)."""
+        return max(self.lease_deadline, time.monotonic() + MIN_RETRY_S)
+
     def _post(self, what: str, body: Any, *, idempotent: bool = False,
               deadline: float | None = None) -> Any:
         return self.client.request("POST", f"worker/runs/{self.run_id}/{what}", json=body,
@@ -545,7 +551,7 @@ class WorkerSession:
         """A report that must not overtake the outbox (status, checkpoint, report): wait for
         the outbox to empty, then send, retrying until the lease deadline."""
         self.flush()
-        return self._post(what, body, idempotent=True, deadline=self.lease_deadline)
+        return self._post(what, body, idempotent=True, deadline=self._retry_until())
 
     # --- the outbox ----------------------------------------------------------------------
     @property
@@ -568,7 +574,7 @@ class WorkerSession:
         try:
             self.client.request("POST", item.path, content=item.content(),
                                 headers=item.headers, idempotent=True,
-                                deadline=self.lease_deadline)
+                                deadline=self._retry_until())
         except LeaseLost:
             self._lost.set()
             raise
@@ -613,9 +619,9 @@ class WorkerSession:
         LeaseLost when it stopped because the lease ran out or was lost."""
         if self._outbox is None:
             return
+        limit = deadline if deadline is not None else self._retry_until()
         while self._outbox.pending() and self._outbox.error is None \
-                and not self._lost.is_set() and time.monotonic() < (
-                    deadline if deadline is not None else self.lease_deadline):
+                and not self._lost.is_set() and time.monotonic() < limit:
             self._outbox.wait_empty(timeout=1.0)
         if self._outbox.pending() or self._outbox.error is not None:
             raise LeaseLost(409, "lease_invalid", f"reports of run {self.run_id} could not be "
