@@ -12,6 +12,7 @@ Standard library only: the agent and ``up`` both use it, and the engines' import
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -56,15 +57,29 @@ class Child:
     def start(self) -> None:
         if self.log_path is not None and self._log is None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives with the child
+        # A session of its own: the child's own children (Celery's pool, its embedded beat)
+        # share its process group, so what it leaves behind when it is killed can be found
+        # and ended (a SIGKILLed worker's beat lived on, and a restarted worker added a
+        # second one); and a Ctrl-C at the terminal reaches the supervisor, which stops the
+        # children in order, instead of racing it.
         self.proc = subprocess.Popen(list(self.command), env=dict(self.env) if self.env
                                      is not None else None, cwd=self.cwd,
                                      stdout=self._log, stderr=subprocess.STDOUT
-                                     if self._log is not None else None)
+                                     if self._log is not None else None,
+                                     start_new_session=True)
         self.started_at = time.monotonic()
         self.restart_at = None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL what remains of the exited child's process group (orphaned pool processes,
+        an embedded beat): a restarted child must not run beside its predecessor's."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def close_log(self) -> None:
         if self._log is not None:
@@ -116,6 +131,7 @@ class Supervisor:
             code = child.proc.poll()
             if code is None:
                 continue
+            child.kill_leftovers()
             if child.critical:
                 raise CriticalExit(child, code)
             if now - child.started_at >= STABLE_AFTER_S:
@@ -143,6 +159,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 child.proc.kill()
                 child.proc.wait(timeout=10)
+            child.kill_leftovers()
             child.close_log()
 
 

@@ -47,3 +47,33 @@ def test_a_child_that_exits_is_restarted_and_a_critical_one_stops_the_supervisor
         supervisor.stop(timeout=5)
     assert not steady.alive() and not pid_alive(first)
     assert len(marks.read_text()) >= 2
+
+
+def test_what_a_killed_child_leaves_behind_is_ended_before_it_restarts(tmp_path: Path):
+    """A child's own child (a Celery worker's embedded beat) outlives a SIGKILL of its parent;
+    the supervisor ends it, so a restart never runs beside its predecessor's leftovers."""
+    import os
+    import signal
+
+    pids = tmp_path / "grandchild"
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"open({str(pids)!r}, 'a').write(f'{{p.pid}}\\n')\n"
+              "time.sleep(60)\n")
+    child = Child("worker", [sys.executable, "-c", script])
+    supervisor = Supervisor([child])
+    supervisor.start()
+    try:
+        _poll_until(supervisor, lambda: pids.exists() and pids.read_text().count("\n") == 1)
+        grandchild = int(pids.read_text().split()[0])
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        _poll_until(supervisor, lambda: child.restart_at is not None)
+        _poll_until(supervisor, lambda: not pid_alive(grandchild), timeout=10)
+        _poll_until(supervisor, lambda: child.restarts == 1 and child.alive())
+    finally:
+        supervisor.stop(timeout=5)
+    deadline = time.monotonic() + 10  # a SIGKILL lands a moment after it is sent
+    while any(pid_alive(int(p)) for p in pids.read_text().split()):
+        assert time.monotonic() < deadline, "a grandchild outlived stop()"
+        time.sleep(0.05)

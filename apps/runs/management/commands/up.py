@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -72,6 +73,10 @@ def worker_queues(node: str) -> str:
     """The queues this host's worker consumes: every pool's, and its node's own (where the
     scheduler sends runs it placed on this node)."""
     return ",".join([*QUEUES, node_queue(node)])
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 class _Watch(threading.Thread):
@@ -147,6 +152,9 @@ class Command(BaseCommand):
         # This host's node agent: its capacity in the inventory (the /cluster/ page), and the
         # dead-worker reports that requeue a killed worker's run at once.
         self._child(supervisor, "agent", [sys.executable, "-m", "workers.agent"], env, logs)
+        # Children run in sessions of their own (see workers.supervise), so SIGTERM (a
+        # process manager stopping `up`) must stop them here, as Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
         supervisor.start()
         watcher = _Watch(supervisor)
         watcher.start()
