@@ -80,6 +80,10 @@ app.conf.update(
     task_default_queue="cpu",
     task_acks_late=True,
     task_reject_on_worker_lost=True,
+    # A broker outage must not cancel a running task (a training run of hours): its run's
+    # lease makes the redelivered message a no-op. Said explicitly, since Celery 6 turns it on
+    # by default (Celery 5 warns about it on every reconnect).
+    worker_cancel_long_running_tasks_on_connection_loss=False,
     worker_prefetch_multiplier=1,
     task_serializer="json",
     accept_content=["json"],

@@ -40,4 +40,6 @@ urlpatterns = [
     path("nodes/register", node({"post": "register"}), name="worker-node-register"),
     path("nodes/<str:name>/heartbeat", node({"post": "heartbeat"}),
          name="worker-node-heartbeat"),
+    path("nodes/<str:name>/dead-leases", WorkerSweepViewSet.as_view({"post": "dead_leases"}),
+         name="worker-node-dead-leases"),
 ]

@@ -19,13 +19,32 @@ Environment:
   (tests, development); without them ``nvidia-smi`` is asked when it is installed.
   ``CRUCIBLE_GPU_TYPE`` also overrides the type ``nvidia-smi`` reports.
 
-SIGTERM or SIGINT stops it between heartbeats; it exits 0.
+- ``CRUCIBLE_NODE_WATCH_S``: how often the agent looks for dead worker processes (default 1)
+- ``CRUCIBLE_AGENT_WORKER``: a command (split like a shell line, no shell) for the host's
+  Celery worker, which the agent then starts and restarts whenever it exits (backoff from 1 s
+  to 30 s), e.g. ``celery -A config.celery worker -Q gpu,node.$HOST -c 1``. Unset: the agent
+  supervises nothing (a process manager, or ``manage.py up``, runs the workers).
+
+Two things it does for the host's workers, because it is the one long-lived process there:
+
+- **Dead workers are reported at once.** Each worker process that holds a run's lease writes
+  a lease file under ``<var>/leases`` (``workers.liveness``); every ``CRUCIBLE_NODE_WATCH_S``
+  the agent checks those processes and reports the leases of dead ones
+  (``POST /api/v1/worker/nodes/<name>/dead-leases``), so their runs are requeued within
+  seconds of a SIGKILL instead of when the lease expires.
+- **A worker that exits is restarted** when ``CRUCIBLE_AGENT_WORKER`` is set: a Redis outage
+  makes a busy Celery 5.7 worker exit after its task (kombu's ``restore_unacked`` bug), and
+  nothing else would bring it back.
+
+SIGTERM or SIGINT stops it between heartbeats (and the supervised worker, with SIGTERM: a
+warm shutdown); it exits 0.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,13 +59,23 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from workers import liveness
 from workers.client import ApiError, CrucibleClient, node_name
-from workers.protocol import NodeHeartbeat, NodeRegistration, NodeStatus, ToolchainHealth
+from workers.protocol import (
+    DeadLease,
+    DeadLeaseReport,
+    NodeHeartbeat,
+    NodeRegistration,
+    NodeStatus,
+    ToolchainHealth,
+)
+from workers.supervise import Child, Supervisor
 
 log = logging.getLogger("crucible.agent")
 
 DEFAULT_HEARTBEAT_S = 10.0
 DEFAULT_PROBE_S = 300.0
+DEFAULT_WATCH_S = 1.0
 NVIDIA_SMI_TIMEOUT_S = 20
 
 
@@ -154,6 +183,29 @@ def heartbeat_interval(env: Mapping[str, str]) -> float:
     return value
 
 
+def watch_interval(env: Mapping[str, str]) -> float:
+    raw = env.get("CRUCIBLE_NODE_WATCH_S", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_WATCH_S
+    except ValueError as exc:
+        raise SystemExit(f"CRUCIBLE_NODE_WATCH_S must be a number of seconds, not "
+                         f"{raw!r}") from exc
+    return value if value > 0 else DEFAULT_WATCH_S
+
+
+def supervised_worker(env: Mapping[str, str]) -> Child | None:
+    """The host's Celery worker the agent keeps running (``CRUCIBLE_AGENT_WORKER``), or None."""
+    raw = env.get("CRUCIBLE_AGENT_WORKER", "").strip()
+    if not raw:
+        return None
+    command = shlex.split(raw)
+    if command[0] in ("celery", "python", "python3"):
+        # This interpreter, so the worker runs in the agent's environment (its venv).
+        command = [sys.executable, *(["-m", "celery"] if command[0] == "celery" else []),
+                   *command[1:]]
+    return Child("worker", command)
+
+
 def probe_languages(env: Mapping[str, str]) -> tuple[str, ...]:
     raw = env.get("CRUCIBLE_NODE_PROBE", "python").strip()
     if raw.lower() in ("", "none", "off"):
@@ -192,8 +244,11 @@ class Agent:
 
     def __init__(self, client: CrucibleClient, registration: NodeRegistration,
                  interval: float, probe: tuple[str, ...] = (),
-                 probe_every: float = DEFAULT_PROBE_S) -> None:
+                 probe_every: float = DEFAULT_PROBE_S, *, watch_every: float = DEFAULT_WATCH_S,
+                 supervisor: Supervisor | None = None) -> None:
         self.client, self.registration, self.interval = client, registration, interval
+        self.watch_every = watch_every
+        self.supervisor = supervisor
         self.stop = threading.Event()
         self.state: str | None = None
         self.registered = False
@@ -257,19 +312,64 @@ class Agent:
             return
         self._probe_if_due(status.recheck)
 
+    def check_leases(self) -> list[str]:
+        """Report the leases of this host's dead worker processes; a lease file is removed
+        once the web has answered for it (released, or already moved on). Returns the runs
+        released."""
+        dead = liveness.dead_leases()
+        if not dead:
+            return []
+        for held in dead:
+            log.warning("worker %s (pid %d) died holding run %s: reporting it", held.worker_id,
+                        held.pid, held.run_id)
+        answer = self.client.report_dead_leases(self.registration.name, DeadLeaseReport(
+            leases=[DeadLease(run=h.run_id, lease_id=h.lease_id, worker=h.worker_id, pid=h.pid)
+                    for h in dead[:100]]))
+        for held in dead[:100]:
+            held.path.unlink(missing_ok=True)
+        released = [str(r) for r in answer.get("released", [])]
+        if released:
+            log.info("requeued the runs of dead workers: %s", ", ".join(released))
+        return released
+
+    def _beat(self) -> None:
+        try:
+            self.beat_once()
+        except ApiError as exc:
+            if exc.status in (401, 403):  # a wrong token does not fix itself
+                raise SystemExit(f"the web refused this agent: {exc.message}") from exc
+            log.warning("node %s: %s", self.registration.name, exc)
+        except Exception as exc:  # the web is down or unreachable: the next beat retries
+            log.warning("node %s: cannot reach %s (%s)", self.registration.name,
+                        self.client.base_url, exc)
+
+    def _watch(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.poll()
+        try:
+            self.check_leases()
+        except Exception as exc:  # the web is down: the files stay, the next look retries
+            log.warning("node %s: cannot report dead workers yet (%s)",
+                        self.registration.name, exc)
+
     def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                self.beat_once()
-            except ApiError as exc:
-                if exc.status in (401, 403):  # a wrong token does not fix itself
-                    raise SystemExit(f"the web refused this agent: {exc.message}") from exc
-                log.warning("node %s: %s", self.registration.name, exc)
-            except Exception as exc:  # the web is down or unreachable: the next beat retries
-                log.warning("node %s: cannot reach %s (%s)", self.registration.name,
-                            self.client.base_url, exc)
-            self.stop.wait(self.interval)
-        log.info("node agent %s stopping", self.registration.name)
+        """Heartbeat every ``interval``; between beats, every ``watch_every``, restart the
+        supervised worker if it exited and report dead workers' leases."""
+        if self.supervisor is not None:
+            self.supervisor.start()
+        next_beat = 0.0
+        try:
+            while not self.stop.is_set():
+                if time.monotonic() >= next_beat:
+                    self._beat()
+                    next_beat = time.monotonic() + self.interval
+                self._watch()
+                self.stop.wait(max(0.05, min(self.watch_every,
+                                             next_beat - time.monotonic())))
+        finally:
+            log.info("node agent %s stopping", self.registration.name)
+            if self.supervisor is not None:
+                self.supervisor.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,8 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     interval = heartbeat_interval(env)
     # Short retries inside one beat: the loop itself retries on the next beat.
     with CrucibleClient(retries=2, backoff=0.5, timeout=max(5.0, interval)) as client:
+        worker = supervised_worker(env)
+        supervisor = Supervisor([worker]) if worker is not None else None
         agent = Agent(client, registration, interval, probe=probe_languages(env),
-                      probe_every=probe_interval(env))
+                      probe_every=probe_interval(env), watch_every=watch_interval(env),
+                      supervisor=supervisor)
 
         def stop(signum: int, frame: FrameType | None) -> None:
             agent.stop.set()

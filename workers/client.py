@@ -8,6 +8,7 @@ Tests may pass an ``httpx`` transport (e.g. ``httpx.WSGITransport``) to run in-p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -23,9 +24,12 @@ from typing import Any
 import httpx
 import orjson
 
+from workers.outbox import Item, Outbox
+from workers.paths import var_dir
 from workers.protocol import (
     BatchHandOver,
     ClaimedRun,
+    DeadLeaseReport,
     NodeHeartbeat,
     NodeRegistration,
     NodeStatus,
@@ -34,6 +38,14 @@ from workers.protocol import (
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+# The longest pause between two tries of a call that retries until a deadline: the web is
+# noticed within this long of coming back.
+MAX_PAUSE_S = 2.0
+# A worker's report tries this many times more before it goes to the outbox.
+QUICK_RETRIES = 2
+HEARTBEAT_RETRY_S = 2.0
+DEFAULT_LEASE_S = 120.0  # the web's default, for a claim that does not say
+MIN_RETRY_S = 15.0  # about the five tries with backoff a report had before the outbox
 FINAL_STATUSES = ("succeeded", "failed", "canceled")
 
 
@@ -98,21 +110,44 @@ class CrucibleClient:
         files: Any = None,
         data: Any = None,
         idempotent: bool = False,
+        content: bytes | None = None,
+        retries: int | None = None,
+        deadline: float | None = None,
     ) -> Any:
         """Send one API call, retrying network errors and 5xx/429 with backoff.
 
         A POST is retried only when ``idempotent`` (it then carries an Idempotency-Key,
         the same on every attempt) or when the endpoint is idempotent by design.
+        ``retries`` overrides the client's count; ``deadline`` (a ``time.monotonic()``
+        instant) keeps retrying until then however many tries that takes, with pauses of at
+        most ``MAX_PAUSE_S`` — a worker's reports use their lease's end, so an outage of the
+        web shorter than the lease costs nothing. ``content``: a body already encoded as JSON.
         """
         headers = dict(headers or {})
         if idempotent and method == "POST":
             headers.setdefault("Idempotency-Key", uuid.uuid4().hex)
         retryable = method in ("GET", "HEAD", "PUT", "DELETE") or idempotent
-        content = None
         if json is not None:
             # orjson: a 1000-point metric batch encodes ~10x faster than with the stdlib.
             content = orjson.dumps(json, option=orjson.OPT_NON_STR_KEYS)
+        if content is not None:
             headers.setdefault("Content-Type", "application/json")
+        budget = self.retries if retries is None else retries
+
+        def may_retry(attempt: int) -> bool:
+            if not retryable:
+                return False
+            if deadline is not None:
+                return time.monotonic() < deadline
+            return attempt <= budget
+
+        def pause(attempt: int, hint: float | None = None) -> None:
+            delay = hint if hint is not None else self.backoff * 2 ** min(attempt - 1, 10)
+            delay = min(delay, 30.0)
+            if deadline is not None:
+                delay = max(0.0, min(delay, MAX_PAUSE_S, deadline - time.monotonic()))
+            time.sleep(delay)
+
         attempt = 0
         while True:
             attempt += 1
@@ -124,15 +159,22 @@ class CrucibleClient:
                                              content=content, params=params, headers=headers,
                                              files=files, data=data)
             except httpx.TransportError as exc:
-                if not retryable or attempt > self.retries:
+                if not may_retry(attempt):
                     raise
-                log.warning("%s %s failed (%s); retry %d", method, path, exc, attempt)
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+                # An outage ridden out until a deadline retries every couple of seconds: a
+                # line per try for the first few, then one a half minute.
+                log.log(logging.WARNING if attempt <= 3 or attempt % 15 == 0 else
+                        logging.DEBUG, "%s %s failed (%s); retry %d", method, path, exc,
+                        attempt)
+                pause(attempt)
                 continue
-            if response.status_code in RETRY_STATUSES and retryable and attempt <= self.retries:
-                delay = float(response.headers.get("Retry-After") or
-                              self.backoff * 2 ** (attempt - 1))
-                time.sleep(min(delay, 30.0))
+            if response.status_code in RETRY_STATUSES and may_retry(attempt):
+                after = response.headers.get("Retry-After")
+                try:
+                    hint = float(after) if after else None
+                except ValueError:
+                    hint = None
+                pause(attempt, hint)
                 continue
             return self._decode(response)
 
@@ -429,6 +471,13 @@ class CrucibleClient:
         return NodeStatus.model_validate(body)
 
 
+    def report_dead_leases(self, name: str, report: DeadLeaseReport) -> dict[str, Any]:
+        """The leases of worker processes found dead on node ``name``: their runs are
+        requeued at once (retried: releasing a lease twice is a no-op)."""
+        return dict(self.request("POST", f"worker/nodes/{name}/dead-leases",
+                                 json=report.model_dump(), idempotent=True))
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -450,6 +499,16 @@ class WorkerSession:
     (``metric_steps`` from the claim) is dropped: the first stored value of a replayed
     (name, step) stands, so a replay never stores a point twice. A first attempt has no
     such steps and sends every point as given.
+
+    Control-plane outages up to the lease are ridden out (why: a 20 s web or database
+    restart used to fail the attempt and retrain from the last checkpoint). Metrics, events
+    and samples the API does not take within a few quick tries go to an
+    :class:`~workers.outbox.Outbox` (memory, then disk) and the engine trains on; the
+    outbox sends them in order when the API answers again. Heartbeats retry every couple of
+    seconds, and status changes, checkpoints and reports (which first wait for the outbox to
+    empty, so they never overtake what it holds) retry, until the lease would have expired
+    (``lease_deadline``: the last renewal plus the lease's length). Past it the lease is
+    taken as lost (``lease_lost``): another worker may own the run by then.
     """
 
     client: CrucibleClient
@@ -466,37 +525,144 @@ class WorkerSession:
         self._lost = threading.Event()
         self._preempt = threading.Event()
         self._thread: threading.Thread | None = None
+        self.lease_s = DEFAULT_LEASE_S
+        if self.run.lease_expires_at:
+            left = datetime.fromisoformat(self.run.lease_expires_at) - datetime.now(UTC)
+            self.lease_s = max(1.0, left.total_seconds())
+        self._renewed = time.monotonic()
+        self._outbox: Outbox | None = None
+        self._outbox_lock = threading.Lock()
 
     @property
     def headers(self) -> dict[str, str]:
         return {"X-Crucible-Lease": self.lease_id, "X-Crucible-Worker": self.worker_id}
 
-    def _post(self, what: str, body: Any, *, idempotent: bool = False) -> Any:
-        return self.client.request("POST", f"worker/runs/{self.run_id}/{what}", json=body,
-                                   headers=self.headers, idempotent=idempotent)
+    @property
+    def lease_deadline(self) -> float:
+        """When (``time.monotonic()``) the lease runs out unless a heartbeat renews it."""
+        return self._renewed + self.lease_s
 
+    def _retry_until(self) -> float:
+        """How long a report keeps trying: to the lease's end, and never less than the
+        client's old budget (a session without heartbeats, or a very short lease)."""
+        return max(self.lease_deadline, time.monotonic() + MIN_RETRY_S)
+
+    def _post(self, what: str, body: Any, *, idempotent: bool = False,
+              deadline: float | None = None) -> Any:
+        return self.client.request("POST", f"worker/runs/{self.run_id}/{what}", json=body,
+                                   headers=self.headers, idempotent=idempotent,
+                                   deadline=deadline)
+
+    def _barrier(self, what: str, body: Any) -> Any:
+        """A report that must not overtake the outbox (status, checkpoint, report): wait for
+        the outbox to empty, then send, retrying until the lease deadline."""
+        self.flush()
+        return self._post(what, body, idempotent=True, deadline=self._retry_until())
+
+    # --- the outbox ----------------------------------------------------------------------
+    @property
+    def outbox(self) -> Outbox:
+        with self._outbox_lock:
+            if self._outbox is None:
+                spool = var_dir() / "outbox" / f"{self.run_id}-{os.getpid()}-{id(self):x}"
+                self._outbox = Outbox(self._deliver, spool, name=f"outbox-{self.run_id}")
+            return self._outbox
+
+    @property
+    def buffering(self) -> bool:
+        """Whether reports are waiting in the outbox (the API was unreachable)."""
+        return self._outbox is not None and self._outbox.pending()
+
+    def _deliver(self, item: Item) -> None:
+        """Send one outbox item until the lease deadline. A 4xx other than a lost lease
+        drops the item (the API refused it; retrying cannot help) with a log line; a lost
+        lease or the deadline stops the outbox."""
+        try:
+            self.client.request("POST", item.path, content=item.content(),
+                                headers=item.headers, idempotent=True,
+                                deadline=self._retry_until())
+        except LeaseLost:
+            self._lost.set()
+            raise
+        except ApiError as exc:
+            if exc.status in RETRY_STATUSES:
+                self._lost.set()  # still failing at the lease's end
+                raise
+            log.error("run %s: the API refused a queued report to %s: %s", self.run_id,
+                      item.path, exc)
+        except httpx.TransportError:
+            log.error("run %s: the API stayed unreachable until the lease ran out",
+                      self.run_id)
+            self._lost.set()
+            raise
+
+    def _report(self, what: str, body: dict[str, Any], *, quiet: bool = False) -> Any:
+        """Send a metric batch, event or sample batch now; when the API does not take it
+        within a few quick tries (or reports are already queued: order), queue it."""
+        if self._lost.is_set():
+            raise LeaseLost(409, "lease_invalid", f"the lease on run {self.run_id} is lost")
+        path = f"worker/runs/{self.run_id}/{what}"
+        headers = {**self.headers, "Idempotency-Key": uuid.uuid4().hex}
+        content = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        if not self.buffering:
+            try:
+                return self.client.request("POST", path, content=content, headers=headers,
+                                           idempotent=True, retries=QUICK_RETRIES)
+            except ApiError as exc:  # LeaseLost among them: the caller's to handle
+                if exc.status not in RETRY_STATUSES:
+                    raise
+                reason: Exception = exc
+            except httpx.TransportError as exc:
+                reason = exc
+            if not quiet:
+                log.warning("run %s: the API is unreachable (%s); queueing reports and "
+                            "training on", self.run_id, reason)
+        self.outbox.put(path, content, headers)
+        return {"buffered": True}
+
+    def flush(self, deadline: float | None = None) -> None:
+        """Wait until the outbox is empty (by default until the lease deadline); raise
+        LeaseLost when it stopped because the lease ran out or was lost."""
+        if self._outbox is None:
+            return
+        limit = deadline if deadline is not None else self._retry_until()
+        while self._outbox.pending() and self._outbox.error is None \
+                and not self._lost.is_set() and time.monotonic() < limit:
+            self._outbox.wait_empty(timeout=1.0)
+        if self._outbox.pending() or self._outbox.error is not None:
+            raise LeaseLost(409, "lease_invalid", f"reports of run {self.run_id} could not be "
+                            f"delivered before its lease ran out ({self._outbox.error})")
+
+    # --- the lease -----------------------------------------------------------------------
     @property
     def lease_lost(self) -> bool:
         return self._lost.is_set()
 
     def start_heartbeat(self, interval: float | None = None) -> None:
-        """Beat in the background, by default three times per lease period."""
+        """Beat in the background, by default three times per lease period; after a failed
+        beat, again every ``HEARTBEAT_RETRY_S`` until one succeeds or the lease has run out
+        (then the lease is taken as lost)."""
         if interval is None:
-            interval = 15.0
-            expires = self.run.lease_expires_at
-            if expires:
-                left = datetime.fromisoformat(expires) - datetime.now(UTC)
-                interval = max(0.5, min(30.0, left.total_seconds() / 3))
+            interval = max(0.5, min(30.0, self.lease_s / 3))
+        beat_every: float = interval
 
         def beat() -> None:
-            while not self._stop.wait(interval):
+            wait = beat_every
+            while not self._stop.wait(wait):
                 try:
-                    self.heartbeat()
+                    self.heartbeat(retries=1)
+                    wait = beat_every
                 except LeaseLost:
                     self._lost.set()
                     return
-                except Exception:  # transient: the next beat retries
-                    log.warning("heartbeat for %s failed", self.run_id, exc_info=True)
+                except Exception as exc:  # the web or its database is down: retry soon
+                    if time.monotonic() >= self.lease_deadline:
+                        log.error("run %s: no heartbeat got through for the whole lease "
+                                  "(%.0f s); giving the run up", self.run_id, self.lease_s)
+                        self._lost.set()
+                        return
+                    log.warning("heartbeat for %s failed (%s); retrying", self.run_id, exc)
+                    wait = min(HEARTBEAT_RETRY_S, beat_every)
 
         self._thread = threading.Thread(target=beat, name=f"heartbeat-{self.run_id}",
                                         daemon=True)
@@ -507,10 +673,25 @@ class WorkerSession:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def heartbeat(self) -> dict[str, Any]:
+    def close(self) -> None:
+        """Deliver what the outbox holds (until the lease deadline), then stop beating."""
+        try:
+            if self._outbox is not None and not self._lost.is_set():
+                with contextlib.suppress(LeaseLost):
+                    self.flush()
+        finally:
+            if self._outbox is not None:
+                self._outbox.close()
+            self.stop_heartbeat()
+
+    def heartbeat(self, *, retries: int | None = None) -> dict[str, Any]:
         """Renew the lease; an answer with ``stop: preempt`` (the scheduler needs the run's
         GPUs) makes ``should_stop`` true, so the engine stops at its next safe point."""
-        body = self._post("heartbeat", None)
+        sent = time.monotonic()
+        body = self.client.request("POST", f"worker/runs/{self.run_id}/heartbeat",
+                                   headers=self.headers,
+                                   idempotent=retries is not None, retries=retries)
+        self._renewed = sent
         if isinstance(body, dict) and body.get("stop") == "preempt":
             self._preempt.set()
         return body
@@ -527,14 +708,15 @@ class WorkerSession:
 
     def set_status(self, status: str, error: str = "", *, retry: bool = False,
                    **classified: Any) -> dict[str, Any]:
-        """Retried on network errors and 5xx; if an earlier try was applied but its answer
-        lost, the server's 409 "already <status>" counts as done. ``classified``: the
-        failure's ``cause``, ``node`` and ``toolchains`` (protocol.StatusChange)."""
+        """Sent after everything queued, retried until the lease deadline; if an earlier try
+        was applied but its answer lost, the server's 409 "already <status>" counts as done.
+        ``classified``: the failure's ``cause``, ``node`` and ``toolchains``
+        (protocol.StatusChange)."""
         body: dict[str, Any] = {"status": status, "error": error, **classified}
         if retry:
             body["retry"] = True
         try:
-            return self._post("status", body, idempotent=True)
+            return self._barrier("status", body)
         except ApiError as exc:
             details = exc.body.get("errors") if isinstance(exc.body, dict) else None
             if exc.code == "illegal_transition" and isinstance(details, dict) \
@@ -544,7 +726,8 @@ class WorkerSession:
 
     def log_metrics(self, points: list[dict[str, Any]], seq: int | None = None) -> dict[str, Any]:
         """Points are ``{"name", "step", "value", "wall_time"?}``; ``seq`` numbers batches.
-        Points a replay would store twice are dropped (see the class docstring)."""
+        Points a replay would store twice are dropped (see the class docstring). While the
+        API is unreachable the batch is queued (``{"buffered": True}``)."""
         fresh = points
         if self._replayed:
             fresh = [p for p in points if p["step"] > self._replayed.get(p["name"], -1)]
@@ -554,16 +737,14 @@ class WorkerSession:
         if seq is None:
             self._metric_seq += 1
             seq = self._metric_seq
-        # Safe to retry without a key: the server stores each (run, seq) once.
-        return self.client.request("POST", f"worker/runs/{self.run_id}/metrics",
-                                   json={"seq": seq, "points": fresh}, headers=self.headers,
-                                   idempotent=True)
+        # Safe to retry: the server stores each (run, seq) once.
+        return self._report("metrics", {"seq": seq, "points": fresh})
 
     def log_event(self, message: str, level: str = "info", kind: str = "log",
                   data: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._post("events", {"events": [
+        return self._report("events", {"events": [
             {"message": message, "level": level, "kind": kind, "data": data or {}}
-        ]}, idempotent=True)
+        ]})
 
     def add_checkpoint(self, step: int, uri: str, metrics: dict[str, Any] | None = None, *,
                        resumable: bool = False, keep: int | None = None) -> Any:
@@ -577,19 +758,19 @@ class WorkerSession:
             body["lease_epoch"] = self.run.lease_epoch
         if keep is not None:
             body["keep"] = keep
-        return self._post("checkpoints", body, idempotent=True)
+        return self._barrier("checkpoints", body)
 
     def add_samples(self, samples: list[dict[str, Any]]) -> Any:
-        return self._post("samples", {"samples": samples}, idempotent=True)
+        return self._report("samples", {"samples": samples})
 
     def set_report(self, uri: str) -> Any:
-        return self._post("artifacts", {"kind": "report", "uri": uri}, idempotent=True)
+        return self._barrier("artifacts", {"kind": "report", "uri": uri})
 
     def report_qc(self, report: dict[str, Any], uri: str) -> dict[str, Any]:
         """A QC run's result (:class:`workers.protocol.QcReport`); the answer says the
         version's QC status."""
-        return self._post("qc", {"report": report, "uri": uri}, idempotent=True)
+        return self._barrier("qc", {"report": report, "uri": uri})
 
     def hand_over_batch(self, batch: BatchHandOver) -> dict[str, Any]:
         """A synthesize run's records, to review as a batch of ``batch.dataset``."""
-        return self._post("batches", batch.model_dump(mode="json"), idempotent=True)
+        return self._barrier("batches", batch.model_dump(mode="json"))

@@ -366,9 +366,25 @@ class NodeStatus(BaseModel):
     recheck: list[LanguageName] = Field(default_factory=list)
 
 
+class DeadLease(BaseModel):
+    """A lease whose worker process the node agent found dead (``workers.liveness``): the
+    lease id the process announced, so only that very lease ends."""
+
+    run: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    lease_id: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+    worker: Text = Field(default="", max_length=200)
+    pid: int = Field(default=0, ge=0)
+
+
+class DeadLeaseReport(BaseModel):
+    """The node agent's report of its host's dead worker processes."""
+
+    leases: list[DeadLease] = Field(min_length=1, max_length=100)
+
+
 # Every document above, each published as a component of the OpenAPI document.
 PROTOCOL_MODELS: tuple[type[BaseModel], ...] = (
     ClaimedRun, ClaimRequest, StatusChange, MetricBatch, EventBatch, CheckpointReport,
     SampleBatch, ReportArtifact, QcReport, QcResult, BatchHandOver, NodeRegistration,
-    NodeHeartbeat, NodeStatus, ToolchainHealth,
+    NodeHeartbeat, NodeStatus, ToolchainHealth, DeadLease, DeadLeaseReport,
 )

@@ -456,15 +456,41 @@ def sweep_expired(*, actor: Actor) -> list[Run]:
             if run.status not in ACTIVE_STATUSES or run.lease_expires_at >= timezone.now():
                 continue
             holder = run.lease_holder
-            nodes = _allocated_nodes(run)
-            transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
-                       reason=f"lease held by {holder or 'a worker'} expired")
-            _record_on_nodes(nodes, to=S.FAILED, infra=True,
-                             detail=f"worker {holder or '?'} lost")
-            _retry_or_give_up(actor, run, f"worker {holder or '?'} lost on attempt "
-                                          f"{run.attempt}")
+            _lose(actor, run, f"lease held by {holder or 'a worker'} expired")
             swept.append(run)
     return swept
+
+
+def _lose(actor: Actor, run: Run, reason: str) -> None:
+    """The locked, active ``run`` lost its worker: the attempt ends ``lost`` (preempted, then
+    queued again or failed once out of attempts), counted against its nodes."""
+    holder = run.lease_holder
+    nodes = _allocated_nodes(run)
+    transition(actor=actor, run=run, to=S.PREEMPTED, locked=True, reason=reason)
+    _record_on_nodes(nodes, to=S.FAILED, infra=True, detail=f"worker {holder or '?'} lost")
+    _retry_or_give_up(actor, run, f"worker {holder or '?'} lost on attempt {run.attempt}")
+
+
+def release_dead_leases(*, actor: Actor, node: str,
+                        leases: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """A node agent found these leases' worker processes dead on ``node``: each run still held
+    under that very lease is requeued now instead of when the lease expires (why: a SIGKILLed
+    worker sends nothing, and its run used to wait out the whole lease). A lease that already
+    moved on (the run finished, was swept, or was claimed again) is left alone. Returns the
+    run ids released and those left alone."""
+    released, ignored = [], []
+    for lease in leases:
+        with transaction.atomic():
+            run = Run.objects.select_for_update().filter(pk=lease["run"]).first()
+            if run is None or run.status not in ACTIVE_STATUSES or not run.lease_id or \
+                    not secrets.compare_digest(run.lease_id, lease["lease_id"]):
+                ignored.append(str(lease["run"]))
+                continue
+            who = lease.get("worker") or run.lease_holder or "a worker"
+            _lose(actor, run, f"worker {who} died (its process is gone, reported by the "
+                              f"agent of node {node})")
+            released.append(str(run.pk))
+    return released, ignored
 
 
 def request_preemption(*, actor: Actor, run: Run, deadline: Any, reason: str) -> Run:

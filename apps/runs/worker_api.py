@@ -6,6 +6,8 @@ whose lease expired or whose run was canceled gets a 409 and must stop.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -24,6 +26,14 @@ from apps.sandbox import services as sandbox_services
 from apps.scheduling import services as scheduling_services
 from apps.teams.viewsets import WorkerViewSet
 from workers import protocol
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 class WorkerRunViewSet(WorkerViewSet):
@@ -158,6 +168,20 @@ class WorkerSweepViewSet(WorkerViewSet):
         return Response({"requeued": [str(r.pk) for r in swept if r.status == "queued"],
                          "failed": [str(r.pk) for r in swept if r.status == "failed"],
                          "executions_lost": lost, "nodes_lost": nodes_lost})
+
+    @extend_schema(request=protocol.DeadLeaseReport, responses=OpenApiTypes.OBJECT)
+    def dead_leases(self, request: Request, name: str) -> Response:
+        """A node agent reports leases whose worker process died on its host: their runs are
+        requeued at once. Operator tokens only, like the node's own endpoints."""
+        if self.principal.team_id is not None:
+            raise Forbidden("Only operator worker tokens (not tied to a team) may report a "
+                            "node's dead workers.")
+        body = parse(protocol.DeadLeaseReport, request.data)
+        if body.leases and any(not _is_uuid(lease.run) for lease in body.leases):
+            raise InvalidInput("Each lease names its run by id.", details={"leases": ["run"]})
+        released, ignored = services.release_dead_leases(
+            actor=self.actor, node=name, leases=[lease.model_dump() for lease in body.leases])
+        return Response({"released": released, "ignored": ignored})
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def admission(self, request: Request) -> Response:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import httpx
 
+from workers import liveness
 from workers.adapters import eval as eval_adapter
 from workers.adapters import health, profile, qc, synthesize, train
 from workers.adapters.health import Broken
@@ -75,7 +76,14 @@ def run_claimed(session: WorkerSession, node: str | None = None) -> str:
     engine stopped by a preemption has already checkpointed (the train engine writes its last
     completed step first), so ``preempted`` is reported only after that checkpoint is
     recorded."""
-    run_id, node = session.run_id, node or node_name()
+    # The lease file lets this host's node agent report the run at once if this process
+    # dies without a word (SIGKILL, OOM): see workers.liveness.
+    with liveness.holding(session.run_id, session.lease_id, session.worker_id):
+        return _run_claimed(session, node or node_name())
+
+
+def _run_claimed(session: WorkerSession, node: str) -> str:
+    run_id = session.run_id
     adapter = ADAPTERS.get(session.run.kind)
     session.start_heartbeat()
     try:
@@ -118,4 +126,4 @@ def run_claimed(session: WorkerSession, node: str | None = None) -> str:
             log.exception("could not report failure of run %s", run_id)
         return "failed"
     finally:
-        session.stop_heartbeat()
+        session.close()  # what the outbox still holds, then the heartbeat stops

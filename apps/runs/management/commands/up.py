@@ -2,7 +2,8 @@
 
 Migrates, makes sure a demo login, team and project exist, starts the web server
 (uvicorn, ASGI), a Celery worker for all three queues (with beat for lease sweeps) and
-this host's node agent (workers/agent.py),
+this host's node agent (workers/agent.py) — restarting the worker or the agent, with
+backoff, whenever one exits (workers/supervise.py; only the web's exit stops ``up``) —,
 uploads the bundled dataset through the API, launches a ``profile`` run, waits for it,
 then runs the pipeline demo through the same API: synthesise an arithmetic batch, spot-check
 it as the admin (scripted; ``--no-auto-review`` leaves it to a person) so it becomes a dataset
@@ -17,8 +18,8 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from apps.teams.services import personal_token_create, worker_token_create
 from config.celery import QUEUES
 from workers.client import CrucibleClient, node_name
 from workers.protocol import node_queue
+from workers.supervise import Child, CriticalExit, Supervisor
 
 DEMO_DATA = settings.BASE_DIR / "deploy" / "demo" / "arithmetic.jsonl"
 
@@ -71,6 +73,30 @@ def worker_queues(node: str) -> str:
     """The queues this host's worker consumes: every pool's, and its node's own (where the
     scheduler sends runs it placed on this node)."""
     return ",".join([*QUEUES, node_queue(node)])
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _Watch(threading.Thread):
+    """Polls the supervisor every second while the demo runs in the main thread; a critical
+    child's exit (the web) sets ``exited`` with ``why``."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        super().__init__(name="up-supervisor", daemon=True)
+        self.supervisor = supervisor
+        self.stop, self.exited = threading.Event(), threading.Event()
+        self.why = ""
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                self.supervisor.poll()
+            except CriticalExit as exc:
+                self.why = f"the {exc.child.name} process exited (status {exc.code})"
+                self.exited.set()
+                return
 
 
 class Command(BaseCommand):
@@ -109,19 +135,31 @@ class Command(BaseCommand):
                "OBJECT_STORE_URL": settings.OBJECT_STORE_URL, "PYTHONUNBUFFERED": "1"}
         logs = settings.VAR_DIR / "logs"
         logs.mkdir(exist_ok=True)
-        procs = [
-            self._spawn("web", [sys.executable, "-m", "uvicorn", "config.asgi:application",
-                                "--host", opts["host"], "--port", str(opts["port"]),
-                                "--log-level", "warning"], env, logs),
-            self._spawn("worker", [sys.executable, "-m", "celery", "-A", "config.celery",
-                                   "worker", "-B", "-Q", worker_queues(node), "-c", "2",
-                                   "--loglevel", "INFO", "-s",
-                                   str(settings.VAR_DIR / "celerybeat-schedule")], env, logs),
-            # This host's node agent: its capacity in the inventory (the /cluster/ page).
-            self._spawn("agent", [sys.executable, "-m", "workers.agent"], env, logs),
-        ]
+        # The web is critical (nothing works without it: `up` stops and says so); the
+        # worker (with beat) and the agent are restarted when they exit, with backoff: a
+        # Redis outage makes a busy Celery 5.7 worker exit after its task (kombu's
+        # restore_unacked bug), and runs launched afterwards would wait for no one.
+        supervisor = Supervisor(on_restart=lambda child, code: self.stdout.write(
+            f"{child.name} exited (status {code}); restarting it (see "
+            f"{logs / (child.name + '.log')})"))
+        self._child(supervisor, "web", [
+            sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", opts["host"],
+            "--port", str(opts["port"]), "--log-level", "warning"], env, logs, critical=True)
+        self._child(supervisor, "worker", [
+            sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-B", "-Q",
+            worker_queues(node), "-c", "2", "--loglevel", "INFO", "-s",
+            str(settings.VAR_DIR / "celerybeat-schedule")], env, logs)
+        # This host's node agent: its capacity in the inventory (the /cluster/ page), and the
+        # dead-worker reports that requeue a killed worker's run at once.
+        self._child(supervisor, "agent", [sys.executable, "-m", "workers.agent"], env, logs)
+        # Children run in sessions of their own (see workers.supervise), so SIGTERM (a
+        # process manager stopping `up`) must stop them here, as Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
+        supervisor.start()
+        watcher = _Watch(supervisor)
+        watcher.start()
         try:
-            self._wait_healthy(base_url, procs)
+            self._wait_healthy(base_url, watcher)
             run = self._demo_run(base_url, user_token, team)
             self._announce(base_url, password, run, logs, user_token)
             if run["status"] != "succeeded" and opts["exit_after_demo"]:
@@ -130,20 +168,33 @@ class Command(BaseCommand):
                 self._pipeline(base_url, user_token, team, review=not opts["no_auto_review"])
             if opts["exit_after_demo"]:
                 return
-            while all(p.poll() is None for p in procs):
-                time.sleep(1)
-            raise CommandError("a platform process exited; see var/logs/")
+            watcher.exited.wait()
+            raise CommandError(f"{watcher.why}; see var/logs/")
         except KeyboardInterrupt:
             self.stdout.write("\nstopping…")
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            watcher.stop.set()
+            watcher.join(timeout=5)
+            supervisor.stop()
+
+    def _child(self, supervisor: Supervisor, name: str, cmd: list[str], env: dict[str, str],
+               logs: Path, *, critical: bool = False) -> None:
+        self.stdout.write(f"starting {name}: logs in {logs / (name + '.log')}")
+        supervisor.add(Child(name, cmd, env=env, cwd=settings.BASE_DIR,
+                             log_path=logs / f"{name}.log", critical=critical))
+
+    def _wait_healthy(self, base_url: str, watcher: _Watch) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if watcher.exited.is_set():
+                raise CommandError(f"{watcher.why} at start; see var/logs/")
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise CommandError(f"web server did not answer on {base_url} within 60 s")
 
     def _demo_login(self) -> str:
         """An ``admin`` superuser; its password is generated once and kept in var/."""
@@ -169,26 +220,6 @@ class Command(BaseCommand):
         Project.objects.get_or_create(team=team, slug="arithmetic",
                                       defaults={"name": "Arithmetic"})
         return team
-
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str],
-               logs: Path) -> subprocess.Popen:
-        log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.stdout.write(f"starting {name}: logs in {logs / (name + '.log')}")
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=settings.BASE_DIR)
-
-    def _wait_healthy(self, base_url: str, procs: list[subprocess.Popen]) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs):
-                raise CommandError("a platform process exited at start; see var/logs/")
-            try:
-                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise CommandError(f"web server did not answer on {base_url} within 60 s")
 
     def _demo_run(self, base_url: str, token: str, team: Team) -> dict[str, Any]:
         records = [json.loads(line) for line in DEMO_DATA.read_text().splitlines() if line]
