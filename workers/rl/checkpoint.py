@@ -8,6 +8,9 @@ Layout of one checkpoint, `<dir>/step-000040/`:
                (a LoRA policy's: adapters only, the frozen base is rebuilt from the spec)
   rng-rank<r>.pt   python/numpy/torch RNG states of rank r
   rank<r>.json     rank r's own loop state (its curriculum sampler: data position, pass rates)
+  warm/        only for a run whose RL phase needs its warm start beyond the policy (a KL/DPO
+               reference, a LoRA policy's frozen base): the model RL started from, so a resume
+               in a fresh folder rebuilds them from it (resume.restore_phases), not from hf/
   state.json   step, data cursor, NaN streak, last metrics (written last)
 
 All ranks write into `.tmp-step-000040/`; rank 0 renames it into place once everyone is done, so
@@ -125,6 +128,16 @@ def save_hf_atomic(module, tokenizer, out: Path, zero_stage: int,
     _barrier()
 
 
+def link_or_copy(src: str, dst: str) -> str:
+    """A hard link (no extra disk for the model) on the same filesystem, else a copy. Safe
+    to share: a finished phase folder is only ever replaced whole, never written in place."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
 def save(
     engine,
     tokenizer,
@@ -135,8 +148,11 @@ def save(
     zero_stage: int,
     rank_state: dict[str, Any] | None = None,
     prompt_format: PromptFormat | None = None,
+    warm: Path | None = None,
 ) -> Path:
-    """Collective: every rank must call it with the same step."""
+    """Collective: every rank must call it with the same step. ``warm``: the warm-start
+    folder RL started from, carried as ``warm/`` (hard links where possible) when the RL phase
+    needs it beyond the policy."""
     final = step_dir(root, step)
     tmp = root / f".tmp-{final.name}"
     rank = _rank()
@@ -152,6 +168,8 @@ def save(
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
     if rank_state is not None:
         (tmp / f"rank{rank}.json").write_text(json.dumps(rank_state, sort_keys=True))
+    if rank == 0 and warm is not None:
+        shutil.copytree(warm, tmp / "warm", copy_function=link_or_copy)
     _barrier()
     if rank == 0:
         with (tmp / "state.json").open("w") as f:

@@ -31,9 +31,11 @@ def local_folder(root: Path, ckpt: CheckpointRef) -> Path:
 
 
 def restore_phases(spec: Any, root: Path, folder: Path) -> None:
-    """The warm start is inside the checkpoint's weights: give the engine a finished folder
-    (same architecture and tokenizer) for each warm-start phase so it does not train it
-    again."""
+    """Give the engine a finished folder for each warm-start phase so it does not train it
+    again: the checkpoint's ``warm/`` (the model RL started from: its KL/DPO reference and a
+    LoRA policy's frozen base are rebuilt from it), else ``hf/`` (an older checkpoint, or a
+    run that needs only the policy, whose weights are then loaded from the checkpoint)."""
+    source = folder / "warm" if (folder / "warm").is_dir() else folder / "hf"
     for phase, steps in (("sft", spec.sft.steps), ("preference", spec.preference.steps)):
         if steps and not (root / phase).exists():
-            shutil.copytree(folder / "hf", root / phase)
+            shutil.copytree(source, root / phase)

@@ -118,6 +118,9 @@ class Learner:
     moe: bool
     top_k: int  # experts per token, 0 for a dense model
     vllm: bool  # the backend holds its own weights: every update is pushed to it
+    # The warm-start folder each checkpoint carries (as warm/), when the RL phase needs it
+    # beyond the policy: a KL/DPO reference or a LoRA policy's frozen base is built from it.
+    warm: Path | None = None
 
 
 def expert_load(counts: torch.Tensor) -> dict[str, float]:
@@ -419,9 +422,11 @@ class Trainer:
         producer = Producer(spec, self.objective, sampler, tok.pad_token_id, per_rank,
                             self.rank, self.generator, ts.max_async_steps,
                             tokenizer=copy.deepcopy(tok) if episodes else None)
+        warm = (sft_dir if (sft_dir / "config.json").is_file()
+                and (ref is not None or is_lora(policy)) else None)
         return Learner(engine=engine, ref=ref, backend=backend, producer=producer,
                        sampler=sampler, model_spec=model_spec, micro=micro, moe=moe,
-                       top_k=top_k, vllm=spec.rollout.backend == "vllm")
+                       top_k=top_k, vllm=spec.rollout.backend == "vllm", warm=warm)
 
     def rollout_backend(self, engine: Any, tok: Any, sft_dir: Path) -> Any:
         """The learner's sampler: the engine's own module, or a vLLM engine with its copy."""
@@ -569,7 +574,7 @@ class Trainer:
                          {"cursor": cursor, "nan_streak": nan_streak, "metrics": metrics},
                          spec.checkpoint.keep, spec.trainer.zero_stage,
                          rank_state={"sampler": sampler_state},
-                         prompt_format=self.prompt_format)
+                         prompt_format=self.prompt_format, warm=lrn.warm)
         self.sink.checkpoint(done, str(path / "hf"), metrics)
 
     def stop_before_rl(self, lrn: Learner, tok: Any, start: int) -> None:
