@@ -171,26 +171,29 @@ def describe_host(env: Mapping[str, str]) -> NodeRegistration:
     })
 
 
-def heartbeat_interval(env: Mapping[str, str]) -> float:
-    raw = env.get("CRUCIBLE_NODE_HEARTBEAT_S", "").strip()
+def seconds(env: Mapping[str, str], name: str, default: float, *,
+            strict: bool = True) -> float:
+    """The variable ``name`` as a positive number of seconds (``default`` when unset). A bad
+    value stops the agent with a message naming it; a value <= 0 does too when ``strict``, else
+    it means the default."""
+    raw = env.get(name, "").strip()
     try:
-        value = float(raw) if raw else DEFAULT_HEARTBEAT_S
+        value = float(raw) if raw else default
     except ValueError as exc:
-        raise SystemExit(f"CRUCIBLE_NODE_HEARTBEAT_S must be a number of seconds, not "
-                         f"{raw!r}") from exc
+        raise SystemExit(f"{name} must be a number of seconds, not {raw!r}") from exc
     if value <= 0:
-        raise SystemExit(f"CRUCIBLE_NODE_HEARTBEAT_S must be positive, not {raw!r}")
+        if strict:
+            raise SystemExit(f"{name} must be positive, not {raw!r}")
+        return default
     return value
 
 
+def heartbeat_interval(env: Mapping[str, str]) -> float:
+    return seconds(env, "CRUCIBLE_NODE_HEARTBEAT_S", DEFAULT_HEARTBEAT_S)
+
+
 def watch_interval(env: Mapping[str, str]) -> float:
-    raw = env.get("CRUCIBLE_NODE_WATCH_S", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_WATCH_S
-    except ValueError as exc:
-        raise SystemExit(f"CRUCIBLE_NODE_WATCH_S must be a number of seconds, not "
-                         f"{raw!r}") from exc
-    return value if value > 0 else DEFAULT_WATCH_S
+    return seconds(env, "CRUCIBLE_NODE_WATCH_S", DEFAULT_WATCH_S, strict=False)
 
 
 def supervised_worker(env: Mapping[str, str]) -> Child | None:
@@ -214,13 +217,7 @@ def probe_languages(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def probe_interval(env: Mapping[str, str]) -> float:
-    raw = env.get("CRUCIBLE_NODE_PROBE_S", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_PROBE_S
-    except ValueError as exc:
-        raise SystemExit(f"CRUCIBLE_NODE_PROBE_S must be a number of seconds, not "
-                         f"{raw!r}") from exc
-    return value if value > 0 else DEFAULT_PROBE_S
+    return seconds(env, "CRUCIBLE_NODE_PROBE_S", DEFAULT_PROBE_S, strict=False)
 
 
 def probe_toolchains(languages: list[str], *, rebuild: bool) -> dict[str, ToolchainHealth]:

@@ -87,3 +87,20 @@ def wait_for(predicate, timeout: float = 90, what: str = "condition"):
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def tenant(slug: str = "e2e") -> tuple[str, str]:
+    """A member ``slug`` of team ``slug`` with project ``demo``: the member's API token and an
+    operator worker token (not tied to a team), as a pool on another host would hold."""
+    from apps.core.actor import Actor
+    from apps.teams.models import Role
+    from apps.teams.services import personal_token_create, worker_token_create
+    from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+
+    user = UserFactory(username=slug)
+    team = TeamFactory(slug=slug)
+    MembershipFactory(team=team, user=user, role=Role.MEMBER)
+    ProjectFactory(team=team, slug="demo")
+    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name=slug)
+    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    return token, worker_token

@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.core.actor import Actor
 from apps.runs.models import RunAttempt
 from apps.scheduling.models import Node
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.e2e.conftest import ROOT, wait_for
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.e2e.conftest import ROOT, tenant, wait_for
 from workers.client import CrucibleClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -44,12 +40,7 @@ def start_agent(url: str, token: str, name: str, log: Path) -> subprocess.Popen:
 def test_a_broken_sandbox_requeues_counts_on_the_node_and_the_agent_rechecks(
         live_server, start_worker, settings, tmp_path: Path) -> None:
     settings.CRUCIBLE = {**settings.CRUCIBLE, "MAX_ATTEMPTS": 2}
-    user = UserFactory(username="e2e")
-    team = TeamFactory(slug="e2e")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="e2e")
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    token, worker_token = tenant()
     name = f"env-{uuid.uuid4().hex[:8]}"
     agent = start_agent(live_server.url, worker_token, name, tmp_path / "agent.log")
     try:

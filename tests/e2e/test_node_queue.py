@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.core.actor import Actor
 from apps.runs.models import RunAttempt
 from apps.scheduling.models import Allocation, Node
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.e2e.conftest import tenant
 from workers.client import CrucibleClient
 from workers.protocol import node_queue
 
@@ -27,12 +24,7 @@ DEMO = "deploy/demo/arithmetic.jsonl"
 def test_a_worker_on_the_allocated_node_gets_the_message_from_its_node_queue(
         live_server, start_worker, settings, tmp_path: Path) -> None:
     settings.CRUCIBLE = {**settings.CRUCIBLE, "SCHEDULER": True}
-    user = UserFactory(username="e2e")
-    team = TeamFactory(slug="e2e")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="e2e")
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    token, worker_token = tenant()
     # A name of its own per test run: the broker keeps queues between runs.
     name = f"host-{uuid.uuid4().hex[:8]}.rack_1"
     Node.objects.create(name=name, pool="cpu", cpus=4, memory_mb=8192)

@@ -21,10 +21,7 @@ from apps.core.actor import Actor
 from apps.metrics.models import MetricPoint
 from apps.runs import services
 from apps.runs.models import Run
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.e2e.conftest import wait_for
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.e2e.conftest import tenant, wait_for
 from workers.client import CrucibleClient
 
 # One worker process imports torch and DeepSpeed: a minute or more on a loaded machine.
@@ -52,12 +49,7 @@ def test_a_preempted_run_checkpoints_then_resumes_after_its_last_step(
     pytest.importorskip("deepspeed")
     # Short leases: heartbeats every lease / 3 seconds carry the preemption quickly.
     settings.CRUCIBLE = {**settings.CRUCIBLE, "LEASE_SECONDS": 6}
-    user = UserFactory(username="pre")
-    team = TeamFactory(slug="pre")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="pre")
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    token, worker_token = tenant("pre")
     log = tmp_path / "worker.log"
 
     with CrucibleClient(live_server.url, token) as client:

@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.core.actor import Actor
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.e2e.conftest import wait_for
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.e2e.conftest import tenant, wait_for
 from workers.client import CrucibleClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -22,18 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 DEMO = "deploy/demo/arithmetic.jsonl"
 
 
-def _setup():
-    user = UserFactory(username="e2e")
-    team = TeamFactory(slug="e2e")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="e2e")
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
-    return token, worker_token
-
-
 def test_profile_run_end_to_end_through_a_real_worker(live_server, start_worker):
-    token, worker_token = _setup()
+    token, worker_token = tenant()
     worker = start_worker(worker_token)
     records = [json.loads(line) for line in Path(DEMO).read_text().splitlines()]
     with CrucibleClient(live_server.url, token) as client:
@@ -71,7 +57,7 @@ def test_profile_run_end_to_end_through_a_real_worker(live_server, start_worker)
 
 
 def test_worker_skips_a_run_canceled_before_it_was_claimed(live_server, start_worker):
-    token, worker_token = _setup()
+    token, worker_token = tenant()
     with CrucibleClient(live_server.url, token) as client:
         client.create_dataset("e2e", "arith", "demo")
         client.upload_version("e2e", "arith", [{"q": 1}])
@@ -91,7 +77,7 @@ def test_run_of_a_dead_worker_is_requeued_and_finished_by_another(live_server, s
     """A worker claims a run and dies (never heartbeats). Once its lease expires the next
     claim sweeps the run back to queued, and a live worker finishes it: attempt 2."""
     settings.CRUCIBLE = {**settings.CRUCIBLE, "LEASE_SECONDS": 2}
-    token, worker_token = _setup()
+    token, worker_token = tenant()
     with CrucibleClient(live_server.url, token) as client, \
             CrucibleClient(live_server.url, worker_token) as dead:
         client.create_dataset("e2e", "arith", "demo")

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.core.actor import Actor
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.e2e.conftest import tenant
 from workers.client import CrucibleClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -20,16 +17,6 @@ ENVS = "teams/e2e/environments"
 # 0..4 + 0..4: 25 problems, 3 held out; small enough for a CPU worker under load.
 ARITH = {"source": "builtin", "name": "arithmetic",
          "params": {"max_operand": 4, "eval_size": 3}}
-
-
-def _setup() -> tuple[str, str]:
-    user = UserFactory(username="e2e")
-    team = TeamFactory(slug="e2e")
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="e2e")
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
-    return token, worker_token
 
 
 def _wait(client: CrucibleClient, run_id: str, worker) -> dict:
@@ -46,7 +33,7 @@ def _wait(client: CrucibleClient, run_id: str, worker) -> dict:
 
 
 def test_qc_then_eval_of_the_arithmetic_builtin(live_server, start_worker):
-    token, worker_token = _setup()
+    token, worker_token = tenant()
     worker = start_worker(worker_token, queues="cpu,sandbox")
     with CrucibleClient(live_server.url, token) as client:
         client.request("POST", ENVS, json={"slug": "arith", "project": "demo"})

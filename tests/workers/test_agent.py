@@ -89,3 +89,14 @@ def test_heartbeat_interval():
     for raw in ("soon", "0"):
         with pytest.raises(SystemExit, match="CRUCIBLE_NODE_HEARTBEAT_S"):
             heartbeat_interval({"CRUCIBLE_NODE_HEARTBEAT_S": raw})
+
+
+def test_watch_and_probe_intervals_fall_back_on_non_positive_values():
+    from workers.agent import probe_interval, watch_interval
+
+    assert (watch_interval({}), probe_interval({})) == (1.0, 300.0)
+    assert watch_interval({"CRUCIBLE_NODE_WATCH_S": "0"}) == 1.0
+    assert probe_interval({"CRUCIBLE_NODE_PROBE_S": "-5"}) == 300.0
+    assert probe_interval({"CRUCIBLE_NODE_PROBE_S": "30"}) == 30.0
+    with pytest.raises(SystemExit, match="CRUCIBLE_NODE_WATCH_S must be a number"):
+        watch_interval({"CRUCIBLE_NODE_WATCH_S": "often"})
