@@ -12,22 +12,25 @@ The story:
 
 1. Staff put two teams in one cohort: ``alpha`` is guaranteed 4 of the 6 GPUs, ``beta`` 2, and
    beta's runs are ``preemptible`` by default.
-2. The cluster fills: alpha's ``steady`` run takes 2 GPUs on one node; beta's ``borrower``, a
-   gang of 2 nodes x 2 GPUs, takes the rest: 2 of its 4 GPUs are alpha's idle quota, borrowed.
-   The cluster page shows every GPU's holder and both teams' use against their quota.
+2. The cluster fills, one run of 2 GPUs per node (a run that spans nodes would be a Ray job:
+   docs/cluster.md): alpha's ``steady`` run; beta's ``keeper`` (class ``default``, within
+   beta's quota) and beta's ``borrower`` (``preemptible``), whose 2 GPUs are alpha's idle
+   quota, borrowed. The cluster page shows every GPU's holder and both teams' use against
+   their quota.
 3. Alpha launches a ``production`` run that needs 2 GPUs: alpha is reclaiming its own quota,
-   so the scheduler asks the borrower to checkpoint and stop; it does (cooperatively, at its
+   so the scheduler asks the borrower (borrowed, and the lowest priority) to checkpoint and
+   stop; it does (cooperatively, at its
    next heartbeat: the only checkpoint it has is the one it writes as it stops), goes back to
    the queue with ``preemptions`` 1 and the attempt given back, and waits for quota while the
    production run holds its GPUs. Its page says so.
 4. The production run succeeds; the borrower is admitted again and resumes from that
    checkpoint: its metric steps continue the numbering, every step once, none twice.
 
-To read the waiting borrower's page without racing the production run, the workers of the
-borrower's nodes are shut down (warm: a worker finishes its task first) as soon as it has
+To read the waiting borrower's page without racing the production run, the worker of the
+borrower's node is shut down (warm: a worker finishes its task first) as soon as it has
 started: the production run, admitted in the borrower's place, then holds its GPUs but waits
-for a worker until the test starts new ones there. The long runs (``steady`` and the
-borrower) are canceled by their owners at the end, so nothing depends on how fast this
+for a worker until the test starts new ones there. The long runs (``steady``, ``keeper`` and
+the borrower) are canceled by their owners at the end, so nothing depends on how fast this
 machine trains.
 
 Runs on both configurations: filesystem broker + SQLite, and Redis + PostgreSQL.
@@ -84,8 +87,8 @@ def config(steps: int, checkpoint_every: int) -> dict:
             "checkpoint": {"every": checkpoint_every, "keep": 2}}
 
 
-def resources(nodes: int = 1) -> dict:
-    return {"gpus_per_node": 2, "nodes": nodes, "cpus": 0.25, "memory_gb": 0.25}
+def resources() -> dict:
+    return {"gpus_per_node": 2, "nodes": 1, "cpus": 0.25, "memory_gb": 0.25}
 
 
 def tail(path: Path) -> str:
@@ -284,11 +287,13 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
         # 2. Two teams fill the cluster; beta borrows 2 of alpha's idle GPUs.
         steady = alice.launch_run("alpha", project="rl", kind="train", name="steady",
                                   config=config(LONG, NO_PERIODIC), resources=resources())
+        keeper = bob.launch_run("beta", project="rl", kind="train", name="keeper",
+                                priority_class="default", config=config(LONG, NO_PERIODIC),
+                                resources=resources())
         borrower = bob.launch_run("beta", project="rl", kind="train", name="borrower",
-                                  config=config(LONG, NO_PERIODIC),
-                                  resources=resources(nodes=2))
-        assert (steady["priority_class"], borrower["priority_class"]) == (
-            "default", "preemptible")
+                                  config=config(LONG, NO_PERIODIC), resources=resources())
+        assert (steady["priority_class"], keeper["priority_class"],
+                borrower["priority_class"]) == ("default", "default", "preemptible")
 
         def running(team: str, run_id: str, client: CrucibleClient) -> dict | None:
             run = client.run(team, run_id)
@@ -299,19 +304,22 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
 
         steady = procs.wait(lambda: running("alpha", steady["id"], alice), timeout=300,
                             what="the steady run to start")
+        keeper = procs.wait(lambda: running("beta", keeper["id"], bob), timeout=300,
+                            what="the keeper to start")
         borrower = procs.wait(lambda: running("beta", borrower["id"], bob), timeout=300,
                               what="the borrower to start")
-        sid, bid = steady["id"], borrower["id"]
+        sid, kid, bid = steady["id"], keeper["id"], borrower["id"]
         (steady_node,) = steady["allocation"]
+        (keeper_node,) = keeper["allocation"]
         borrowed_nodes = sorted(borrower["allocation"])
-        assert len(borrowed_nodes) == 2 and steady_node not in borrowed_nodes
-        held = [(node, gpu) for run in (steady, borrower)
+        assert len({steady_node, keeper_node, *borrowed_nodes}) == 3
+        held = [(node, gpu) for run in (steady, keeper, borrower)
                 for node, gpus in run["allocation"].items() for gpu in gpus]
         assert sorted(held) == sorted((n, g) for n in NODES for g in (0, 1))  # all 6, once
-        # The workers of the borrower's nodes are asked to shut down (warm: they stop taking
-        # messages now; the one running the borrower exits once its task is done): whatever
-        # is admitted in the borrower's place then waits for a worker the test starts, so the
-        # borrower's wait can be read at leisure.
+        # The worker of the borrower's node is asked to shut down (warm: it stops taking
+        # messages now and exits once the borrower's task is done): whatever is admitted in
+        # the borrower's place then waits for a worker the test starts, so the borrower's wait
+        # can be read at leisure.
         for name in borrowed_nodes:
             procs.procs[f"worker-{name}"].terminate()
 
@@ -326,7 +334,7 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
         assert page.locator(".gpu-slot.held").count() == 6
         for node in NODES:
             row = page.locator(f'tr[data-node="{node}"]')
-            holder = sid if node == steady_node else bid
+            holder = {steady_node: sid, keeper_node: kid}.get(node, bid)
             assert [row.locator(".gpu-slot").nth(i).get_attribute("title")
                     for i in (0, 1)] == [f"GPU {i}: run {holder[:8]}" for i in (0, 1)]
             assert row.locator(".holders").inner_text() == holder[:8]
@@ -408,12 +416,13 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
         page.goto(f"{server}/cluster/")
         assert page.locator(f'tr[data-node="{urgent_node}"] .holders').inner_text() == uid[:8]
         assert page.locator(f'tr[data-node="{steady_node}"] .holders').inner_text() == sid[:8]
-        assert page.locator(".gpu-slot.held").count() == 4
+        assert page.locator(f'tr[data-node="{keeper_node}"] .holders').inner_text() == kid[:8]
+        assert page.locator(".gpu-slot.held").count() == 6
         assert queues["alpha"].locator(".in-use").inner_text() == f"{FLAVOR} 4"
-        assert queues["beta"].locator(".in-use").inner_text() == "nothing"
+        assert queues["beta"].locator(".in-use").inner_text() == f"{FLAVOR} 2"  # the keeper
 
         # 4. Workers come back: the production run runs and succeeds, then the borrower
-        # resumes (on the same two nodes: the only ones free of the steady run).
+        # resumes (on the same node: the only one free of the steady run and the keeper).
         for name in borrowed_nodes:
             node_worker(name, "-again")
         try:
@@ -430,10 +439,12 @@ def test_a_production_run_preempts_a_borrowed_run_which_resumes_from_its_checkpo
         procs.wait(resumed_and_progressed, timeout=300,
                    what="the borrower to resume and train on")
         assert sorted(bob.run("beta", bid)["allocation"]) == borrowed_nodes
-        for run_id, client, team in ((bid, bob, "beta"), (sid, alice, "alpha")):
+        for run_id, client, team in ((bid, bob, "beta"), (kid, bob, "beta"),
+                                     (sid, alice, "alpha")):
             assert client.cancel_run(team, run_id)["status"] == "canceled"
         # Their workers notice at their next report and stop (no more points after that).
-        for worker in (f"worker-{steady_node}", f"worker-{borrowed_nodes[0]}-again"):
+        for worker in (f"worker-{steady_node}", f"worker-{keeper_node}",
+                       f"worker-{borrowed_nodes[0]}-again"):
             procs.wait(lambda w=worker: "'stopped'" in tail(procs.log(w)), timeout=120,
                        what=f"{worker} to stop its canceled run")
 
