@@ -25,12 +25,9 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from apps.core.actor import Actor
 from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.models import Run, RunAttempt, RunEvent
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.e2e.conftest import purge_queues, wait_for
+from tests.e2e.conftest import purge_queues, tenant, wait_for
 from tests.e2e.faults import (  # noqa: F401 - the fixtures, found by name
     Processes,
     RedisServer,
@@ -39,7 +36,6 @@ from tests.e2e.faults import (  # noqa: F401 - the fixtures, found by name
     tail,
     worker_command,
 )
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
 from workers.client import CrucibleClient
 
 # Worker processes import torch and DeepSpeed: minutes on a loaded machine.
@@ -57,16 +53,6 @@ CONFIG = {
 OUTAGE_S = 25  # longer than the old retry budget (5 tries, ~15.5 s)
 REDIS_OUTAGE_S = 15
 FINAL = ("succeeded", "failed", "canceled")
-
-
-def _setup(slug: str) -> tuple[str, str]:
-    user = UserFactory(username=slug)
-    team = TeamFactory(slug=slug)
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name=slug)
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
-    return token, worker_token
 
 
 def _rewards(run_id: str) -> int:
@@ -93,7 +79,7 @@ def test_a_web_outage_longer_than_the_old_retries_costs_a_train_run_nothing(
         processes: Processes, tmp_path):
     pytest.importorskip("deepspeed")
     purge_queues()
-    token, worker_token = _setup("outage")
+    token, worker_token = tenant("outage")
     processes.start_web(CRUCIBLE_LEASE_SECONDS="120")
     log = tmp_path / "worker.log"
     worker = processes.start_worker(worker_token, log, queues="gpu")
@@ -130,7 +116,7 @@ def test_a_killed_worker_is_reported_by_its_agent_and_its_run_claimed_within_sec
         processes: Processes, tmp_path):
     pytest.importorskip("deepspeed")
     purge_queues()
-    token, worker_token = _setup("killed")
+    token, worker_token = tenant("killed")
     processes.start_web(CRUCIBLE_LEASE_SECONDS="120")
     agent_log = tmp_path / "agent.log"
     processes.start_agent(worker_token, agent_log, CRUCIBLE_NODE_WATCH_S="0.5")
@@ -165,7 +151,7 @@ def test_a_killed_worker_is_reported_by_its_agent_and_its_run_claimed_within_sec
 def test_a_redis_restart_under_a_busy_supervised_worker_then_a_new_run_is_done(
         processes: Processes, redis_server: RedisServer, tmp_path):
     pytest.importorskip("deepspeed")
-    token, worker_token = _setup("broker")
+    token, worker_token = tenant("broker")
     broker = {"REDIS_URL": redis_server.url, "CELERY_BROKER_URL": redis_server.url}
     processes.start_web(CRUCIBLE_LEASE_SECONDS="120", **broker)
     agent_log = tmp_path / "agent.log"

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_qc_eval_runs import _setup, _wait
+from tests.e2e.conftest import tenant
+from tests.e2e.test_qc_eval_runs import _wait
 from workers.client import CrucibleClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_synthesize_run_creates_a_review_batch(live_server, start_worker):
-    token, worker_token = _setup()
+    token, worker_token = tenant()
     worker = start_worker(worker_token)
     with CrucibleClient(live_server.url, token) as client:
         client.create_dataset("e2e", "synth", "demo")
