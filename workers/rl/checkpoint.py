@@ -96,11 +96,19 @@ def save_hf(module: PreTrainedModel, tokenizer, out: Path, zero_stage: int,
     how the policy saw its prompts, recorded beside the weights for whoever serves them."""
     import deepspeed
 
+    from workers.rl import expert_parallel
+
     params = list(module.parameters())
     ctx = (deepspeed.zero.GatheredParameters(params, modifier_rank=None)
            if zero_stage == 3 else nullcontext())
     with ctx:
-        if _rank() == 0 and lora.is_lora(module):  # merged model + the adapter beside it
+        # Expert-parallel: every rank takes part in gathering the experts; a normal HF model.
+        full = expert_parallel.gathered_state_dict(module) if expert_parallel.is_sharded(
+            module) else None
+        if _rank() == 0 and full is not None:
+            module.save_pretrained(out, state_dict={k: v.cpu() for k, v in full.items()},
+                                   safe_serialization=True)
+        elif _rank() == 0 and lora.is_lora(module):  # merged model + the adapter beside it
             merged = {k: v.cpu() for k, v in lora.merged_state(module).items()}
             lora.save_merged(module, out, merged)
             lora.save_adapter(module, out)

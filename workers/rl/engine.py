@@ -54,9 +54,15 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
     its all-reduce of the norm); `engine.crucible_clip` holds the bound, 0 where DeepSpeed
     clips."""
     import deepspeed
+    from deepspeed.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=ts.weight_decay,
+    groups: list[dict[str, Any]] = [{"params": params, "name": "dense"}]
+    if any(is_moe_param(p) for p in params):
+        # Expert shards (workers/rl/expert_parallel.py): one optimizer group per DeepSpeed
+        # expert group, which ZeRO partitions and reduces over that group's ranks only.
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=ts.weight_decay,
                             foreach=adamw_impl(params).get("foreach"))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
@@ -167,11 +173,13 @@ def weight_snapshot(module: torch.nn.Module, zero_stage: int, merged: bool = Fal
     frozen base), or with `merged` the full merged weights a plain model needs (vLLM)."""
     import deepspeed
 
-    from workers.rl import lora
+    from workers.rl import expert_parallel, lora
 
     ctx = (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
            if zero_stage == 3 else contextlib.nullcontext())
     with ctx:
+        if expert_parallel.is_sharded(module):  # collective: the EP group's shards gathered
+            return expert_parallel.gathered_state_dict(module)
         if lora.is_lora(module):
             return lora.merged_state(module) if merged else lora.adapter_state(module)
         return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -25,14 +25,15 @@ so expert gradients are summed over the ranks holding the same experts (one per 
 when EP size == world size) and divided by the world size: both kinds then equal the gradient of
 the unsharded model on the mean loss.
 
-DeepSpeed ZeRO: not composed in this step. Handing an EP model to `deepspeed.initialize` would
-average the expert shards' gradients over the whole data-parallel world, i.e. mix different
-experts' gradients of the same shape (silent corruption), and ZeRO-3 would partition the shards
-again. DeepSpeed only treats parameters as expert-parallel when they come from its own
-`deepspeed.moe.layer.MoE` (params flagged `allreduce=False` with a `group_name` registered in
-its expert groups). Until that is wired, train an EP model with a plain torch optimizer and
-`sync_gradients`; ZeRO sharding of the replicated parameters and of the expert shards is the
-next step.
+DeepSpeed (the trainer's path, `moe.expert_parallel`): `deepspeed_layout` builds the layout
+on DeepSpeed's own expert / expert-data-parallel groups, the blocks are `deepspeed.moe.layer.MoE`
+by type and their expert tensors carry DeepSpeed's marks (`allreduce = False`, `group_name`),
+and the optimizer gets DeepSpeed's MoE parameter groups. DeepSpeed then does what
+`sync_gradients` does by hand -- dense gradients averaged over all ranks, expert gradients
+summed over the expert-data-parallel group and divided by the world size -- and ZeRO-1/2
+partitions each expert group over its expert-data-parallel group. Its checkpoints write one
+file per expert from the EP rank owning it (the blocks translate to its per-expert key layout);
+`gathered_state_dict` gives the plain Hugging Face state dict for exports.
 
 Works on gloo (CPU) and NCCL (GPU); on NCCL each rank must own its device.
 """
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from deepspeed.moe.layer import MoE
 from torch import nn
 
 
@@ -141,20 +143,35 @@ def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
     return out
 
 
-class ExpertParallelMoeBlock(nn.Module):
+DS_EXPERT_PREFIX = "deepspeed_moe.experts.deepspeed_experts."  # DeepSpeed's per-expert keys
+EXPERT_TENSORS = ("gate_up_proj", "down_proj")
+
+
+def group_name(ep_size: int) -> str:
+    """DeepSpeed's name for the expert-parallel / expert-data-parallel groups of size E."""
+    return f"ep_size_{ep_size}"
+
+
+class ExpertParallelMoeBlock(MoE):
     """Qwen3-MoE sparse block with this rank's experts only. Keeps the submodule names `gate`
-    and `experts`, so parameter names (and checkpoints, once gathered) match the original."""
+    and `experts`, so parameter names (and checkpoints, once gathered) match the original.
+
+    A `deepspeed.moe.layer.MoE` by type only (its __init__ is not run: the experts are
+    transformers' stacked tensors, the dispatch is ours), because DeepSpeed enables its MoE
+    handling -- expert gradients reduced over the expert-data-parallel group, ZeRO partitions
+    per group, expert checkpoint files per EP rank -- only for models holding such a layer."""
 
     gate: nn.Module
     experts: Any  # transformers' experts module: stacked params, `act_fn`, `num_experts`
 
     def __init__(self, block: Any, layout: ExpertParallelLayout) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         gate, experts = block.gate, block.experts
         self.num_experts = int(experts.gate_up_proj.shape[0])
         self.first, self.end = expert_range(self.num_experts, layout.ep_size, layout.ep_rank)
-        self.num_local = self.end - self.first
+        self.num_local = self.num_local_experts = self.end - self.first
         self.ep_size = layout.ep_size
+        self.expert_group_name = group_name(layout.ep_size)
         self.group = layout.ep_group
         self.gate = gate  # replicated router
         self.experts = experts
@@ -164,6 +181,14 @@ class ExpertParallelMoeBlock(nn.Module):
         experts.down_proj = nn.Parameter(
             experts.down_proj.data[self.first:self.end].clone())  # (n/E, H, I)
         experts.num_experts = self.num_local
+        for p in experts.parameters():  # DeepSpeed's expert-parameter marks (is_moe_param)
+            p.allreduce = False  # type: ignore[attr-defined]
+            p.group_name = self.expert_group_name  # type: ignore[attr-defined]
+        self.register_state_dict_post_hook(_deepspeed_expert_layout)
+        self._register_load_state_dict_pre_hook(_stack_deepspeed_experts)
+
+    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+        """DeepSpeed calls this on every MoE layer; the groups exist already (`deepspeed_layout`)."""
 
     def _exchange(self, x: torch.Tensor, out_splits: list[int],
                   in_splits: list[int]) -> torch.Tensor:
@@ -210,6 +235,31 @@ class ExpertParallelMoeBlock(nn.Module):
         w = weights.reshape(-1)[order].unsqueeze(-1)  # (T*k, 1)
         out = torch.zeros_like(x).index_add(0, token, (returned * w).to(x.dtype))  # (T, H)
         return out.reshape(b, s, h)
+
+
+def _deepspeed_expert_layout(module: nn.Module, state: dict[str, Any], prefix: str,
+                             local_metadata: Any) -> None:
+    """A block's own state dict (prefix '': only DeepSpeed's MoE checkpoint asks a layer
+    directly, a model's state dict reaches it with a prefix) in DeepSpeed's per-expert layout
+    `deepspeed_moe.experts.deepspeed_experts.<local id>.<tensor>`, so DeepSpeed writes one file
+    per expert, by the EP rank that owns it, and maps local to global ids itself."""
+    if prefix:
+        return
+    for name in EXPERT_TENSORS:
+        stacked = state.pop(f"experts.{name}")
+        for i in range(stacked.shape[0]):
+            state[f"{DS_EXPERT_PREFIX}{i}.{name}"] = stacked[i]
+
+
+def _stack_deepspeed_experts(state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """The reverse on load: DeepSpeed hands the per-expert tensors it read back under the
+    layer's prefix; stack them into `experts.<tensor>` (local order)."""
+    for name in EXPERT_TENSORS:
+        keys = sorted((k for k in state if k.startswith(prefix + DS_EXPERT_PREFIX)
+                       and k.endswith("." + name)),
+                      key=lambda k: int(k[len(prefix + DS_EXPERT_PREFIX):].split(".")[0]))
+        if keys:
+            state[f"{prefix}experts.{name}"] = torch.stack([state.pop(k) for k in keys])
 
 
 def _moe_blocks(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
@@ -306,6 +356,49 @@ def unsharded_state_dict(model: nn.Module, layout: ExpertParallelLayout) -> dict
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for name, p in expert_parameters(model):
         state[name] = gather_experts(p, layout)
+    return state
+
+
+def deepspeed_layout(ep_size: int) -> ExpertParallelLayout:
+    """This rank's layout on DeepSpeed's own expert / expert-data-parallel groups (created here
+    when missing; collective), so the engine reduces expert gradients over the same groups the
+    blocks dispatch on. DeepSpeed's layout equals `make_layout`'s: EP groups of consecutive
+    ranks, expert-data-parallel groups strided by E."""
+    from deepspeed.utils import groups
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if ep_size < 1 or world % ep_size:
+        raise ExpertParallelError(
+            f"moe.expert_parallel = {ep_size} must divide the world size {world} "
+            f"(ranks are split into world/ep groups of ep ranks each)")
+    name = group_name(ep_size)
+    if name not in groups._get_expert_parallel_group_dict():
+        groups._create_expert_and_data_parallel(ep_size)
+    ep_group = groups._get_expert_parallel_group(name)
+    edp_group = groups._get_expert_data_parallel_group(name)
+    return ExpertParallelLayout(world_size=world, rank=rank, ep_size=ep_size,
+                                ep_rank=dist.get_rank(group=ep_group), ep_group=ep_group,
+                                expert_dp_group=edp_group if world > ep_size else None)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` holds expert-parallel blocks (its experts are spread over ranks)."""
+    return any(isinstance(m, ExpertParallelMoeBlock) for m in model.modules())
+
+
+def gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model's state dict, each block gathering its shards over its own EP
+    group (collective over every rank of the world: all must call it)."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for m in model.modules():
+        if isinstance(m, ExpertParallelMoeBlock):
+            for p in m.experts.parameters():
+                if m.ep_size == 1:
+                    continue
+                parts = [torch.empty_like(p) for _ in range(m.ep_size)]
+                dist.all_gather(parts, p.detach().contiguous(), group=m.group)
+                state[names[id(p)]] = torch.cat(parts)
     return state
 
 

@@ -35,6 +35,8 @@ def supported(model: torch.nn.Module) -> bool:
         return False
     if getattr(model, "use_kernels", False):
         return False
+    if any(type(m).__name__ == "ExpertParallelMoeBlock" for m in model.modules()):
+        return False  # experts sharded over ranks: their tokens travel by all-to-all
     rope = getattr(cfg, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
         return False

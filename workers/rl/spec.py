@@ -366,6 +366,12 @@ class MoeSpec(_Strict):
     balance: Literal["aux", "global_aux", "aux_free", "none"] = "aux"
     bias_rate: Annotated[float, Field(gt=0.0)] = 1e-3
     z_loss_coef: NonNegFloat = 0.0
+    # Expert parallelism in the RL phase (docs/moe.md, "Expert parallelism"): each layer's
+    # experts split over groups of this many consecutive ranks, tokens dispatched by
+    # all-to-all; DeepSpeed ZeRO-1/2 reduces expert gradients over the ranks holding the same
+    # experts only. 1 = every rank holds every expert. Must divide the world size (checked
+    # at start) and the number of experts.
+    expert_parallel: PosInt = 1
 
 
 class CheckpointSpec(_Strict):
@@ -482,6 +488,8 @@ class RunSpec(_Strict):
                              "routed-experts output is not wired (it could not be verified "
                              "against an installed vLLM); use rollout.backend = 'hf' or "
                              "moe.router_replay = false")
+        if self.moe.expert_parallel > 1:
+            self._check_expert_parallel()
         if self.moe.balance == "aux_free" and self.rollout.backend == "vllm":
             # vLLM's Qwen3-MoE router has no selection bias: it would sample with other
             # experts than the trainer selects.
@@ -489,6 +497,30 @@ class RunSpec(_Strict):
                              "vLLM backend's router cannot apply the per-expert selection "
                              "bias; use rollout.backend = 'hf' or another moe.balance")
         return self
+
+    def _check_expert_parallel(self) -> None:
+        """Refuse `moe.expert_parallel` combinations that cannot train correctly."""
+        ep, ts = self.moe.expert_parallel, self.trainer
+        where = f"moe.expert_parallel = {ep}"
+        if self.model.source == "preset" and self.model.preset.num_experts % ep:
+            raise ValueError(f"{where} must divide the number of experts "
+                             f"(model.preset.num_experts = {self.model.preset.num_experts}): "
+                             "each rank of an expert-parallel group holds an equal share")
+        if ts.zero_stage == 3:
+            raise ValueError(f"{where} needs trainer.zero_stage 0, 1 or 2: DeepSpeed refuses "
+                             "its MoE layers under ZeRO-3 (stage 3 would partition the expert "
+                             "shards again over all ranks); use zero_stage = 2")
+        if ts.grad_compression != "none":
+            raise ValueError(f"{where} cannot use trainer.grad_compression: the 4-bit path "
+                             "all-reduces every gradient over all ranks, but expert shards "
+                             "must be reduced only over the ranks holding the same experts")
+        if self.model.lora is not None:
+            raise ValueError(f"{where} with model.lora: LoRA freezes the experts (they cannot "
+                             "carry adapters), so there are no expert gradients or optimizer "
+                             "state to shard; drop one of the two")
+        if self.rollout.backend == "vllm":
+            raise ValueError(f"{where} needs rollout.backend = 'hf': the vLLM backend would "
+                             "need the gathered experts pushed every step, which is not wired")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from workers.reporting import Reporter, Stopped
 from workers.rl import advantages as adv_lib
 from workers.rl import balance
 from workers.rl import checkpoint as ckpt
+from workers.rl import expert_parallel
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import (
@@ -196,9 +197,17 @@ class Trainer:
                 "ranks (episodes generate a different number of turns per rank); use "
                 "zero_stage 0-2 or a single rank"
             )
+        if self.spec.moe.expert_parallel > 1 and plays_episodes(self.objective):
+            raise ValueError("moe.expert_parallel exchanges tokens between ranks in every "
+                             "forward, and multi-turn / tool-use episodes generate a different "
+                             "number of turns per rank; use a single-turn objective")
         if self.spec.algorithm.overlong_buffer and plays_episodes(self.objective):
             raise ValueError("algorithm.overlong_buffer shapes single-turn completions against "
                              "rollout.max_new_tokens; this objective plays multi-turn episodes")
+        ep = self.spec.moe.expert_parallel
+        if world % ep:
+            raise ValueError(f"moe.expert_parallel = {ep} must divide the world size {world}: "
+                             "ranks form world / expert_parallel groups of that many ranks")
         if ts.prompts_per_step % world:
             raise ValueError(
                 f"trainer.prompts_per_step={ts.prompts_per_step} must be divisible by the "
@@ -405,6 +414,8 @@ class Trainer:
                 raise ValueError("moe.balance = 'aux_free' needs a Qwen3-MoE with a sparse "
                                  "MoE block in every layer")
             balance.attach(routers)
+        if spec.moe.expert_parallel > 1:  # after the reference copy: it stays whole
+            self.shard_experts(policy, moe)
         total_opt_steps = ts.steps * algo.updates_per_batch
         engine = make_engine(policy, ts, ts.lr, total_opt_steps, micro, gas, own_clip=True)
         if spec.moe.router_replay:  # fail before step 1 if replay cannot bind every layer
@@ -428,11 +439,28 @@ class Trainer:
                        sampler=sampler, model_spec=model_spec, micro=micro, moe=moe,
                        top_k=top_k, vllm=spec.rollout.backend == "vllm", warm=warm)
 
+    def shard_experts(self, policy: torch.nn.Module, moe: bool) -> None:
+        """Keep only this rank's share of every MoE layer's experts (`moe.expert_parallel`),
+        on DeepSpeed's expert groups, so the engine built next reduces their gradients over the
+        ranks holding the same experts."""
+        ep = self.spec.moe.expert_parallel
+        if not moe:
+            raise ValueError(f"moe.expert_parallel = {ep} needs a mixture-of-experts model; "
+                             "this one has no sparse MoE layers")
+        names = expert_parallel.shard_experts(policy, expert_parallel.deepspeed_layout(ep))
+        self.sink.event("info", f"expert parallel: {len(names)} MoE layers sharded over groups "
+                        f"of {ep} ranks", {"expert_parallel": ep, "layers": len(names)})
+
+    def lockstep(self) -> bool:
+        """Whether every rank must run the same number of forwards when sampling: ZeRO-3
+        gathers parameters and expert parallelism exchanges tokens in each one."""
+        return self.spec.trainer.zero_stage == 3 or self.spec.moe.expert_parallel > 1
+
     def rollout_backend(self, engine: Any, tok: Any, sft_dir: Path) -> Any:
         """The learner's sampler: the engine's own module, or a vLLM engine with its copy."""
         spec, ts = self.spec, self.spec.trainer
         if spec.rollout.backend != "vllm":
-            return make_backend(spec.rollout.backend, engine.module, tok, ts.zero_stage == 3)
+            return make_backend(spec.rollout.backend, engine.module, tok, self.lockstep())
         from workers.rl.vllm_rollout import VllmRollout
 
         # vLLM loads config, weights and tokenizer from a directory: the SFT output, or the
@@ -498,7 +526,7 @@ class Trainer:
             sb = actor.get(step)
         else:
             backend = lrn.backend
-            lockstep_agree = any_rank if (self.world > 1 and ts.zero_stage == 3) else None
+            lockstep_agree = any_rank if (self.world > 1 and self.lockstep()) else None
 
             def current(s: int = step) -> tuple[int, Any]:
                 return s, backend
