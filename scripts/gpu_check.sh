@@ -4,7 +4,9 @@
 #      against vLLM's routed experts, DeepSpeed ZeRO++ quantised weights/gradients);
 #   2. a bf16 DeepSpeed ZeRO-2 train run on CUDA (NCCL, world of one) and its steps/s;
 #   3. the same run with router replay (the hf backend records routes on the GPU);
-#   4. expert parallelism, 4-bit gradient compression and the MoE benchmarks' figures.
+#   4. expert parallelism, 4-bit gradient compression and the MoE benchmarks' figures;
+#   5. the trainer with expert parallelism (moe.expert_parallel = 2, ZeRO-2, NCCL) against
+#      EP = 1, where two GPUs are visible (NCCL cannot put two ranks on one GPU).
 # Every check prints `gpu_check <name>: ok|failed|skipped ...` and its figures in the
 # benchmarks' line format; the script exits non-zero if any check failed. On a machine without a
 # CUDA GPU it says so and exits 0 (nothing here can run).
@@ -135,6 +137,19 @@ done
 #    host's gloo; on one GPU they show the code path, not the interconnect).
 check bench-moe-ep 150 "$PY" -m tests.benchmarks.bench_moe_ep
 check bench-grad-compress 200 "$PY" -m tests.benchmarks.bench_grad_compress
+
+# 5. Expert parallelism inside the trainer, on NCCL. NCCL refuses two ranks on one device
+#    ("Duplicate GPU detected"), and EP over one rank is no EP, so this needs two GPUs; on one
+#    it is skipped with that reason (the CPU suite runs the same trainer path on 2 gloo ranks:
+#    tests/workers/rl/test_ep_trainer.py).
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+if (( GPUS >= 2 )); then
+    check ep-train 240 "$PY" -m tests.benchmarks.bench_moe_ep --trainer --nproc 2 \
+        --hidden 128 --trainer-steps 12 --prefix gpu_
+else
+    echo "gpu_check ep-train: skipped (NCCL needs one GPU per rank; this host has $GPUS, and" \
+         "two processes on one GPU are refused by NCCL)"
+fi
 
 echo "gpu_check: done in $(( $(date +%s) - START ))s; logs in $OUT/"
 exit $FAILED

@@ -23,6 +23,13 @@ Run from the repository root: `.venv/bin/python -m tests.benchmarks.bench_moe_ep
 bench-moe-ep`). Ends with DESIGN.md's lines:
     ep_tokens_per_s_per_rank: crucible=<ep> dp=<dp> ratio=<ep/dp>
     expert_param_bytes_per_rank: crucible=<ep> dp=<dp> ratio=<ep/dp>
+
+`--trainer` measures the whole trainer instead (`moe.expert_parallel` through DeepSpeed ZeRO-2,
+under torchrun, `--nproc` ranks; gloo on CPU, NCCL where each rank has a GPU): the same RL run
+with EP = nproc against EP = 1, reading the trainer's own `train_tokens_per_s` (forward,
+backward and optimizer step of the RL update; sampling excluded) and steps/s. Prints
+    ep_trainer_tokens_per_s_per_rank: crucible=<ep> dp=<dp> ratio=<ep/dp>
+    <prefix>ep_train_steps_per_s: crucible=<ep> dp=<dp> ratio=<ep/dp>
 """
 
 from __future__ import annotations
@@ -111,8 +118,88 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace, out: str) -> None
         dist.destroy_process_group()
 
 
+TRAINER_CONFIG = """
+name = "bench-ep"
+[model]
+seed = 3
+[model.preset]
+num_layers = 4
+num_experts = 8
+hidden_size = {hidden}
+moe_intermediate_size = {hidden}
+[sft]
+steps = 0
+[rollout]
+group_size = 8
+max_new_tokens = 16
+[moe]
+expert_parallel = {ep}
+[trainer]
+steps = {steps}
+prompts_per_step = {prompts}
+micro_batch_size = 16
+zero_stage = 2
+precision = "{precision}"
+seed = 7
+[checkpoint]
+dir = "{dir}/ckpt"
+save_final = false
+[output]
+metrics_jsonl = "{dir}/metrics.jsonl"
+stdout = false
+"""
+
+
+def trainer_run(run_dir: Path, ep_size: int, nproc: int, args: argparse.Namespace
+                ) -> dict[str, float]:
+    """One torchrun of the trainer; medians of its per-step figures past the first two."""
+    import subprocess
+    import sys
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = run_dir / "run.toml"
+    cfg.write_text(TRAINER_CONFIG.format(
+        ep=ep_size, steps=args.trainer_steps, prompts=2 * nproc, dir=run_dir,
+        hidden=args.hidden, precision="bf16" if torch.cuda.is_available() else "fp32"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+           f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           "-m", "workers.rl", "train", "--config", str(cfg)]
+    log = run_dir / "log.txt"
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise SystemExit(f"trainer run failed (exit {rc}):\n{log.read_text()[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    steps = [r for r in rows if r["kind"] == "metrics" and "loss" in r["metrics"]][2:]
+    gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:], strict=False)]
+    return {"tokens_per_s_per_rank": statistics.median(
+                r["metrics"]["train_tokens_per_s"] for r in steps) / nproc,
+            "steps_per_s": 1.0 / statistics.median(gaps)}
+
+
+def trainer_main(args: argparse.Namespace) -> None:
+    """EP = nproc against EP = 1 through the whole trainer (see the module docstring)."""
+    with tempfile.TemporaryDirectory() as d:
+        ep_res = trainer_run(Path(d) / "ep", args.nproc, args.nproc, args)
+        dp_res = trainer_run(Path(d) / "dp", 1, args.nproc, args)
+    device = "NCCL on GPUs" if torch.cuda.is_available() else "gloo on CPU"
+    print(f"trainer, tiny Qwen3-MoE preset (8 experts, 4 layers, hidden {args.hidden}), "
+          f"{args.nproc} ranks, {device}, ZeRO-2, {args.trainer_steps} RL steps (first 2 "
+          f"excluded), EP={args.nproc} against EP=1")
+    e, p = ep_res["tokens_per_s_per_rank"], dp_res["tokens_per_s_per_rank"]
+    print(f"ep_trainer_tokens_per_s_per_rank: crucible={e:.0f} dp={p:.0f} ratio={e / p:.2f}")
+    e, p = ep_res["steps_per_s"], dp_res["steps_per_s"]
+    print(f"{args.prefix}ep_train_steps_per_s: crucible={e:.2f} dp={p:.2f} ratio={e / p:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trainer", action="store_true",
+                    help="measure the trainer with moe.expert_parallel (torchrun) instead")
+    ap.add_argument("--nproc", type=int, default=2, help="--trainer: ranks (= EP size)")
+    ap.add_argument("--trainer-steps", type=int, default=8, help="--trainer: RL steps per run")
+    ap.add_argument("--hidden", type=int, default=64, help="--trainer: hidden / expert size")
+    ap.add_argument("--prefix", default="", help="--trainer: figure name prefix (gpu_)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--repeats", type=int, default=7, help="rounds (medians are quoted)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -120,6 +207,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the ranks: one thread each
+    if args.trainer:
+        trainer_main(args)
+        return
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "result.json"
         mp.spawn(_rank_main, args=(free_port(), args, str(out)), nprocs=WORLD, join=True)

@@ -54,7 +54,10 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
     its all-reduce of the norm); `engine.crucible_clip` holds the bound, 0 where DeepSpeed
     clips."""
     import deepspeed
-    from deepspeed.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
+    from deepspeed.moe.utils import (
+        is_moe_param,
+        split_params_into_different_moe_groups_for_optimizer,
+    )
 
     params = [p for p in model.parameters() if p.requires_grad]
     groups: list[dict[str, Any]] = [{"params": params, "name": "dense"}]

@@ -182,13 +182,13 @@ class ExpertParallelMoeBlock(MoE):
             experts.down_proj.data[self.first:self.end].clone())  # (n/E, H, I)
         experts.num_experts = self.num_local
         for p in experts.parameters():  # DeepSpeed's expert-parameter marks (is_moe_param)
-            p.allreduce = False  # type: ignore[attr-defined]
-            p.group_name = self.expert_group_name  # type: ignore[attr-defined]
+            p.allreduce = False
+            p.group_name = self.expert_group_name
         self.register_state_dict_post_hook(_deepspeed_expert_layout)
         self._register_load_state_dict_pre_hook(_stack_deepspeed_experts)
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
-        """DeepSpeed calls this on every MoE layer; the groups exist already (`deepspeed_layout`)."""
+        """DeepSpeed calls this on every MoE layer; `deepspeed_layout` made the groups."""
 
     def _exchange(self, x: torch.Tensor, out_splits: list[int],
                   in_splits: list[int]) -> torch.Tensor:

@@ -26,9 +26,8 @@ import torch.distributed as dist
 from workers import threads
 from workers.reporting import Reporter, Stopped
 from workers.rl import advantages as adv_lib
-from workers.rl import balance
+from workers.rl import balance, expert_parallel
 from workers.rl import checkpoint as ckpt
-from workers.rl import expert_parallel
 from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
 from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import (
