@@ -60,11 +60,12 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
     )
 
     params = [p for p in model.parameters() if p.requires_grad]
-    groups: list[dict[str, Any]] = [{"params": params, "name": "dense"}]
+    groups: list[dict[str, Any]] = [{"params": params}]
     if any(is_moe_param(p) for p in params):
         # Expert shards (workers/rl/expert_parallel.py): one optimizer group per DeepSpeed
         # expert group, which ZeRO partitions and reduces over that group's ranks only.
-        groups = split_params_into_different_moe_groups_for_optimizer(groups)
+        groups = split_params_into_different_moe_groups_for_optimizer(
+            [{"params": params, "name": "dense"}])
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=ts.weight_decay,
                             foreach=adamw_impl(params).get("foreach"))
     sched = torch.optim.lr_scheduler.LambdaLR(
