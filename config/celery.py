@@ -16,6 +16,7 @@ from celery.signals import (  # noqa: F401 - re-exported
     worker_process_init,
     worker_ready,
     worker_shutdown,
+    worker_shutting_down,
 )
 from kombu import Queue
 

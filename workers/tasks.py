@@ -12,8 +12,15 @@ import os
 import sys
 from typing import Any
 
-from config.celery import app, worker_init, worker_process_init, worker_ready, worker_shutdown
-from workers import health, threads
+from config.celery import (
+    app,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+from workers import drain, health, threads
 from workers.adapters import execute
 from workers.client import ApiError, CrucibleClient, default_worker_id
 
@@ -33,11 +40,17 @@ def _pool_processes(worker: Any) -> int:
         return threads.usable_cores()
 
 
+_worker: Any = None  # the WorkController, for its pool's process ids at a drain
+
+
 @worker_init.connect
 def _threads_for_worker(sender: Any = None, **_: Any) -> None:
     """worker_init, in the worker's main process before its pool starts: the processes sharing
     the cores are the pool's (unless the launcher said otherwise), and the allotment goes to
     the pool's children through the environment."""
+    global _worker
+    _worker = sender
+    drain.timeout_s()  # a bad CRUCIBLE_DRAIN_TIMEOUT_S stops the worker at start, not at a drain
     os.environ.setdefault(threads.SHARERS, str(_pool_processes(sender)))
     print(f"crucible worker {os.getpid()}: {threads.configure(role='celery worker').describe()}",
           file=sys.stderr, flush=True)
@@ -45,7 +58,9 @@ def _threads_for_worker(sender: Any = None, **_: Any) -> None:
 
 @worker_process_init.connect
 def _threads_for_pool_process(**_: Any) -> None:
-    """worker_process_init, in each prefork child as it starts."""
+    """worker_process_init, in each prefork child as it starts (and learns to drain on the
+    main process's word)."""
+    drain.install_child_handler()
     allot = threads.configure(role="celery worker process")
     print(f"crucible worker process {os.getpid()}: {allot.describe()}", file=sys.stderr,
           flush=True)
@@ -70,6 +85,27 @@ def _start_health_heartbeat(sender: Any = None, **_: Any) -> None:
                                   lambda: _describe_consumer(sender))
     _heartbeat.start()
     log.info("worker heartbeat: %s every %.0fs", _heartbeat.path, _heartbeat.every)
+
+
+def _pool_pids() -> list[int]:
+    """The prefork pool's process ids (none for a solo or threads pool: the task runs here)."""
+    try:
+        found = (_worker.pool.info or {}).get("processes") if _worker is not None else None
+    except Exception:  # a pool that is not started, or one without process ids
+        return []
+    return [int(p) for p in found or [] if int(p) != os.getpid()]
+
+
+@worker_shutting_down.connect
+def _drain_on_shutdown(sig: str = "", how: str = "", **_: Any) -> None:
+    """Celery's SIGTERM/SIGINT (warm) or SIGQUIT (cold) handler, in the main process: drain.
+    A run in this process (solo or threads pool) stops at its next safe point; pool
+    processes are told with SIGUSR2. Past the drain timeout this process exits, killing its
+    pool processes first."""
+    children = _pool_pids()
+    drain.signal_children(children)
+    drain.request_soon(f"{sig} ({how} shutdown)",
+                       on_timeout=lambda: drain.kill_children(_pool_pids() or children))
 
 
 @worker_shutdown.connect
