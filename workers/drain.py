@@ -110,7 +110,11 @@ def kill_children(pids: Iterable[int]) -> None:
 
 
 def install_child_handler() -> None:
-    """In a pool process: SIGUSR2 starts a drain here (with its own deadline)."""
+    """In a pool process: SIGUSR2 starts a drain here (with its own deadline). Only the main
+    thread may set a handler; a threads pool's tasks run beside the main process's, which
+    got the SIGTERM itself."""
+    if threading.current_thread() is not threading.main_thread():
+        return
 
     def handle(signum: int, frame: Any) -> None:
         request_soon("SIGUSR2 from the worker's main process")

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from config.celery import (
+    Reject,
     app,
     worker_init,
     worker_process_init,
@@ -58,9 +59,7 @@ def _threads_for_worker(sender: Any = None, **_: Any) -> None:
 
 @worker_process_init.connect
 def _threads_for_pool_process(**_: Any) -> None:
-    """worker_process_init, in each prefork child as it starts (and learns to drain on the
-    main process's word)."""
-    drain.install_child_handler()
+    """worker_process_init, in each prefork child as it starts."""
     allot = threads.configure(role="celery worker process")
     print(f"crucible worker process {os.getpid()}: {allot.describe()}", file=sys.stderr,
           flush=True)
@@ -119,6 +118,13 @@ def execute_run(self: Any, run_id: str, pool: str | None = None) -> str:
     """``pool`` comes with a message sent to a node's queue (scheduler on); a message sent to
     a pool's queue names its pool by its routing key."""
     pool = pool or (self.request.delivery_info or {}).get("routing_key") or "cpu"
+    # Here, not at worker_process_init: billiard points SIGUSR2 at its own exit handler
+    # after that signal's receivers ran.
+    drain.install_child_handler()
+    if drain.requested():
+        # A draining worker still takes a message or two while Celery winds down (its loop
+        # runs one more cycle after it decides to stop): hand it back for another worker.
+        raise Reject("this worker is draining", requeue=True)
     with CrucibleClient() as client:
         return execute(client, run_id, pool)
 

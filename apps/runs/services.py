@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import audit, events, limits
+from apps.core import audit, events, limits, telemetry
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput
 from apps.core.storage import store
@@ -25,7 +26,7 @@ from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
-from apps.runs import dispatch, objects, scheduler
+from apps.runs import dispatch, objects, scheduler, selectors
 from apps.runs.leases import check_epoch, leased
 from apps.runs.models import (
     ACTIVE_STATUSES,
@@ -37,6 +38,7 @@ from apps.runs.models import (
     RunDataset,
     RunEnvironment,
     RunEvent,
+    RunKind,
     RunStatus,
     RunTag,
     Sample,
@@ -198,7 +200,17 @@ def transition(
         _publish_status(run, previous)
         if to == S.QUEUED:
             dispatch.enqueue_on_commit(run)
+        if to == S.SUCCEEDED and run.kind == RunKind.TRAIN:
+            transaction.on_commit(lambda: _observe_goodput(run.pk))
     return run
+
+
+def _observe_goodput(run_id: uuid.UUID) -> None:
+    """A succeeded train run's goodput into ``/metrics`` (two reads, once per run)."""
+    run = Run.objects.filter(pk=run_id).first()
+    value = selectors.run_goodput(run).goodput if run is not None else None
+    if value is not None:
+        telemetry.RUN_GOODPUT.observe(value)
 
 
 def _record_attempt(run: Run, previous: str, to: str, reason: str,

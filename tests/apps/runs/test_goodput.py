@@ -142,3 +142,52 @@ def test_the_openapi_schema_documents_the_run_detail_goodput(member):
         "lost_failure_s", "attempts"}
     assert schemas[name]["properties"]["goodput"].get("nullable") is True
     assert "/api/v1/worker/runs/{run}/started" in schema["paths"]
+
+
+W = "/api/v1/worker"
+
+
+def _claim(worker, run, worker_id):
+    r = worker.post(f"{W}/claim", {"pool": run.pool, "worker_id": worker_id,
+                                   "run_id": str(run.pk)}, format="json")
+    assert r.status_code == 200, r.content
+    return {"HTTP_X_CRUCIBLE_LEASE": r.json()["lease_id"]}
+
+
+def test_a_drained_attempt_is_given_back_and_requeued_and_success_records_goodput(
+        worker, member, project, django_capture_on_commit_callbacks):
+    from apps.core import telemetry
+    from tests.factories import make_train_run
+
+    run = make_train_run(project, max_attempts=1)
+    lease = _claim(worker, run, "w1")
+    assert worker.post(f"{W}/runs/{run.pk}/started", {"resume_step": -1}, format="json",
+                       **lease).status_code == 400
+    started = worker.post(f"{W}/runs/{run.pk}/started", {"resume_step": 0}, format="json",
+                          **lease).json()
+    assert (started["attempt"], started["resume_step"]) == (1, 0)
+    # A second report keeps the first stamp.
+    again = worker.post(f"{W}/runs/{run.pk}/started", {"resume_step": 7}, format="json",
+                        **lease).json()
+    assert (again["started_at"], again["resume_step"]) == (started["started_at"], 0)
+    r = worker.post(f"{W}/runs/{run.pk}/status", {"status": "preempted", "drained": True},
+                    format="json", **lease)
+    assert r.json() == {"status": "queued"}, r.content
+    run.refresh_from_db()
+    # One attempt allowed, one used by the drain, and still it may run again: given back.
+    assert (run.status, run.retry_base, run.preemptions, run.lease_id) == ("queued", 1, 0, "")
+    assert run.attempts.get().outcome == "drained"
+    # The old lease is dead.
+    assert worker.post(f"{W}/runs/{run.pk}/started", {"resume_step": 0}, format="json",
+                       **lease).status_code == 409
+
+    lease = _claim(worker, run, "w2")
+    worker.post(f"{W}/runs/{run.pk}/started", {"resume_step": 0}, format="json", **lease)
+    before = telemetry.REGISTRY.get_sample_value("crucible_run_goodput_count") or 0
+    with django_capture_on_commit_callbacks(execute=True):
+        assert worker.post(f"{W}/runs/{run.pk}/status", {"status": "succeeded"}, format="json",
+                           **lease).json() == {"status": "succeeded"}
+    assert telemetry.REGISTRY.get_sample_value("crucible_run_goodput_count") == before + 1
+    body = member.client.get(f"/api/v1/teams/acme/runs/{run.pk}").json()
+    assert [a["outcome"] for a in body["attempts"]] == ["drained", "succeeded"]
+    assert 0 < body["goodput"]["goodput"] < 1
