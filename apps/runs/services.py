@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -189,7 +189,7 @@ def transition(
         if to not in ACTIVE_STATUSES and to != previous and \
                 scheduling_services.release_allocations(run_id=run.pk, now=now):
             dispatch.request_pass_on_commit()
-        _record_attempt(run, previous, to, reason, outcome)
+        _record_attempt(run, previous, to, reason, outcome, now=now)
         message = to + (f": {reason}" if reason else "") + (f": {run.error}" if to == S.FAILED
                                                             else "")
         level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
@@ -214,10 +214,10 @@ def _observe_goodput(run_id: uuid.UUID) -> None:
 
 
 def _record_attempt(run: Run, previous: str, to: str, reason: str,
-                    outcome: str | None = None) -> None:
+                    outcome: str | None = None, *, now: datetime) -> None:
     """Open an attempt row on a claim; close it, with its outcome, when the run leaves the
-    active statuses (the caller holds the run's lock)."""
-    now = timezone.now()
+    active statuses (the caller holds the run's lock). ``now`` is the transition's own time,
+    so a run's claim and finish equal its attempts' (goodput adds them up exactly)."""
     if to == S.CLAIMED:
         RunAttempt.objects.create(run=run, number=run.attempt, worker=run.lease_holder,
                                   claimed_at=now)
