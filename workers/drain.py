@@ -9,9 +9,9 @@ lease and queues the run again at once, and the task returns so Celery can exit.
 
 ``request()`` is called in the process that got the signal (Celery's ``worker_shutting_down``
 in its main process); pool processes of a prefork worker learn of it through SIGUSR2, which
-:func:`install_child_handler` turns into a drain there. Past ``CRUCIBLE_DRAIN_TIMEOUT_S``
-(default 60 s) the process exits anyway and the lease is left to expire or to the node
-agent, which reports the dead worker.
+:func:`install_child_handler` (set as each task starts) turns into a drain there. Past
+``CRUCIBLE_DRAIN_TIMEOUT_S`` (default 60 s) the process exits anyway and the lease is left to
+expire or to the node agent, which reports the dead worker.
 
 Standard library only (engines' import rules).
 """
