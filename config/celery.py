@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.exceptions import Reject  # noqa: F401 - re-exported for workers.tasks
 from celery.signals import (  # noqa: F401 - re-exported
     worker_init,
     worker_process_init,
     worker_ready,
     worker_shutdown,
+    worker_shutting_down,
 )
 from kombu import Queue
 

@@ -317,6 +317,7 @@ SPECTACULAR_SETTINGS = {
     # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
     "ENUM_NAME_OVERRIDES": {
         "RunKindEnum": "apps.runs.models.RunKind",
+        "RunStatusEnum": "apps.runs.models.RunStatus",
         "TokenKindEnum": "apps.teams.models.TokenKind",
         "PoolEnum": "apps.runs.models.Pool",
         # workers.protocol.PoolName (a Literal: values without labels) in worker documents.

@@ -24,6 +24,7 @@ urlpatterns = [
     path("runs/<str:run>", run({"get": "retrieve"}), name="worker-run"),
     path("runs/<str:run>/heartbeat", run({"post": "heartbeat"}), name="worker-heartbeat"),
     path("runs/<str:run>/status", run({"post": "status"}), name="worker-status"),
+    path("runs/<str:run>/started", run({"post": "started"}), name="worker-started"),
     path("runs/<str:run>/metrics", run({"post": "metrics"}), name="worker-metrics"),
     path("runs/<str:run>/events", run({"post": "events"}), name="worker-events"),
     path("runs/<str:run>/checkpoints", run({"post": "checkpoints"}),

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
+from workers import drain
 from workers.outbox import Item, Outbox
 from workers.paths import var_dir
 from workers.protocol import (
@@ -701,13 +702,23 @@ class WorkerSession:
         return self._preempt.is_set()
 
     @property
+    def drain_requested(self) -> bool:
+        """This worker process is shutting down (SIGTERM; :mod:`workers.drain`)."""
+        return drain.requested()
+
+    @property
     def should_stop(self) -> bool:
-        """The run was canceled, the lease moved on, or the scheduler asked it to make room:
-        stop at the next safe point."""
-        return self._lost.is_set() or self._preempt.is_set()
+        """The run was canceled, the lease moved on, the scheduler asked it to make room, or
+        the worker is shutting down: stop at the next safe point."""
+        return self._lost.is_set() or self._preempt.is_set() or drain.requested()
+
+    def attempt_started(self, resume_step: int = 0) -> Any:
+        """The attempt's startup is over and its work begins from checkpoint ``resume_step``
+        (the web stamps the time; goodput tells startup from work by it)."""
+        return self._barrier("started", {"resume_step": resume_step})
 
     def set_status(self, status: str, error: str = "", *, retry: bool = False,
-                   **classified: Any) -> dict[str, Any]:
+                   drained: bool = False, **classified: Any) -> dict[str, Any]:
         """Sent after everything queued, retried until the lease deadline; if an earlier try
         was applied but its answer lost, the server's 409 "already <status>" counts as done.
         ``classified``: the failure's ``cause``, ``node`` and ``toolchains``
@@ -715,6 +726,8 @@ class WorkerSession:
         body: dict[str, Any] = {"status": status, "error": error, **classified}
         if retry:
             body["retry"] = True
+        if drained:
+            body["drained"] = True
         try:
             return self._barrier("status", body)
         except ApiError as exc:

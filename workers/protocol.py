@@ -198,6 +198,17 @@ class StatusChange(BaseModel):
     cause: FailureCause | None = None
     node: NodeName | None = None
     toolchains: Toolchains = Field(default_factory=dict)
+    # With ``preempted``: the worker is shutting down (SIGTERM) and stopped the run by itself,
+    # checkpointed where it can; the run is queued again at once, the attempt given back.
+    drained: bool = False
+
+
+class AttemptStart(BaseModel):
+    """The attempt's startup is over (claim answered, inputs fetched) and its work begins,
+    ``resume_step`` the checkpoint step it resumes from (0: from the start). Goodput tells
+    startup from work, and kept work from redone work, by it."""
+
+    resume_step: Step = 0
 
 
 # A JSON number a float can hold: not NaN, not an infinity, not an int beyond float range.

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from workers import drain
+
 log = logging.getLogger("crucible.supervise")
 
 BACKOFF_START_S = 1.0
@@ -143,9 +145,12 @@ class Supervisor:
                 self.on_restart(child, code)
             child.delay = min(child.delay * 2, self.backoff_max)
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM every live child (Celery finishes or requeues its task), SIGKILL those
-        still alive after ``timeout``."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM every live child (a Celery worker drains: its run checkpoints and is
+        requeued, see :mod:`workers.drain`), SIGKILL those still alive after ``timeout``
+        (default: the drain timeout plus 15 s, so a draining worker is not cut short)."""
+        if timeout is None:
+            timeout = drain.timeout_s() + 15.0
         for child in self.children:
             if child.alive():
                 assert child.proc is not None

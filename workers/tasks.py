@@ -12,8 +12,16 @@ import os
 import sys
 from typing import Any
 
-from config.celery import app, worker_init, worker_process_init, worker_ready, worker_shutdown
-from workers import health, threads
+from config.celery import (
+    Reject,
+    app,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+from workers import drain, health, threads
 from workers.adapters import execute
 from workers.client import ApiError, CrucibleClient, default_worker_id
 
@@ -33,11 +41,17 @@ def _pool_processes(worker: Any) -> int:
         return threads.usable_cores()
 
 
+_worker: Any = None  # the WorkController, for its pool's process ids at a drain
+
+
 @worker_init.connect
 def _threads_for_worker(sender: Any = None, **_: Any) -> None:
     """worker_init, in the worker's main process before its pool starts: the processes sharing
     the cores are the pool's (unless the launcher said otherwise), and the allotment goes to
     the pool's children through the environment."""
+    global _worker
+    _worker = sender
+    drain.timeout_s()  # a bad CRUCIBLE_DRAIN_TIMEOUT_S stops the worker at start, not at a drain
     os.environ.setdefault(threads.SHARERS, str(_pool_processes(sender)))
     print(f"crucible worker {os.getpid()}: {threads.configure(role='celery worker').describe()}",
           file=sys.stderr, flush=True)
@@ -72,6 +86,27 @@ def _start_health_heartbeat(sender: Any = None, **_: Any) -> None:
     log.info("worker heartbeat: %s every %.0fs", _heartbeat.path, _heartbeat.every)
 
 
+def _pool_pids() -> list[int]:
+    """The prefork pool's process ids (none for a solo or threads pool: the task runs here)."""
+    try:
+        found = (_worker.pool.info or {}).get("processes") if _worker is not None else None
+    except Exception:  # a pool that is not started, or one without process ids
+        return []
+    return [int(p) for p in found or [] if int(p) != os.getpid()]
+
+
+@worker_shutting_down.connect
+def _drain_on_shutdown(sig: str = "", how: str = "", **_: Any) -> None:
+    """Celery's SIGTERM/SIGINT (warm) or SIGQUIT (cold) handler, in the main process: drain.
+    A run in this process (solo or threads pool) stops at its next safe point; pool
+    processes are told with SIGUSR2. Past the drain timeout this process exits, killing its
+    pool processes first."""
+    children = _pool_pids()
+    drain.signal_children(children)
+    drain.request_soon(f"{sig} ({how} shutdown)",
+                       on_timeout=lambda: drain.kill_children(_pool_pids() or children))
+
+
 @worker_shutdown.connect
 def _stop_health_heartbeat(**_: Any) -> None:
     if _heartbeat is not None:
@@ -83,6 +118,13 @@ def execute_run(self: Any, run_id: str, pool: str | None = None) -> str:
     """``pool`` comes with a message sent to a node's queue (scheduler on); a message sent to
     a pool's queue names its pool by its routing key."""
     pool = pool or (self.request.delivery_info or {}).get("routing_key") or "cpu"
+    # Here, not at worker_process_init: billiard points SIGUSR2 at its own exit handler
+    # after that signal's receivers ran.
+    drain.install_child_handler()
+    if drain.requested():
+        # A draining worker still takes a message or two while Celery winds down (its loop
+        # runs one more cycle after it decides to stop): hand it back for another worker.
+        raise Reject("this worker is draining", requeue=True)
     with CrucibleClient() as client:
         return execute(client, run_id, pool)
 

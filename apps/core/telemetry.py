@@ -53,6 +53,12 @@ SANDBOX_FINISHED = Counter(
     "failed, lost: the worker vanished) and the program's verdict (OK, TLE, RE, ...).",
     ["status", "verdict"], registry=REGISTRY,
 )
+RUN_GOODPUT = Histogram(
+    "crucible_run_goodput",
+    "Goodput of train runs as they succeed: time on work that survives over wall time since "
+    "the first claim (apps.runs.goodput; the run API has the breakdown).",
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0), registry=REGISTRY,
+)
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _LABEL = re.compile(r"^[A-Za-z0-9_:.\-]{1,100}$")

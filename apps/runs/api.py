@@ -24,6 +24,7 @@ from apps.runs.models import Run, RunEvent, RunTag
 from apps.runs.serializers import (
     CheckpointSerializer,
     RunCreateSerializer,
+    RunDetailSerializer,
     RunEventSerializer,
     RunSerializer,
     SampleSerializer,
@@ -77,8 +78,9 @@ class RunViewSet(TeamScopedViewSet):
         page = self.paginate_queryset(runs)
         return self.get_paginated_response(RunSerializer(page, many=True).data)
 
+    @extend_schema(responses=RunDetailSerializer)
     def retrieve(self, request: Request, team: str, run: str) -> Response:
-        return Response(RunSerializer(self.get_object()).data)
+        return Response(RunDetailSerializer(self.get_object()).data)
 
     def _launch(self, request: Request, *, preview: bool) -> Launch:
         data = RunCreateSerializer(data=request.data)

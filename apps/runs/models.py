@@ -192,6 +192,7 @@ class AttemptOutcome(models.TextChoices):
     CANCELED = "canceled"
     LOST = "lost"  # the worker's lease expired (killed, hung, or cut off)
     PREEMPTED = "preempted"  # the scheduler took its resources back; not a failure
+    DRAINED = "drained"  # its worker shut down gracefully (checkpointed, lease released)
 
 
 class RunAttempt(models.Model):
@@ -206,6 +207,11 @@ class RunAttempt(models.Model):
     error = models.TextField(blank=True)
     claimed_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # When the worker began work after its startup (claim, probes, checkpoint and model
+    # fetched) and the checkpoint step it resumed from (0: fresh): what goodput needs to tell
+    # startup from work and work kept from work redone (apps.runs.goodput).
+    started_at = models.DateTimeField(null=True, blank=True)
+    resume_step = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Max, Prefetch, QuerySet
+from django.utils import timezone
 
 from apps.core.exceptions import DomainError, InvalidInput, NotFound
 from apps.datasets.models import DatasetVersion
 from apps.environments.models import EnvironmentVersion
 from apps.metrics.models import MetricBatch, MetricSeries
-from apps.runs import objects
-from apps.runs.models import Checkpoint, Run, RunStatus
+from apps.runs import goodput, objects
+from apps.runs.goodput import Goodput
+from apps.runs.models import FINAL_STATUSES, Checkpoint, Run, RunStatus
 from apps.scheduling.models import Allocation
 from apps.teams.models import Team
 from workers.protocol import ClaimedRun, PinnedEnvironment
@@ -281,3 +284,24 @@ def pending_by_queue(visible_team_ids: set[int] | None) -> list[dict[str, Any]]:
             "queue_position": run.queue_position,
             "estimated_start_at": run.estimated_start_at, "queued_at": run.queued_at})
     return list(out.values())
+
+
+def _seconds(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def run_goodput(run: Run, now: datetime | None = None) -> Goodput:
+    """The run's goodput and where the rest of its wall time went (:mod:`apps.runs.goodput`),
+    from its attempts (prefetched by runs_with_relations) and its resumable checkpoints'
+    registration times."""
+    attempts = [goodput.Attempt(number=a.number, outcome=a.outcome,
+                                claimed_at=a.claimed_at.timestamp(),
+                                ended_at=_seconds(a.ended_at), started_at=_seconds(a.started_at),
+                                resume_step=a.resume_step)
+                for a in run.attempts.all()]
+    marks = [goodput.CheckpointMark(step=step, created_at=created.timestamp())
+             for step, created in Checkpoint.objects.filter(run=run, resumable=True)
+             .values_list("step", "created_at")] if attempts else []
+    finished = run.finished_at if run.status in FINAL_STATUSES else None
+    return goodput.compute(attempts, marks, now=(now or timezone.now()).timestamp(),
+                           finished_at=_seconds(finished))

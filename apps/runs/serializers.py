@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.serializers import StrictSerializer
@@ -18,7 +19,8 @@ class PinSerializer(serializers.Serializer):
 class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = RunAttempt
-        fields = ["number", "worker", "outcome", "error", "claimed_at", "ended_at"]
+        fields = ["number", "worker", "outcome", "error", "claimed_at", "started_at",
+                  "resume_step", "ended_at"]
         read_only_fields = fields
 
 
@@ -68,6 +70,45 @@ class RunSerializer(serializers.ModelSerializer):
             return None
         return {"checkpoint": ckpt.pk, "run": str(ckpt.run_id), "step": ckpt.step,
                 "uri": ckpt.uri}
+
+
+class AttemptTimeSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    outcome = serializers.CharField()
+    startup_s = serializers.FloatField(help_text="claim → work began")
+    useful_s = serializers.FloatField(help_text="work that survives in the run's history")
+    lost_s = serializers.FloatField(help_text="work after its last kept checkpoint, redone")
+
+
+class GoodputSerializer(serializers.Serializer):
+    """Seconds since the run's first claim (to its finish, or now), split by where they went;
+    they add up to ``wall_s`` (apps.runs.goodput)."""
+
+    goodput = serializers.FloatField(allow_null=True,
+                                     help_text="useful_s / wall_s; null before the first claim")
+    wall_s = serializers.FloatField()
+    useful_s = serializers.FloatField()
+    queued_s = serializers.FloatField(help_text="between attempts, waiting to be claimed")
+    startup_s = serializers.FloatField()
+    lost_preemption_s = serializers.FloatField(
+        help_text="work redone after scheduler preemptions and worker drains")
+    lost_failure_s = serializers.FloatField(
+        help_text="work redone after lost workers and failed attempts")
+    attempts = AttemptTimeSerializer(many=True)
+
+
+class RunDetailSerializer(RunSerializer):
+    """One run, with its goodput (computed per request, so not in lists)."""
+
+    goodput = serializers.SerializerMethodField()
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "goodput"]
+        read_only_fields = fields
+
+    @extend_schema_field(GoodputSerializer)
+    def get_goodput(self, run: Run) -> dict[str, object]:
+        return selectors.run_goodput(run).as_dict()
 
 
 class RunCreateSerializer(StrictSerializer):

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import logging
 import secrets
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import audit, events, limits
+from apps.core import audit, events, limits, telemetry
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput
 from apps.core.storage import store
@@ -25,7 +26,7 @@ from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
-from apps.runs import dispatch, objects, scheduler
+from apps.runs import dispatch, objects, scheduler, selectors
 from apps.runs.leases import check_epoch, leased
 from apps.runs.models import (
     ACTIVE_STATUSES,
@@ -37,6 +38,7 @@ from apps.runs.models import (
     RunDataset,
     RunEnvironment,
     RunEvent,
+    RunKind,
     RunStatus,
     RunTag,
     Sample,
@@ -187,7 +189,7 @@ def transition(
         if to not in ACTIVE_STATUSES and to != previous and \
                 scheduling_services.release_allocations(run_id=run.pk, now=now):
             dispatch.request_pass_on_commit()
-        _record_attempt(run, previous, to, reason, outcome)
+        _record_attempt(run, previous, to, reason, outcome, now=now)
         message = to + (f": {reason}" if reason else "") + (f": {run.error}" if to == S.FAILED
                                                             else "")
         level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
@@ -198,14 +200,24 @@ def transition(
         _publish_status(run, previous)
         if to == S.QUEUED:
             dispatch.enqueue_on_commit(run)
+        if to == S.SUCCEEDED and run.kind == RunKind.TRAIN:
+            transaction.on_commit(lambda: _observe_goodput(run.pk))
     return run
 
 
+def _observe_goodput(run_id: uuid.UUID) -> None:
+    """A succeeded train run's goodput into ``/metrics`` (two reads, once per run)."""
+    run = Run.objects.filter(pk=run_id).first()
+    value = selectors.run_goodput(run).goodput if run is not None else None
+    if value is not None:
+        telemetry.RUN_GOODPUT.observe(value)
+
+
 def _record_attempt(run: Run, previous: str, to: str, reason: str,
-                    outcome: str | None = None) -> None:
+                    outcome: str | None = None, *, now: datetime) -> None:
     """Open an attempt row on a claim; close it, with its outcome, when the run leaves the
-    active statuses (the caller holds the run's lock)."""
-    now = timezone.now()
+    active statuses (the caller holds the run's lock). ``now`` is the transition's own time,
+    so a run's claim and finish equal its attempts' (goodput adds them up exactly)."""
     if to == S.CLAIMED:
         RunAttempt.objects.create(run=run, number=run.attempt, worker=run.lease_holder,
                                   claimed_at=now)
@@ -357,19 +369,23 @@ def heartbeat(*, run: Run, lease_id: str) -> Run:
 def worker_transition(
     *, actor: Actor, run: Run, lease_id: str, to: str, error: str = "", retry: bool = False,
     cause: str | None = None, node: str | None = None,
-    toolchains: dict[str, dict[str, Any]] | None = None,
+    toolchains: dict[str, dict[str, Any]] | None = None, drained: bool = False,
 ) -> Run:
-    """A worker's status report. ``failed`` with ``retry`` (an error another attempt may not
-    meet: a lost node, an out-of-memory kill) queues the run again while it has attempts
-    left; the failed attempt and its error stay in the run's attempts and events.
-    ``cause="environment"`` (the sandbox its environments need failed its probe on
-    ``node``) is retried likewise, counted against the node, and asks it to re-check."""
+    """A worker's status report. ``preempted`` with ``drained``: the worker is shutting
+    down and stopped the run itself (see :func:`finish_drain`). ``failed`` with ``retry``
+    (an error another attempt may not meet: a lost node, an out-of-memory kill) queues the
+    run again while it has attempts left; the failed attempt and its error stay in the run's
+    attempts and events. ``cause="environment"`` (the sandbox its environments need failed
+    its probe on ``node``) is retried likewise, counted against the node, and asks it to
+    re-check."""
     if to not in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED):
         raise InvalidInput(f"Workers may set status running, succeeded, failed or (when the "
                            f"scheduler asked) preempted, not '{to}'.",
                            details={"status": [to]})
     with transaction.atomic():
         run = leased(run, lease_id)
+        if to == S.PREEMPTED and drained:
+            return finish_drain(actor=actor, run=run)
         if to == S.PREEMPTED:
             if run.preempt_deadline_at is None:
                 raise InvalidInput(f"Run {run.pk} was not asked to stop for the scheduler; "
@@ -529,6 +545,39 @@ def finish_preemption(*, actor: Actor, run: Run, forced: bool) -> Run:
         transition(actor=actor, run=run, to=S.QUEUED, locked=True,
                    reason=f"requeued after preemption {run.preemptions}")
     return run
+
+
+def finish_drain(*, actor: Actor, run: Run) -> Run:
+    """The run's worker is shutting down (SIGTERM: a deploy, a scale-down, a node drain) and
+    stopped the run after checkpointing what it could: the attempt ends ``drained`` and is
+    given back (not the run's failure, nor a scheduler preemption), and the run is queued
+    again at once instead of waiting out its lease."""
+    with transaction.atomic():
+        run = _lock(run)
+        if run.status not in ACTIVE_STATUSES:
+            return run
+        holder = run.lease_holder or "its worker"
+        transition(actor=actor, run=run, to=S.PREEMPTED, locked=True,
+                   reason=f"drained: {holder} is shutting down",
+                   outcome=AttemptOutcome.DRAINED)
+        run.retry_base += 1  # the attempt is given back
+        run.save(update_fields=["retry_base"])
+        transition(actor=actor, run=run, to=S.QUEUED, locked=True,
+                   reason="requeued after its worker drained")
+    return run
+
+
+def attempt_started(*, run: Run, lease_id: str, resume_step: int) -> RunAttempt:
+    """The worker's startup for the current attempt is over and its work begins (from
+    checkpoint ``resume_step``): stamped once, with the web's clock like the claim."""
+    with transaction.atomic():
+        run = leased(run, lease_id)
+        attempt = RunAttempt.objects.select_for_update().get(run=run, number=run.attempt)
+        if attempt.started_at is None:
+            attempt.started_at = timezone.now()
+            attempt.resume_step = resume_step
+            attempt.save(update_fields=["started_at", "resume_step"])
+    return attempt
 
 
 def enforce_preemption_deadlines(*, actor: Actor, now: Any = None) -> list[Run]:

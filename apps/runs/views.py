@@ -238,6 +238,7 @@ def _live_context(obj: Run, request: HttpRequest, report: dict[str, Any] | None
     headline = report.get("summary") if isinstance(report, dict) else None
     return {
         "run": obj, "stream_seq": obj.event_seq,
+        "goodput": selectors.run_goodput(obj),
         "summary": run_summary(obj, report=dashboard.headline(headline)),
         "checkpoints": checkpoints, "ckpt_keys": keys, "ckpt_all_keys": all_keys,
         "show": dashboard.sections_for(obj),

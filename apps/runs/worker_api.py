@@ -77,8 +77,19 @@ class WorkerRunViewSet(WorkerViewSet):
                                          error=body.error, retry=body.retry,
                                          cause=body.cause, node=body.node,
                                          toolchains={lang: h.model_dump() for lang, h
-                                                     in body.toolchains.items()})
+                                                     in body.toolchains.items()},
+                                         drained=body.drained)
         return Response({"status": obj.status})
+
+    @extend_schema(request=protocol.AttemptStart, responses=OpenApiTypes.OBJECT)
+    def started(self, request: Request, run: str) -> Response:
+        """The current attempt's startup is over and its work begins (for goodput)."""
+        body = parse(protocol.AttemptStart, request.data)
+        attempt = services.attempt_started(run=self._run(run, related=False),
+                                           lease_id=self.lease_id,
+                                           resume_step=body.resume_step)
+        return Response({"attempt": attempt.number, "started_at": attempt.started_at,
+                         "resume_step": attempt.resume_step})
 
     @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)
     def metrics(self, request: Request, run: str) -> Response:

@@ -459,3 +459,22 @@ def check_scheduler_nodes(objects: list[dict]) -> None:
             if queue in ("cpu", "sandbox"):
                 assert template["spec"].get("nodeSelector") == agents["cpu"]["nodeSelector"], (
                     f"{where} runs off the nodes the cpu agent registers")
+
+
+def test_worker_pods_outlast_their_drain() -> None:
+    """A worker that gets SIGTERM drains for up to CRUCIBLE_DRAIN_TIMEOUT_S (checkpoint, hand
+    the run back): every pod that runs a Celery worker must be given longer before SIGKILL."""
+    objects = source_objects()
+    config = next(d for d in objects if key(d) == "ConfigMap/crucible-config")
+    drain = float(config["data"]["CRUCIBLE_DRAIN_TIMEOUT_S"])
+    checked = []
+    for doc in objects:
+        for where, template in pod_specs(doc):
+            text = yaml.safe_dump(containers(template))
+            if "celery" not in text and "CRUCIBLE_WORKER_QUEUES" not in text:
+                continue
+            grace = template["spec"].get("terminationGracePeriodSeconds", 30)
+            assert grace >= drain + 15, (where, grace, drain)
+            checked.append(where)
+    assert any("worker-cpu" in w for w in checked) and any("worker-sandbox" in w
+                                                          for w in checked), checked

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -103,3 +103,19 @@ def test_a_preempted_run_checkpoints_then_resumes_after_its_last_step(
         points = list(MetricPoint.objects.filter(run_id=rid).values_list("name", "step"))
         assert [k for k, n in Counter(points).items() if n > 1] == []
         assert sorted(s for n, s in points if n == "loss") == list(range(1, STEPS + 1))
+
+        # Goodput by hand from the recorded timestamps: attempt 1 keeps its work up to the
+        # preemption's checkpoint, attempt 2 all of its work; wall time from the first claim.
+        def t(value: str) -> float:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+        assert (first["resume_step"], second["resume_step"]) == (0, stop["step"])
+        useful = (t(stop["created_at"]) - t(first["started_at"])) + \
+            (t(second["ended_at"]) - t(second["started_at"]))
+        wall = t(done["finished_at"]) - t(first["claimed_at"])
+        g = done["goodput"]
+        assert (g["useful_s"], g["wall_s"]) == (useful, wall)
+        assert g["goodput"] == useful / wall < 1
+        assert g["lost_preemption_s"] == t(first["ended_at"]) - t(stop["created_at"])
+        assert g["startup_s"] == (t(first["started_at"]) - t(first["claimed_at"])) + \
+            (t(second["started_at"]) - t(second["claimed_at"]))

@@ -33,6 +33,10 @@ ADAPTERS: dict[str, Callable[[WorkerSession], None]] = {
     "qc": qc.run, "eval": eval_adapter.run, "synthesize": synthesize.run,
 }
 
+# Adapters that say themselves when their startup is over (``session.attempt_started``):
+# a train run after fetching its checkpoint, with the step it resumes from.
+SELF_STARTING = frozenset({"train"})
+
 # Errors another attempt would meet again: a bad config or model folder, a run that
 # diverged, a file (a checkpoint object) that is not there.
 FINAL_ERRORS = {"SpecError", "ModelDirError", "TrainingFailed", "FileNotFoundError",
@@ -96,13 +100,16 @@ def _run_claimed(session: WorkerSession, node: str) -> str:
             health.report(session, broken, node)
             return "failed: environment"
         session.set_status("running")
+        if session.run.kind not in SELF_STARTING:
+            session.attempt_started()
         adapter(session)
         session.set_status("succeeded")
         return "succeeded"
     except (LeaseLost, Stopped) as exc:
         log.warning("run %s stopped: %s", run_id, exc)
-        if session.preempt_requested and not session.lease_lost \
-                and not isinstance(exc, LeaseLost):
+        if session.lease_lost or isinstance(exc, LeaseLost):
+            return "stopped"
+        if session.preempt_requested:
             # The scheduler asked for the GPUs: say so, and the run goes back to the queue
             # (resuming from its last checkpoint) at once instead of at the deadline.
             try:
@@ -110,6 +117,14 @@ def _run_claimed(session: WorkerSession, node: str) -> str:
             except ApiError:
                 log.exception("could not report the preemption of run %s", run_id)
             return "preempted"
+        if session.drain_requested:
+            # This worker is shutting down: the run goes back to the queue at once (a train
+            # run checkpointed its last completed step first) instead of at the lease's end.
+            try:
+                session.set_status("preempted", drained=True)
+            except ApiError:
+                log.exception("could not report the drain of run %s", run_id)
+            return "drained"
         return "stopped"
     except Exception as exc:
         log.exception("run %s failed", run_id)

@@ -68,7 +68,9 @@ class ApiReporter:
         return self.session.should_stop
 
     def preempted(self) -> bool:
-        return self.session.preempt_requested and not self.session.lease_lost
+        """A scheduler preemption or this worker's drain: checkpoint, then stop."""
+        return (self.session.preempt_requested or self.session.drain_requested) \
+            and not self.session.lease_lost
 
     def _check(self) -> None:
         stop = self.session.lease_lost if self.checkpoint_on_preempt else self.session.should_stop

@@ -17,6 +17,7 @@ from apps.core.actor import Actor
 from apps.metrics.models import MetricPoint
 from apps.runs import services
 from apps.runs.models import Checkpoint, Run, RunEvent, RunStatus
+from workers import drain
 from workers.adapters import run_claimed
 from workers.client import CrucibleClient, LeaseLost, WorkerSession
 
@@ -47,6 +48,13 @@ def worker_env(tmp_path, monkeypatch, object_store):
     monkeypatch.setenv("OBJECT_STORE_URL", object_store.url)
 
 
+@pytest.fixture(autouse=True)
+def no_drain():
+    drain.reset()
+    yield
+    drain.reset()
+
+
 class StoppedAfter(WorkerSession):
     """A claimed session whose run is preempted (or canceled) once RL step ``at``'s loss is
     stored. The request goes through the real service and the worker learns of it from a real
@@ -63,6 +71,9 @@ class StoppedAfter(WorkerSession):
         out = super().log_metrics(points, seq)
         if any(p["name"] == "loss" and p["step"] == self.at for p in points):
             run = Run.objects.get(pk=self.run_id)
+            if self.how == "drain":  # the worker process got SIGTERM
+                drain.request("SIGTERM in the test", exit_after=3600)
+                return out
             if self.how == "preempt":
                 services.request_preemption(actor=Actor.system(), run=run,
                                             deadline=timezone.now() + timedelta(hours=1),
@@ -130,3 +141,45 @@ def test_a_canceled_train_run_stops_without_a_checkpoint(pool, api, project, obj
     run = Run.objects.get(pk=run_id)
     assert not object_store.exists(f"{object_store.url}/teams/{run.team_id}/runs/{run_id}/"
                                    "checkpoints/epoch-1/step-000002.tar")
+
+
+def test_a_drained_train_run_checkpoints_hands_its_attempt_back_and_resumes(
+        pool, api, project, object_store):
+    """SIGTERM to the worker (drain): the preemption's checkpoint path, but the attempt ends
+    ``drained``, is given back, and is no scheduler preemption; the run is queued at once."""
+    run_id = api.launch_run("acme", project="main", kind="train", config=CONFIG)["id"]
+    first = claim(pool, run_id, "w1", at=2, how="drain")
+    assert run_claimed(first) == "drained"
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.preemptions, run.retry_base, run.lease_id) == (
+        RunStatus.QUEUED, 0, 1, "")
+    attempt = run.attempts.get()
+    assert (attempt.outcome, attempt.resume_step) == ("drained", 0)
+    assert attempt.claimed_at <= attempt.started_at <= attempt.ended_at
+    ckpt = Checkpoint.objects.get(run_id=run_id)
+    assert (ckpt.step, ckpt.resumable) == (2, True)
+    assert loss_steps(run_id) == [1, 2]
+
+    drain.reset()  # the next worker is not shutting down
+    assert run_claimed(claim(pool, run_id, "w2")) == "succeeded"
+    assert loss_steps(run_id) == [1, 2, 3, 4]
+    first_attempt, second_attempt = Run.objects.get(pk=run_id).attempts.all()
+    assert (second_attempt.outcome, second_attempt.resume_step) == ("succeeded", 2)
+    shown = api.run("acme", run_id)["goodput"]
+    # Attempt 1 keeps its work up to checkpoint 2; what followed it counts as preemption.
+    assert shown["lost_preemption_s"] == \
+        first_attempt.ended_at.timestamp() - ckpt.created_at.timestamp()
+    assert shown["lost_failure_s"] == 0 and 0 < shown["goodput"] < 1
+
+
+def test_a_draining_worker_hands_back_a_profile_run_at_its_next_report(pool, api, project, qa):
+    from tests.factories import make_run
+
+    run = make_run(project, qa)
+    drain.request("SIGTERM in the test", exit_after=3600)
+    claimed = pool.claim(run.pool, "w1", run_id=str(run.pk))
+    assert claimed is not None
+    assert run_claimed(claimed) == "drained"
+    run.refresh_from_db()
+    assert (run.status, run.retry_base) == (RunStatus.QUEUED, 1)
+    assert run.attempts.get().outcome == "drained"
