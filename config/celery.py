@@ -86,6 +86,12 @@ app.conf.update(
     # lease makes the redelivered message a no-op. Said explicitly, since Celery 6 turns it on
     # by default (Celery 5 warns about it on every reconnect).
     worker_cancel_long_running_tasks_on_connection_loss=False,
+    # A channel the broker closes is a reconnect, not the worker's end: RabbitMQ closes the
+    # channel of a message left unacknowledged past its consumer_timeout (30 min by default:
+    # any train run with late acks), which Celery 5.7 otherwise takes as "Unrecoverable" and
+    # shuts the worker down. With this the consumer reconnects, the task trains on, and the
+    # requeued message is a no-op when delivered again (the run's lease).
+    broker_channel_error_retry=True,
     worker_prefetch_multiplier=1,
     task_serializer="json",
     accept_content=["json"],

@@ -33,8 +33,10 @@ def broker_url() -> str:
     return redis_url() or "filesystem://"
 
 
-def broker_transport_options() -> dict[str, object]:
-    if not broker_url().startswith("filesystem://"):
+def broker_transport_options(url: str | None = None) -> dict[str, object]:
+    """Options for the broker at ``url`` (default: the configured one): the filesystem
+    transport's spool folders, nothing for a server."""
+    if not (url or broker_url()).startswith("filesystem://"):
         return {}
     spool = var_dir() / "broker"
     for sub in ("queue", "processed", "control"):

@@ -6,16 +6,20 @@ on ``crucible_queue_depth{pool="gpu"}`` sees 0 rather than no data when the queu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from apps.ops import selectors
+from apps.ops import broker, selectors
 from apps.runs.models import Pool, RunStatus
 from apps.sandbox.models import ACTIVE as SANDBOX_ACTIVE
 from apps.scheduling.models import NodeState
+from config.celery import QUEUES
+
+log = logging.getLogger(__name__)
 
 
 class DatabaseCollector:
@@ -84,3 +88,22 @@ class DatabaseCollector:
         for execution_status in SANDBOX_ACTIVE:
             sandbox.add_metric([execution_status.value], active.get(execution_status.value, 0))
         yield sandbox
+
+
+class BrokerCollector:
+    """Messages waiting in the broker per pool queue, read at scrape time (one connection,
+    one passive declare per queue). An unreachable broker leaves the gauge out of the scrape
+    (and ``/readyz`` says why) instead of failing the whole scrape or reporting zeros."""
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            counts = broker.queue_messages(QUEUES)
+        except Exception as exc:
+            log.warning("broker queue depth unavailable: %s", exc)
+            return
+        gauge = GaugeMetricFamily("crucible_broker_queue_messages",
+                                  "Messages waiting in the Celery broker per queue (not yet "
+                                  "delivered to a worker).", labels=["queue"])
+        for queue, messages in counts.items():
+            gauge.add_metric([queue], messages)
+        yield gauge

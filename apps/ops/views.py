@@ -14,7 +14,7 @@ from rest_framework.exceptions import AuthenticationFailed, Throttled
 
 from apps.core import telemetry
 from apps.core.throttles import client_ip
-from apps.ops.collectors import DatabaseCollector
+from apps.ops.collectors import BrokerCollector, DatabaseCollector
 from apps.ops.readiness import run_checks
 from apps.teams.authentication import verify_throttled
 from apps.teams.models import TokenKind
@@ -81,5 +81,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"code": "permission_denied", "message": (
             "Only operators may read /metrics: staff users, operator worker tokens (not tied "
             "to a team) or CRUCIBLE_METRICS_TOKEN.")}, status=403)
-    registry = telemetry.exposition_registry(DatabaseCollector())
+    registry = telemetry.exposition_registry(DatabaseCollector(), BrokerCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -10,27 +10,38 @@ test database, Celery workers, a node agent and, for the broker test, a private 
 - Redis is restarted under a busy worker that the node agent supervises: the run it was
   training finishes, and a run launched afterwards is done too (kombu's restore_unacked bug
   makes a busy Celery 5.7 worker exit after such an outage; the agent starts it again).
+- PostgreSQL is stopped for 20 s in the middle of a train run (a private cluster holding a
+  copy of the test database, which the web uses; the system server is never stopped): the
+  web answers 5xx meanwhile, the worker's outbox holds its reports, and once the database is
+  back the web's connections recover and the run succeeds with one attempt.
 
-Runs on both configurations (the broker test brings its own Redis in either)."""
+Runs on both configurations (the broker test brings its own Redis in either); the PostgreSQL
+stop runs in the PostgreSQL pass (RabbitMQ: tests/e2e/test_rabbitmq.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.models import Run, RunAttempt, RunEvent
 from tests.e2e.conftest import purge_queues, tenant, wait_for
 from tests.e2e.faults import (  # noqa: F401 - the fixtures, found by name
+    PostgresCluster,
     Processes,
     RedisServer,
+    database_url,
+    postgres_cluster_fixture,
     processes_fixture,
     redis_server_fixture,
     tail,
@@ -52,6 +63,7 @@ CONFIG = {
 }
 OUTAGE_S = 25  # longer than the old retry budget (5 tries, ~15.5 s)
 REDIS_OUTAGE_S = 15
+POSTGRES_OUTAGE_S = 20
 FINAL = ("succeeded", "failed", "canceled")
 
 
@@ -64,11 +76,11 @@ def _finished(run_id: str) -> Run | None:
     return run if run.status in FINAL else None
 
 
-def _assert_clean_history(run_id: str) -> None:
+def _assert_clean_history(run_id: str, steps: int = STEPS) -> None:
     """Every step once per series, no point stored twice, no gap in the stream."""
     points = list(MetricPoint.objects.filter(run_id=run_id).values_list("name", "step"))
     assert [k for k, n in Counter(points).items() if n > 1] == []
-    assert sorted(s for n, s in points if n == "reward_mean") == list(range(1, STEPS + 1))
+    assert sorted(s for n, s in points if n == "reward_mean") == list(range(1, steps + 1))
     events = RunEvent.objects.filter(run_id=run_id).values_list("seq", flat=True)
     batches = MetricBatch.objects.filter(run_id=run_id).values_list("stream_seq", flat=True)
     seqs = sorted([*events, *batches])
@@ -205,3 +217,59 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat", "rb") as handle:
         return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+
+
+@contextlib.contextmanager
+def _reading(cluster: PostgresCluster) -> Iterator[None]:
+    """This test's ORM reads the private cluster (where the web writes) instead of the test
+    database, until the block ends (before pytest-django flushes the test database)."""
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(cluster.port),
+                                    NAME=cluster.database, USER="postgres", PASSWORD="")
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+
+
+def test_a_postgresql_stop_mid_training_costs_the_run_nothing(
+        processes: Processes, postgres_cluster: PostgresCluster, tmp_path):
+    pytest.importorskip("deepspeed")
+    purge_queues()
+    token, worker_token = tenant("pgstop")
+    postgres_cluster.load(database_url())  # the tenant and its tokens come along
+    processes.start_web(CRUCIBLE_LEASE_SECONDS="120", DATABASE_URL=postgres_cluster.url)
+    log = tmp_path / "worker.log"
+    worker = processes.start_worker(worker_token, log, queues="gpu")
+    with CrucibleClient(processes.url, token) as client:
+        rid = client.launch_run("pgstop", project="demo", kind="train", name="pgstop",
+                                config=CONFIG)["id"]
+
+    with _reading(postgres_cluster):
+        def training() -> bool:
+            assert worker.poll() is None, tail(log)
+            return _rewards(rid) >= 3
+
+        wait_for(training, timeout=600, what="the first steps")
+        connection.close()  # the test's own session must not hold the cluster up
+        postgres_cluster.stop()
+        time.sleep(POSTGRES_OUTAGE_S)
+        assert worker.poll() is None, tail(log)
+        assert processes.web is not None and processes.web.poll() is None
+        postgres_cluster.start()
+
+        done = wait_for(lambda: _finished(rid), timeout=600, what="the run to finish")
+        assert done.status == "succeeded", (done.error, tail(log))
+        outcomes = list(RunAttempt.objects.filter(run_id=rid).values_list("outcome",
+                                                                          flat=True))
+        assert done.attempt == 1 and outcomes == ["succeeded"], outcomes
+        _assert_clean_history(rid)
+    text = log.read_text(errors="replace")
+    assert "queueing reports and training on" in text, tail(log)
+    delivered = [int(n) for n in re.findall(r"(\d+) queued reports delivered", text)]
+    web_log = tail(tmp_path / f"web-{processes.port}.log", 100_000)
+    print(f"postgresql stop: {POSTGRES_OUTAGE_S} s; reports queued meanwhile and delivered "
+          f"after: {delivered}; web 5xx logged: {web_log.count('Internal Server Error')}")
