@@ -71,9 +71,10 @@ def reference(tmp_path_factory) -> dict[int, float]:
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CRUCIBLE_THREADS": "1",
            "CRUCIBLE_DEVICE": "cpu"}
     env.pop("RANK", None)
-    subprocess.run([sys.executable, "-m", "workers.rl", "train", "--config",
-                    str(run_dir / "run.toml")], cwd=REPO, env=env, check=True, timeout=600,
-                   stdout=open(run_dir / "log.txt", "w"), stderr=subprocess.STDOUT)
+    with open(run_dir / "log.txt", "w") as log:
+        subprocess.run([sys.executable, "-m", "workers.rl", "train", "--config",
+                        str(run_dir / "run.toml")], cwd=REPO, env=env, check=True,
+                       timeout=600, stdout=log, stderr=subprocess.STDOUT)
     ref = losses(run_dir)
     assert sorted(ref) == STEPS
     return ref
