@@ -124,8 +124,10 @@ class RolloutActor:
         if setup.vllm_dir is not None:
             from workers.rl.vllm_rollout import VllmRollout
 
+            # The directory's weights are no version the rank published (on a resume they
+            # are older): the first push, version `start`, replaces them.
             backend: Any = VllmRollout(setup.vllm_dir, setup.tokenizer, setup.vllm,
-                                       version=setup.start)
+                                       version=-1)
 
             def load(version: int, state: dict[str, torch.Tensor]) -> None:
                 backend.load_state(state, version)

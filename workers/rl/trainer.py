@@ -185,7 +185,7 @@ class Trainer:
 
             self.cache, self.objective = records_objective(self.objective, spec.data,
                                                            default_store())
-        if spec.rollout.backend == "vllm":
+        if spec.rollout.backend == "vllm" and rollouts is None:  # else the actors run vLLM
             from workers.rl.vllm_rollout import INSTALL_HINT, VllmUnavailable, import_vllm
 
             import_vllm()  # fail before SFT, naming what to install, not after it

@@ -115,3 +115,26 @@ def test_a_receiver_that_never_joins_times_out_loudly():
     with pytest.raises(WeightPushTimeout, match="sending weights: bucket 1/1 did not complete"):
         learner.send(flatten(s, lay))
     done.set()
+
+
+def _nccl_end(rank: int, port: int, out: str) -> None:
+    """One end of the NCCL test, in its own process on GPU `rank`."""
+    torch.cuda.set_device(rank)
+    lay = layout_of(state(), bucket_bytes=80)
+    ch = WeightChannel("127.0.0.1", port, rank=rank, timeout_s=60, device=f"cuda:{rank}")
+    if rank == 0:
+        ch.send(flatten(state(), lay, f"cuda:{rank}"))
+    else:
+        with open(out, "w") as f:
+            f.write(checksum(ch.recv(lay)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="the NCCL weight push needs two GPUs, one per end (NCCL refuses two "
+                           f"ranks on one device); this host has {torch.cuda.device_count()}")
+def test_the_nccl_channel_carries_the_buckets_bitwise(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "received"
+    mp.spawn(_nccl_end, args=(free_port(), str(out)), nprocs=2)
+    assert out.read_text() == checksum(flatten(state(), layout_of(state(), bucket_bytes=80)))
