@@ -180,6 +180,28 @@ def test_a_rank_and_its_rollout_actor_match_the_in_process_run(ray_cluster, refe
     assert lags == [4.0 * spec.rollout.group_size] * 6, "every sample had lag 0"
 
 
+def test_an_off_policy_actor_stays_within_its_bound(ray_cluster, tmp_path):
+    """trainer.max_async_steps = 1: the actor samples ahead with weights at most one version
+    behind (the learner's lag histogram fails the run on any other), and the run trains every
+    step. Which lag each sample gets depends on timing; that it is 0 or 1 does not."""
+    run_dir = tmp_path / "async"
+    run_dir.mkdir()
+    (run_dir / "run.toml").write_text(
+        ZERO2.format(dir=run_dir).replace("seed = 7", "seed = 7\nmax_async_steps = 1")
+        + ACTORS)
+    spec = load_spec(run_dir / "run.toml")
+    assert spec.trainer.max_async_steps == 1
+    result = run_on_ray(spec, Recorder(run_dir / "metrics.jsonl"), ClusterPlan(nodes=1))
+    assert result.trained == STEPS
+    per_step = 4.0 * spec.rollout.group_size
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
+        if r["kind"] == "metrics" and "async/lag0" in r["metrics"]:
+            m = r["metrics"]
+            assert m["async/lag0"] + m["async/lag1"] == per_step, m
+            assert "async/lag2" not in m
+    assert all(p["learner"] == p["actor"] for p in result.pushes[0])
+
+
 def test_losing_the_rollout_actors_node_fails_the_attempt_naming_it_and_the_run_resumes(
         ray_cluster, reference, tmp_path):
     run_dir = tmp_path / "killed"
