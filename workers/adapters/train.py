@@ -123,7 +123,8 @@ def run(session: WorkerSession) -> None:
             pinned = pinned_datasets(session, store, spec)
             reporter = ApiReporter(session, store, work / "upload", keep=spec.checkpoint.keep,
                                    checkpoint_on_preempt=True)
-            plan = plan_for(session.run.resources, session.run.nodes)
+            plan = plan_for(session.run.resources, session.run.nodes,
+                            spec.cluster.rollout_actors if spec.cluster else 0)
             last = resume_point(session.run.checkpoints) if resume else None
             session.attempt_started(last.step if last else 0)
             if plan is None:  # one host: the engine in this process, no Ray
@@ -131,7 +132,7 @@ def run(session: WorkerSession) -> None:
                                pinned=pinned)
                 # A resumed attempt that trained nothing is a failure, not a success.
                 check_trained(last.step if last else 0, spec.trainer.steps, result.train_time)
-            else:  # several nodes: one Ray job, this process its driver (workers.cluster)
+            else:  # several nodes or rollout actors: one Ray job, this process its driver
                 from workers.cluster.ray_job import run_on_ray
 
                 run_on_ray(spec, reporter, plan, resume=resume, objective=objective,

@@ -70,14 +70,16 @@ class ClusterPlan:
         return out
 
 
-def plan_for(resources: dict[str, Any] | None,
-             nodes: list[str] | None = None) -> ClusterPlan | None:
-    """The plan of a claimed run (its frozen ``resources`` and its allocation's node names), or
-    None when it runs on one host: today's in-process path, with no Ray."""
+def plan_for(resources: dict[str, Any] | None, nodes: list[str] | None = None,
+             rollout_actors: int = 0) -> ClusterPlan | None:
+    """The plan of a claimed run (its frozen ``resources``, its allocation's node names and its
+    spec's ``cluster.rollout_actors``), or None when it runs on one host without rollout
+    actors: today's in-process path, with no Ray. Rollout actors need Ray even for a run
+    whose ranks fit on one node (the actors take bundles of their own)."""
     resources = resources or {}
     names = tuple(nodes or ())
     count = max(int(resources.get("nodes", 1) or 1), len(names))
-    if count <= 1:
+    if count <= 1 and not rollout_actors:
         return None
     gpus = int(resources.get("gpus_per_node", 0) or 0)
     return ClusterPlan(nodes=count, ranks_per_node=max(gpus, 1), gpus_per_node=gpus,

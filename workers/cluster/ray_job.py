@@ -17,7 +17,11 @@ The caller (a worker's train adapter, a test) stays the driver and keeps the run
   :class:`RankFailed` naming the rank and where it ran (never a hang: the surviving ranks are
   killed; their collectives are also bounded by ``CRUCIBLE_DIST_TIMEOUT_S``);
 - a finished attempt must have trained every step from its resume point to the end
-  (``workers.cluster.progress``).
+  (``workers.cluster.progress``);
+- with ``cluster.rollout_actors`` each rank gets a rollout actor on a bundle of a second
+  placement group (``workers.cluster.rollouts``): the rank trains, the actor samples, weights
+  are pushed rank → actor after every update; the driver watches the actors too, so a lost
+  actor fails the attempt naming it.
 
 Ray is imported here only; the checkpoint folder must be one all nodes see (the same path on
 shared storage), since ZeRO writes one shard per rank and a resumed rank may land elsewhere.
@@ -51,6 +55,7 @@ from ray.util.scheduling_strategies import (
 
 from workers.cluster.plan import ClusterPlan
 from workers.cluster.progress import check_trained
+from workers.cluster.rollouts import RemoteRollouts, RolloutActor, RolloutFailed, describe
 from workers.reporting import Reporter, Stopped
 
 MAX_LINE = 2000  # characters of one output line kept as an event
@@ -109,6 +114,10 @@ class JobResult:
     trained: list[int]  # the steps this attempt trained
     losses: dict[int, float] = field(default_factory=dict)
     placement: list[dict[str, Any]] = field(default_factory=list)  # per rank: node, ip
+    rollouts: list[dict[str, Any]] = field(default_factory=list)  # per rollout actor: node, ip
+    # With cluster.verify_pushes, per rank: each push's version and the checksums of what the
+    # rank sent, what its actor received and (once sampled with) its policy copy.
+    pushes: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 # -- the relay: rank 0's reports and the driver's stop, in order --------------------------------
@@ -243,8 +252,10 @@ class Rank:
         return ray.util.get_node_ip_address(), port
 
     def run(self, spec_json: str, master: tuple[str, int], resume: bool, objective: Any,
-            pinned: Any, env: dict[str, str], ack_timeout_s: float) -> dict[str, Any]:
-        """Train this rank: the rendezvous variables, then the engine as under torchrun."""
+            pinned: Any, env: dict[str, str], ack_timeout_s: float,
+            rollout: tuple[Any, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Train this rank: the rendezvous variables, then the engine as under torchrun;
+        ``rollout``: this rank's rollout actor and where it runs, when it has one."""
         os.environ.update(env)
         os.environ.update({
             "RANK": str(self.rank), "WORLD_SIZE": str(self.world),
@@ -263,12 +274,20 @@ class Rank:
 
             spec = parse_spec(json.loads(spec_json))
             sink = RelayReporter(self.relay, ack_timeout_s) if self.rank == 0 else None
+            launcher = None
+            if rollout is not None:
+                cl = spec.cluster
+                assert cl is not None
+                launcher = RemoteRollouts(rollout[0], self.rank, rollout[1], cl.push_timeout_s,
+                                          cl.bucket_mb * 1024 * 1024, cl.verify_pushes)
             try:
-                result = train(spec, sink, resume=resume, objective=objective, pinned=pinned)
+                result = train(spec, sink, resume=resume, objective=objective, pinned=pinned,
+                               rollouts=launcher)
             except Stopped as exc:
                 return {"rank": self.rank, "stopped": str(exc)}
             return {"rank": self.rank, "steps": result.steps,
-                    "trained": sorted(result.train_time), "losses": result.losses}
+                    "trained": sorted(result.train_time), "losses": result.losses,
+                    "pushes": launcher.pushes() if launcher is not None else []}
         finally:
             sys.stdout.flush()
             sys.stdout, sys.stderr = out, err
@@ -391,8 +410,11 @@ def run_on_ray(spec: Any, reporter: Reporter, plan: ClusterPlan, *, resume: bool
     finished; raises :class:`RankFailed`, :class:`PlacementFailed`, ``Stopped`` (a cancel,
     a lost lease or a preemption, after the ranks stopped) or ``IncompleteRun``."""
     connect()
+    n_rollouts = _rollout_actors(spec, plan)
     pg = placement_group(plan.bundles(), strategy="STRICT_SPREAD")
+    rollout_pg: PlacementGroup | None = None
     actors: list[Any] = []
+    rollouts: list[Any] = []
     relay: Any = None
     try:
         try:
@@ -406,17 +428,25 @@ def run_on_ray(spec: Any, reporter: Reporter, plan: ClusterPlan, *, resume: bool
                 + (f"; the allocation's nodes {list(plan.node_names)} must each run a Ray "
                    "node offering its crucible-node-<name> resource" if plan.node_names else "")
             ) from exc
+        if n_rollouts:  # after the ranks' group: the ranks' nodes are taken first
+            rollout_pg = _place_rollouts(spec.cluster, n_rollouts, plan)
         here = ray.get_runtime_context().get_node_id()
         # On the driver's node: it lives exactly as long as the driver can use it.
         relay = Relay.options(  # type: ignore[attr-defined]
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
         actors = _start_ranks(pg, plan, relay)
         placement = ray.get([a.where.remote() for a in actors], timeout=plan.placement_timeout_s)
+        if rollout_pg is not None:
+            rollouts = _start_rollouts(rollout_pg, spec.cluster, n_rollouts, plan)
+        rollout_places = ray.get([r.where.remote() for r in rollouts],
+                                 timeout=plan.placement_timeout_s)
         reporter.event("info", f"multi-node attempt on {plan.nodes} node(s), {plan.world} "
                        "rank(s): " + "; ".join(f"rank {p['rank']} on {_describe(p)}"
-                                                 for p in placement),
+                                                 for p in placement)
+                       + "".join(f"; rollout actor {p['rollout_actor']} on {describe(p)}"
+                                 for p in rollout_places),
                        {"placement": placement, "nodes": plan.nodes, "world_size": plan.world,
-                        "driver_node_id": here})
+                        "driver_node_id": here, "rollouts": rollout_places})
         master = ray.get(actors[0].endpoint.remote(), timeout=CALL_TIMEOUT_S)
         # A rank computes with the cores Ray reserved for it, not the node's.
         env = {"CRUCIBLE_DIST_TIMEOUT_S": str(plan.collective_timeout_s),
@@ -424,15 +454,63 @@ def run_on_ray(spec: Any, reporter: Reporter, plan: ClusterPlan, *, resume: bool
         if not plan.gpus_per_node:
             env.setdefault("CRUCIBLE_DEVICE", "cpu")
         refs = {a.run.remote(spec.to_json(), master, resume, objective, pinned, env,
-                             plan.report_timeout_s): r for r, a in enumerate(actors)}
-        outcome = _drive(refs, placement, relay, reporter, plan, poll_s)
-        return _finish(spec, outcome, placement)
+                             plan.report_timeout_s,
+                             (rollouts[r], rollout_places[r]) if rollouts else None): r
+                for r, a in enumerate(actors)}
+        watch = {r.serve.remote(): i for i, r in enumerate(rollouts)}
+        outcome = _drive(refs, placement, relay, reporter, plan, poll_s,
+                         watch=watch, rollout_places=rollout_places)
+        return _finish(spec, outcome, placement, rollout_places)
     finally:
-        for a in actors:
+        for a in [*actors, *rollouts]:
             ray.kill(a, no_restart=True)
         if relay is not None:
             ray.kill(relay, no_restart=True)
         remove_placement_group(pg)
+        if rollout_pg is not None:
+            remove_placement_group(rollout_pg)
+
+
+def _rollout_actors(spec: Any, plan: ClusterPlan) -> int:
+    """How many rollout actors the run asks for: none, or one per learner rank."""
+    n = spec.cluster.rollout_actors if spec.cluster is not None else 0
+    if n and n != plan.world:
+        raise ValueError(f"cluster.rollout_actors = {n}: each learner rank samples through "
+                         f"one rollout actor of its own, so give the number of ranks "
+                         f"({plan.world}) or 0")
+    if n and spec.rollout.backend == "vllm" and not spec.cluster.rollout_gpus:
+        raise ValueError("rollout.backend = 'vllm' on rollout actors needs a GPU each: set "
+                         "cluster.rollout_gpus = 1")
+    return int(n)
+
+
+def _place_rollouts(cl: Any, n: int, plan: ClusterPlan) -> PlacementGroup:
+    """The rollout actors' own placement group: one bundle each."""
+    bundle: dict[str, float] = {"CPU": cl.rollout_cpus}
+    if cl.rollout_gpus:
+        bundle["GPU"] = cl.rollout_gpus
+    pg = placement_group([dict(bundle) for _ in range(n)], strategy=cl.rollout_placement)
+    try:
+        ray.get(pg.ready(), timeout=plan.placement_timeout_s)
+    except GetTimeoutError as exc:
+        remove_placement_group(pg)
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        raise PlacementFailed(
+            f"Ray could not place {n} rollout actor bundles {bundle} ({cl.rollout_placement}) "
+            f"next to the ranks within {plan.placement_timeout_s:.0f} s; the cluster has "
+            f"{len(alive)} live node(s)") from exc
+    return pg
+
+
+def _start_rollouts(pg: PlacementGroup, cl: Any, n: int, plan: ClusterPlan) -> list[Any]:
+    """One rollout actor per bundle; threaded, so pushes arrive while it samples."""
+    env = {"CRUCIBLE_THREADS": str(max(1, int(cl.rollout_cpus))), **plan.env}
+    if not cl.rollout_gpus:
+        env.setdefault("CRUCIBLE_DEVICE", "cpu")
+    return [RolloutActor.options(  # type: ignore[attr-defined]
+        num_cpus=cl.rollout_cpus, num_gpus=cl.rollout_gpus, max_concurrency=8,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+    ).remote(i, env) for i in range(n)]
 
 
 def _start_ranks(pg: PlacementGroup, plan: ClusterPlan, relay: Any) -> list[Any]:
@@ -458,19 +536,37 @@ class _Outcome:
 
 
 def _drive(refs: dict[Any, int], placement: list[dict[str, Any]], relay: Any,
-           reporter: Reporter, plan: ClusterPlan, poll_s: float) -> _Outcome:
+           reporter: Reporter, plan: ClusterPlan, poll_s: float,
+           watch: dict[Any, int] | None = None,
+           rollout_places: list[dict[str, Any]] | None = None) -> _Outcome:
     """Forward reports and the stop until every rank has returned; fail at the first rank
-    that raised or died, naming it (a rank that died beats one that only lost its peer)."""
+    or rollout actor (``watch``: each actor's ``serve`` call) that raised or died, naming it
+    (one that died beats a rank that only lost its peer, and a lost actor beats its rank)."""
     fwd = _Forwarder(relay, reporter)
     pending = dict(refs)
+    watching = dict(watch or {})
     results: dict[int, dict[str, Any]] = {}
     failures: dict[int, RankFailed] = {}
+    lost: list[RolloutFailed] = []
     stop_deadline: float | None = None
     first_failure: float | None = None
     relay_error: RayError | None = None
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=poll_s)
+        ready, _ = ray.wait([*pending, *watching], num_returns=len(pending) + len(watching),
+                            timeout=poll_s)
         for ref in ready:
+            if ref in watching:
+                index = watching.pop(ref)
+                try:
+                    ray.get(ref, timeout=CALL_TIMEOUT_S)
+                except RayError as exc:
+                    where = describe((rollout_places or [])[index])
+                    lost.append(RolloutFailed(
+                        index, where, "its process or node is gone (killed, out of memory, "
+                        f"or the node left the cluster): {str(exc).splitlines()[0][:300]}",
+                        died=True))
+                    first_failure = first_failure or time.monotonic()
+                continue
             rank = pending.pop(ref)
             try:
                 results[rank] = ray.get(ref, timeout=CALL_TIMEOUT_S)
@@ -498,9 +594,13 @@ def _drive(refs: dict[Any, int], placement: list[dict[str, Any]], relay: Any,
             raise RankFailed(min(pending.values()), _describe(placement[min(pending.values())]),
                              f"did not stop within {plan.stop_grace_s:.0f} s of the stop",
                              died=False, cause=TimeoutError("stop"))
+    died = [r for r in sorted(failures) if failures[r].died]
+    if died:
+        raise failures[died[0]]
+    if lost:
+        raise lost[0]
     if failures:
-        died = [r for r in sorted(failures) if failures[r].died]
-        raise failures[died[0] if died else min(failures)]
+        raise failures[min(failures)]
     if relay_error is not None:
         raise RankFailed(0, "the report relay", f"the relay between rank 0 and this worker "
                          f"died: {str(relay_error).splitlines()[0][:300]}", died=True)
@@ -515,7 +615,8 @@ def _drive(refs: dict[Any, int], placement: list[dict[str, Any]], relay: Any,
     return _Outcome(results, fwd.start, stopped)
 
 
-def _finish(spec: Any, outcome: _Outcome, placement: list[dict[str, Any]]) -> JobResult:
+def _finish(spec: Any, outcome: _Outcome, placement: list[dict[str, Any]],
+            rollouts: list[dict[str, Any]]) -> JobResult:
     if outcome.stopped is not None:
         raise Stopped(outcome.stopped)
     r0 = outcome.results[0]
@@ -523,7 +624,9 @@ def _finish(spec: Any, outcome: _Outcome, placement: list[dict[str, Any]]) -> Jo
     trained = check_trained(outcome.start, total, r0["trained"])
     return JobResult(start=outcome.start, steps=r0["steps"], trained=trained,
                      losses={int(k): float(v) for k, v in r0["losses"].items()},
-                     placement=placement)
+                     placement=placement, rollouts=rollouts,
+                     pushes={r: res["pushes"] for r, res in outcome.results.items()
+                             if res.get("pushes")})
 
 
 def run_with_retries(spec: Any, reporter: Reporter, plan: Callable[[int], ClusterPlan], *,
@@ -542,11 +645,12 @@ def run_with_retries(spec: Any, reporter: Reporter, plan: Callable[[int], Cluste
         try:
             result = run_on_ray(spec, reporter, plan(attempt), resume=resume,
                                 objective=objective, pinned=pinned)
-        except (RankFailed, PlacementFailed) as exc:
+        except (RankFailed, RolloutFailed, PlacementFailed) as exc:
             if not exc.retryable or attempt == max_attempts:
                 raise
             reporter.event("warning", f"attempt {attempt} lost: {exc}",
-                           {"attempt": attempt, "rank": getattr(exc, "rank", None)})
+                           {"attempt": attempt, "rank": getattr(exc, "rank", None),
+                            "rollout_actor": getattr(exc, "index", None)})
             outcomes.append("lost")
             continue
         outcomes.append("succeeded")

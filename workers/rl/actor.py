@@ -20,10 +20,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from workers.rl import balance
 from workers.rl.curriculum import TaskSampler, is_uniform
 from workers.rl.episodes import (
     EPISODE_COUNTS,
@@ -34,10 +35,12 @@ from workers.rl.episodes import (
     plays_episodes,
 )
 from workers.rl.lora import load_weights
+from workers.rl.model import build_policy
 from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
+from workers.rl.route_taps import replayable_routers
 from workers.rl.routing import pad_routes
-from workers.rl.spec import RunSpec
+from workers.rl.spec import ModelSpec, RunSpec
 
 
 class AsyncStall(RuntimeError):
@@ -142,6 +145,25 @@ def lag_histogram(versions: list[int], step: int, bound: int, group: int) -> dic
                                  f"0..{bound}")
         hist[f"async/lag{step - v}"] += group
     return hist
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """The run's seeded draws, as plain data: a producer holding them can be pickled to
+    another process (a rollout actor) and draws there exactly what it would draw here."""
+
+    seed: int
+
+    def generator(self, *key: int) -> torch.Generator:
+        """A generator seeded by (seed, *key): the same draw on a resumed run as on the
+        uninterrupted one, and in any process (a tuple of ints hashes the same everywhere)."""
+        g = torch.Generator()
+        g.manual_seed(hash((self.seed, *key)) & 0x7FFF_FFFF_FFFF)
+        return g
+
+    def permutation(self, epoch: int, n: int) -> list[int]:
+        """The seeded shuffle of the training set for one epoch (same on every rank)."""
+        return torch.randperm(n, generator=self.generator(10_000 + epoch)).tolist()
 
 
 class Producer:
@@ -318,10 +340,15 @@ class AsyncActor(threading.Thread):
     """Runs the producer for steps [start, total) on its own policy copy, at most `bound`
     versions behind the learner, handing batches over through a bounded queue."""
 
-    def __init__(self, producer: Producer, model: torch.nn.Module, backend: RolloutBackend,
-                 store: WeightStore, start: int, total: int, bound: int, timeout: float):
+    def __init__(self, producer: Producer, model: torch.nn.Module | None,
+                 backend: RolloutBackend, store: WeightStore, start: int, total: int,
+                 bound: int, timeout: float,
+                 loader: Callable[[int, dict[str, torch.Tensor]], None] | None = None):
+        """`loader(version, state)` puts a published snapshot into the backend; by default
+        into `model` (which the backend samples from)."""
         super().__init__(name="rl-actor", daemon=True)
         self.producer, self.model, self.backend = producer, model, backend
+        self.loader = loader or self._load_into_model
         self.store, self.start_step, self.total = store, start, total
         self.bound, self.timeout = bound, timeout
         self.batches: queue.Queue[StepBatch | BaseException] = queue.Queue(maxsize=bound)
@@ -335,10 +362,18 @@ class AsyncActor(threading.Thread):
         version, state = self.store.wait(min_version, self.timeout)
         self.idle_s += time.perf_counter() - t0
         if version != self.loaded:
-            load_weights(self.model, state)  # full, or a LoRA policy's adapters only
-            self.backend.sync_weights(self.model)  # a no-op for HF; a push for a server
+            self.loader(version, state)
             self.loaded = version
         return version, self.backend
+
+    def _load_into_model(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        assert self.model is not None, "an actor without a model needs its own loader"
+        load_weights(self.model, state)  # full, or a LoRA policy's adapters only
+        self.backend.sync_weights(self.model)  # a no-op for HF; a push for a server
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """The learner's weights after its `version`-th update (`RolloutSource.publish`)."""
+        self.store.publish(version, state)
 
     def _put(self, item: StepBatch | BaseException) -> None:
         t0 = time.perf_counter()
@@ -394,3 +429,52 @@ class AsyncActor(threading.Thread):
         self._stop_event.set()
         self.store.close()
         self.join(timeout=self.timeout)
+
+
+class RolloutSource(Protocol):
+    """Where the learner's batches come from when it does not sample itself: the in-process
+    `AsyncActor`, or a rollout actor in another process (`workers.cluster.rollouts`)."""
+
+    def get(self, step: int) -> StepBatch: ...
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class RolloutSetup:
+    """Everything a rollout actor in another process needs to produce a rank's batches as the
+    in-process actor would: the rank's producer (its curriculum sampler restored, its seeds),
+    how to build the policy copy it samples with, and the run's version bounds. Picklable."""
+
+    producer: Producer
+    model_spec: ModelSpec
+    tokenizer: Any
+    start: int  # the first step to produce (the resumed step)
+    total: int  # the run's steps
+    bound: int  # trainer.max_async_steps
+    timeout: float  # trainer.sync_timeout_s
+    bf16: bool
+    aux_free: bool  # MoE selection bias: it arrives with the weights
+    vllm_dir: str | None = None  # vLLM: the directory its engine starts from (else HF)
+    vllm: Any = None  # the run's VllmSpec when vllm_dir is set
+
+
+class RolloutLauncher(Protocol):
+    """Starts a rank's out-of-process rollout side from its setup and first weights."""
+
+    def start(self, setup: RolloutSetup, weights: dict[str, torch.Tensor]) -> RolloutSource: ...
+
+
+def rollout_copy(model_spec: ModelSpec, tok: Any, device: torch.device, bf16: bool,
+                 aux_free: bool) -> torch.nn.Module:
+    """The actor's own plain (unsharded) policy copy, in eval mode, refreshed from the
+    versioned snapshots the learner publishes."""
+    model = build_policy(model_spec, len(tok), tok.pad_token_id,
+                         tok.eos_token_id).to(device).eval()  # type: ignore[arg-type]
+    if bf16:
+        model = model.to(torch.bfloat16)
+    if aux_free:  # the per-expert bias arrives with the weights
+        balance.attach(replayable_routers(model) or [])
+    return model

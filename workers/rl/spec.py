@@ -408,6 +408,26 @@ class SamplesSpec(_Strict):
     max_bytes: Annotated[int, Field(ge=256, le=4_194_304)] = 32_768
 
 
+class ClusterSpec(_Strict):
+    """The rollout side of a run started on Ray (``workers.cluster``): with `rollout_actors`
+    > 0 the ranks stop sampling themselves, and each learner rank gets a rollout actor of its
+    own on a placement bundle of its own (`rollout_cpus` / `rollout_gpus` each, placed with
+    `rollout_placement`) that runs the rollout backend and hands its batches back; after each
+    update the rank pushes its weights to it, versioned, within `push_timeout_s` (buckets of
+    `bucket_mb`), and with `verify_pushes` proves each push bitwise with a checksum on both
+    ends (a hash over all weights per push: for tests and audits, not for speed). The
+    staleness bound is `trainer.max_async_steps`, as in-process (0: every batch is sampled with
+    the weights of the step it trains)."""
+
+    rollout_actors: NonNegInt = 0  # 0 or the number of learner ranks (one actor per rank)
+    rollout_cpus: Annotated[float, Field(gt=0.0)] = 1.0
+    rollout_gpus: NonNegFloat = 0.0  # 1 for a vLLM engine on its own GPU
+    rollout_placement: Literal["SPREAD", "STRICT_SPREAD", "PACK"] = "SPREAD"
+    push_timeout_s: Annotated[float, Field(gt=0.0)] = 120.0
+    bucket_mb: PosInt = 64
+    verify_pushes: bool = False
+
+
 class RunSpec(_Strict):
     """One RL run. Printed at start and stored next to its checkpoints.
 
@@ -434,6 +454,7 @@ class RunSpec(_Strict):
     samples: SamplesSpec = SamplesSpec()
     data: DataCacheSpec = DataCacheSpec()
     vllm: VllmSpec = VllmSpec()
+    cluster: ClusterSpec | None = None  # only for runs started on Ray
 
     @field_validator("environment", mode="before")
     @classmethod
@@ -474,9 +495,10 @@ class RunSpec(_Strict):
                              f"exceeds rollout.max_new_tokens = "
                              f"{self.rollout.max_new_tokens}: the penalty ramps over the last "
                              "overlong_buffer tokens before that limit")
-        if self.rollout.backend == "vllm" and self.trainer.max_async_steps:
-            # The async actor samples from its own HF copy; pushing its versions into vLLM
-            # instead is not wired yet, so the combination is refused rather than ignored.
+        if (self.rollout.backend == "vllm" and self.trainer.max_async_steps
+                and not (self.cluster and self.cluster.rollout_actors)):
+            # The in-process async actor samples from its own HF copy; pushing its versions
+            # into vLLM is wired only for rollout actors on Ray (cluster.rollout_actors).
             raise ValueError("rollout.backend = 'vllm' runs synchronously for now: set "
                              "trainer.max_async_steps = 0")
         if self.moe.router_replay and self.rollout.backend == "vllm":
@@ -524,7 +546,7 @@ class RunSpec(_Strict):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        return _drop_none(handler(self), "task", "environment")
+        return _drop_none(handler(self), "task", "environment", "cluster")
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)

@@ -28,7 +28,18 @@ from workers.reporting import Reporter, Stopped
 from workers.rl import advantages as adv_lib
 from workers.rl import balance, expert_parallel
 from workers.rl import checkpoint as ckpt
-from workers.rl.actor import AsyncActor, Producer, StepBatch, WeightStore, lag_histogram
+from workers.rl.actor import (
+    AsyncActor,
+    Producer,
+    RolloutLauncher,
+    RolloutSetup,
+    RolloutSource,
+    Seeds,
+    StepBatch,
+    WeightStore,
+    lag_histogram,
+    rollout_copy,
+)
 from workers.rl.curriculum import TaskSampler
 from workers.rl.distributed import (
     all_reduce_max,
@@ -144,9 +155,18 @@ class Trainer:
 
     def __init__(
         self, spec: RunSpec, sink: Reporter | None, objective: Objective | None, rank: int,
-        world: int, pinned: PinnedData | None = None,
+        world: int, pinned: PinnedData | None = None, rollouts: RolloutLauncher | None = None,
     ) -> None:
         self.spec, self.rank, self.world = spec, rank, world
+        self.seeds = Seeds(spec.trainer.seed)
+        # Out-of-process rollout actors (a run on Ray with cluster.rollout_actors): the rank
+        # then trains only, and pushes its weights to its actor after every update.
+        self.rollouts = rollouts
+        if spec.cluster is not None and spec.cluster.rollout_actors and rollouts is None:
+            raise ValueError("cluster.rollout_actors places rollout actors on a Ray cluster: "
+                             "this run was started on one host without Ray; start it on Ray "
+                             "(a multi-node allocation, workers.cluster.ray_job) or set "
+                             "cluster.rollout_actors = 0")
         if objective is not None and (spec.task is not None or spec.environment is not None):
             field = "task" if spec.task is not None else "environment"
             raise ValueError(f"this run trains on the environments it was given; its config's "
@@ -165,7 +185,7 @@ class Trainer:
 
             self.cache, self.objective = records_objective(self.objective, spec.data,
                                                            default_store())
-        if spec.rollout.backend == "vllm":
+        if spec.rollout.backend == "vllm" and rollouts is None:  # else the actors run vLLM
             from workers.rl.vllm_rollout import INSTALL_HINT, VllmUnavailable, import_vllm
 
             import_vllm()  # fail before SFT, naming what to install, not after it
@@ -241,13 +261,11 @@ class Trainer:
     def generator(self, *key: int) -> torch.Generator:
         """A generator seeded by (seed, *key): the same draw on a resumed run as on the
         uninterrupted one."""
-        g = torch.Generator()
-        g.manual_seed(hash((self.spec.trainer.seed, *key)) & 0x7FFF_FFFF_FFFF)
-        return g
+        return self.seeds.generator(*key)
 
     def permutation(self, epoch: int, n: int) -> list[int]:
         """The seeded shuffle of the training set for one epoch (same on every rank)."""
-        return torch.randperm(n, generator=self.generator(10_000 + epoch)).tolist()
+        return self.seeds.permutation(epoch, n)
 
     def tokenizer(self) -> Any:
         """The model's own tokenizer, or a BPE trained on the objective's and pinned data's text."""
@@ -351,12 +369,12 @@ class Trainer:
         start, nan_streak = self.rl_start(lrn, tok, resume, result)
         self.stop_before_rl(lrn, tok, start)
         store = WeightStore()
-        actor = self.start_actor(lrn, tok, store, start)
+        actor = self.start_actor(lrn, tok, store, start, sft_dir)
         t_run = time.perf_counter()
         t_evals = 0.0
         try:
             for step in range(start, ts.steps):
-                sb, metrics, skipped = self.rl_step(lrn, step, actor, store)
+                sb, metrics, skipped = self.rl_step(lrn, step, actor)
                 nan_streak = self.track_finite(step, metrics, skipped, nan_streak, result)
                 done = step + 1
                 result.train_time[done] = time.perf_counter() - t_run - t_evals
@@ -422,7 +440,7 @@ class Trainer:
         backend = self.rollout_backend(engine, tok, sft_dir)
         per_rank = ts.prompts_per_step // self.world
         # Store-backed records give their own shard-major order, so prefetch runs ahead.
-        order = getattr(self.objective.train, "order", None) or self.permutation
+        order = getattr(self.objective.train, "order", None) or self.seeds.permutation
         sampler = TaskSampler(self.objective.train, spec.curriculum, ts.seed, self.rank,
                               self.world, order)
         episodes = plays_episodes(self.objective)
@@ -430,13 +448,14 @@ class Trainer:
         # the learner's evaluation each get their own tokenizer copy.
         self.episode_tok = copy.deepcopy(tok) if episodes else None
         producer = Producer(spec, self.objective, sampler, tok.pad_token_id, per_rank,
-                            self.rank, self.generator, ts.max_async_steps,
+                            self.rank, self.seeds.generator, ts.max_async_steps,
                             tokenizer=copy.deepcopy(tok) if episodes else None)
         warm = (sft_dir if (sft_dir / "config.json").is_file()
                 and (ref is not None or is_lora(policy)) else None)
         return Learner(engine=engine, ref=ref, backend=backend, producer=producer,
                        sampler=sampler, model_spec=model_spec, micro=micro, moe=moe,
-                       top_k=top_k, vllm=spec.rollout.backend == "vllm", warm=warm)
+                       top_k=top_k, warm=warm,
+                       vllm=spec.rollout.backend == "vllm" and self.rollouts is None)
 
     def shard_experts(self, policy: torch.nn.Module, moe: bool) -> None:
         """Keep only this rank's share of every MoE layer's experts (`moe.expert_parallel`),
@@ -458,17 +477,23 @@ class Trainer:
     def rollout_backend(self, engine: Any, tok: Any, sft_dir: Path) -> Any:
         """The learner's sampler: the engine's own module, or a vLLM engine with its copy."""
         spec, ts = self.spec, self.spec.trainer
-        if spec.rollout.backend != "vllm":
-            return make_backend(spec.rollout.backend, engine.module, tok, self.lockstep())
+        # With rollout actors vLLM runs on their GPUs; the rank evaluates with its own module.
+        if spec.rollout.backend != "vllm" or self.rollouts is not None:
+            return make_backend("hf" if self.rollouts is not None else spec.rollout.backend,
+                                engine.module, tok, self.lockstep())
         from workers.rl.vllm_rollout import VllmRollout
 
-        # vLLM loads config, weights and tokenizer from a directory: the SFT output, or the
-        # initial policy written out once.
-        init_dir = sft_dir
-        if not (sft_dir / "config.json").is_file():
-            init_dir = self.root / "vllm-init"
-            ckpt.save_hf_atomic(engine.module, tok, init_dir, ts.zero_stage, self.prompt_format)
-        return VllmRollout(init_dir, tok, spec.vllm, version=0)
+        return VllmRollout(self.vllm_dir(engine, tok, sft_dir), tok, spec.vllm, version=0)
+
+    def vllm_dir(self, engine: Any, tok: Any, sft_dir: Path) -> Path:
+        """vLLM loads config, weights and tokenizer from a directory: the SFT output, or the
+        initial policy written out once (under the checkpoint folder, which every node sees)."""
+        if (sft_dir / "config.json").is_file():
+            return sft_dir
+        init_dir = self.root / "vllm-init"
+        ckpt.save_hf_atomic(engine.module, tok, init_dir, self.spec.trainer.zero_stage,
+                            self.prompt_format)
+        return init_dir
 
     def rl_start(self, lrn: Learner, tok: Any, resume: bool,
                  result: RunResult) -> tuple[int, int]:
@@ -493,30 +518,41 @@ class Trainer:
                                    start)
         return start, nan_streak
 
-    def start_actor(self, lrn: Learner, tok: Any, store: WeightStore,
-                    start: int) -> AsyncActor | None:
-        """The asynchronous actor thread when `max_async_steps` allows one, else None."""
+    def start_actor(self, lrn: Learner, tok: Any, store: WeightStore, start: int,
+                    sft_dir: Path) -> RolloutSource | None:
+        """Where the batches come from when the rank does not sample inline: rollout actors
+        in other processes (on Ray), else the asynchronous actor thread when
+        `max_async_steps` allows one, else None."""
         ts = self.spec.trainer
+        aux_free = self.spec.moe.balance == "aux_free" and lrn.moe
+        if self.rollouts is not None:
+            vllm = self.spec.rollout.backend == "vllm"
+            setup = RolloutSetup(
+                producer=lrn.producer, model_spec=lrn.model_spec, tokenizer=copy.deepcopy(tok),
+                start=start, total=ts.steps, bound=ts.max_async_steps,
+                timeout=ts.sync_timeout_s, bf16=use_bf16(ts), aux_free=aux_free,
+                vllm_dir=str(self.vllm_dir(lrn.engine, tok, sft_dir)) if vllm else None,
+                vllm=self.spec.vllm if vllm else None)
+            return self.rollouts.start(setup, self.snapshot(lrn))
         if not ts.max_async_steps:
             return None
-        # The actor samples from its own plain (unsharded) copy of the policy, refreshed from
-        # versioned snapshots the learner publishes after every update.
-        gen_model = build_policy(lrn.model_spec, len(tok), tok.pad_token_id,
-                                 tok.eos_token_id).to(self.device).eval()  # type: ignore[arg-type]
-        if use_bf16(ts):
-            gen_model = gen_model.to(torch.bfloat16)
-        if self.spec.moe.balance == "aux_free" and lrn.moe:  # the bias arrives with the weights
-            balance.attach(replayable_routers(gen_model) or [])
-        store.publish(start, weight_snapshot(lrn.engine.module, ts.zero_stage))
+        gen_model = rollout_copy(lrn.model_spec, tok, self.device, use_bf16(ts), aux_free)
+        store.publish(start, self.snapshot(lrn))
         actor = AsyncActor(lrn.producer, gen_model, HFRollout(gen_model, copy.deepcopy(tok)),
                            store, start, ts.steps, ts.max_async_steps, ts.sync_timeout_s)
         actor.start()
         return actor
 
+    def snapshot(self, lrn: Learner) -> dict[str, torch.Tensor]:
+        """The weights the rollout side samples with (collective under ZeRO-3): merged full
+        weights for a vLLM rollout actor, else what `weight_snapshot` gives a policy copy."""
+        merged = self.rollouts is not None and self.spec.rollout.backend == "vllm"
+        return weight_snapshot(lrn.engine.module, self.spec.trainer.zero_stage, merged=merged)
+
     # ---- RL: one step --------------------------------------------------------------------
 
-    def rl_step(self, lrn: Learner, step: int, actor: AsyncActor | None,
-                store: WeightStore) -> tuple[StepBatch, dict[str, float], bool]:
+    def rl_step(self, lrn: Learner, step: int, actor: RolloutSource | None,
+                ) -> tuple[StepBatch, dict[str, float], bool]:
         """Sample (or take the actor's) batch, learn from it, hand the new weights to the
         sampler; returns the batch, the step's metrics and whether the step was skipped."""
         ts = self.spec.trainer
@@ -534,7 +570,7 @@ class Trainer:
         t_wait = time.perf_counter() - t_step
         metrics, skipped = self.learn(lrn.engine, sb, lrn.ref, lrn.micro, lrn.moe, lrn.top_k)
         if actor is not None:
-            store.publish(step + 1, weight_snapshot(lrn.engine.module, ts.zero_stage))
+            actor.publish(step + 1, self.snapshot(lrn))
         elif lrn.vllm:  # the generator holds its own copy: push the update, versioned
             lrn.backend.load_state(weight_snapshot(lrn.engine.module, ts.zero_stage,
                                                    merged=True), step + 1)
@@ -1020,11 +1056,14 @@ def announce(trainer: Trainer, resume: bool) -> None:
 def train(
     spec: RunSpec, sink: Reporter | None = None, *, resume: bool = False,
     objective: Objective | None = None, pinned: PinnedData | None = None,
+    rollouts: RolloutLauncher | None = None,
 ) -> RunResult:
     """Run (or resume) one training run. Callable from the CLI, torchrun or a Celery task.
-    ``pinned``: the run's pinned SFT / preference datasets (see pinned_data.py)."""
+    ``pinned``: the run's pinned SFT / preference datasets (see pinned_data.py).
+    ``rollouts``: this rank's out-of-process rollout actor (a Ray run's, see
+    workers.cluster.rollouts); None samples in this process, as on one host."""
     with process_group() as (rank, world):
-        trainer = Trainer(spec, sink, objective, rank, world, pinned)
+        trainer = Trainer(spec, sink, objective, rank, world, pinned, rollouts)
         announce(trainer, resume)
         trainer.barrier()
         tok = start_tokenizer(trainer, resume)

@@ -23,6 +23,34 @@ def test_single_host_runs_keep_the_in_process_path():
     assert plan_for({"nodes": 1}, ["a"]) is None
 
 
+def test_rollout_actors_take_a_run_to_ray_even_on_one_node():
+    plan = plan_for({"nodes": 1}, ["a"], rollout_actors=1)
+    assert plan is not None and (plan.nodes, plan.world) == (1, 1)
+
+
+def test_rollout_actors_are_one_per_rank_and_need_ray():
+    """Bad rollout-actor settings fail before anything is placed, naming the fix."""
+    _rollout_actors = pytest.importorskip("workers.cluster.ray_job")._rollout_actors
+    from workers.rl.spec import parse_spec
+    from workers.rl.trainer import Trainer
+
+    two = parse_spec({"cluster": {"rollout_actors": 2}})
+    assert _rollout_actors(two, ClusterPlan(nodes=2)) == 2
+    assert _rollout_actors(parse_spec({}), ClusterPlan(nodes=2)) == 0
+    with pytest.raises(ValueError, match=r"rollout_actors = 2: .* give the number of ranks \(3\)"):
+        _rollout_actors(two, ClusterPlan(nodes=3))
+    vllm = parse_spec({"rollout": {"backend": "vllm"}, "cluster": {"rollout_actors": 2}})
+    with pytest.raises(ValueError, match="cluster.rollout_gpus = 1"):
+        _rollout_actors(vllm, ClusterPlan(nodes=2))
+    with pytest.raises(ValueError, match="started on one host without Ray"):
+        Trainer(two, None, None, rank=0, world=1)
+    # vLLM with a staleness bound: only rollout actors push versions into vLLM engines.
+    with pytest.raises(ValueError, match="max_async_steps"):
+        parse_spec({"rollout": {"backend": "vllm"}, "trainer": {"max_async_steps": 1}})
+    parse_spec({"rollout": {"backend": "vllm"}, "trainer": {"max_async_steps": 1},
+                "cluster": {"rollout_actors": 1, "rollout_gpus": 1}})
+
+
 def test_a_gang_gets_one_bundle_per_node_pinned_to_its_allocation():
     plan = plan_for({"nodes": 2, "gpus_per_node": 4}, ["gpu-a", "gpu-b"])
     assert plan is not None and (plan.nodes, plan.ranks_per_node, plan.world) == (2, 4, 8)
@@ -62,6 +90,10 @@ def test_rank_failures_say_whether_to_retry_and_survive_pickling():
     back = pickle.loads(pickle.dumps(died))
     assert (str(back), back.rank, back.died, back.retryable) == (str(died), 1, True, True)
     assert pickle.loads(pickle.dumps(bug)).retryable is False
+    rollouts = pytest.importorskip("workers.cluster.rollouts")
+    lost = pickle.loads(pickle.dumps(rollouts.RolloutFailed(0, "node z", "gone", died=True)))
+    assert (str(lost), lost.index, lost.retryable) == ("rollout actor 0 (node z) died: gone",
+                                                      0, True)
 
 
 def test_the_worker_adapters_load_without_ray():
