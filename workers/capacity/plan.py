@@ -291,6 +291,11 @@ def smallest_fit(shape: ModelShape, req: Request, tp: int, expert_parallel: bool
         return LayoutPlan(layout=Layout(tp=tp, dp=1, ep=tp), valid=False,
                           reason=f"no GPU count from {max(tp, 2)} to {req.max_gpus} in "
                                  f"steps of TP {tp} divides the {experts} experts")
+    weights_alone = last.weights_per_gpu + last.activations_per_gpu > last.usable_per_gpu
+    last.notes.append(
+        f"the most GPUs tried ({last.layout.gpus}) still fall short: "
+        + ("the weights alone exceed a GPU" if weights_alone else "too little room for the KV "
+           "cache"))
     return last
 
 
