@@ -1,4 +1,4 @@
-"""``GET /api/v1/teams/<team>/capacity``: the GPU types and model presets the planner
+"""``GET /api/v1/teams/<team>/capacity/catalog``: the GPU types and model presets the planner
 knows; ``POST …/capacity/plan``: a plan (memory, decode bandwidth, fitting TP/EP layouts)
 for a model at a concurrency and context length. Computes, creates nothing: viewers may
 call both."""
@@ -24,11 +24,13 @@ from workers.capacity.plan import KV_BYTES, WEIGHT_BYTES
 class CapacityViewSet(TeamScopedViewSet):
     # The team's checkpoints are what a plan may read a config from.
     queryset = Checkpoint.objects.all()
+    serializer_class = PlanRequestSerializer  # what OPTIONS describes
     pagination_class = None
     method_roles: ClassVar[dict[str, str]] = {"POST": Role.VIEWER}
 
     @extend_schema(responses=CatalogSerializer)
-    def list(self, request: Request, team: str) -> Response:
+    @action(detail=False, methods=["get"])
+    def catalog(self, request: Request, team: str) -> Response:
         return Response({
             "gpus": [{"key": g.key, "name": g.name, "memory_bytes": g.memory_bytes,
                       "bandwidth_bytes_s": g.bandwidth_bytes_s} for g in GPUS.values()],

@@ -15,8 +15,8 @@ from tests.factories import make_run, put_run_object
 from workers.capacity import PRESETS
 
 pytestmark = pytest.mark.django_db
-URL = "/api/v1/teams/acme/capacity"
-PLAN = f"{URL}/plan"
+URL = "/api/v1/teams/acme/capacity/catalog"
+PLAN = "/api/v1/teams/acme/capacity/plan"
 QWEN3_8B = PRESETS["qwen3-8b"]
 
 
@@ -143,3 +143,10 @@ def test_outsider_gets_404(outsider, team):
     assert outsider.client.post(PLAN, {"preset": "qwen3-8b", "concurrency": 1,
                                        "context": 1}, format="json").status_code == 404
     assert outsider.client.get(URL).status_code == 404
+
+
+def test_options_describes_the_request(viewer):
+    # found by `make api-fuzz`: OPTIONS had no serializer to describe and answered 500
+    response = viewer.client.options(PLAN)
+    assert response.status_code == 200
+    assert "concurrency" in response.json()["actions"]["POST"]
