@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "apps.sandbox",
     "apps.scheduling",
     "apps.review",
+    "apps.capacity",
 ]
 
 MIDDLEWARE = [

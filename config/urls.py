@@ -10,6 +10,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
+from apps.capacity.api import CapacityViewSet
 from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
@@ -63,6 +64,7 @@ router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
+router.register(rf"{TEAM}/capacity", CapacityViewSet, basename="capacity")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -92,6 +94,7 @@ urlpatterns = [
     path("", include("apps.datasets.urls")),
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
+    path("", include("apps.capacity.urls")),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),

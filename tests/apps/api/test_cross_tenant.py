@@ -50,6 +50,7 @@ STRICT_BODIES = {
     "run-preview": {"project": "main", "kind": "profile", "config": {},
                     "datasets": ["acme-secret-ds"]},
     "environment-version-qc": {},
+    "capacity-plan": {"preset": "qwen3-8b", "concurrency": 2, "context": 1024},
 }
 #: Team pages only admins may open (others get the page's 404, as outsiders do).
 ADMIN_PAGES = {"team-audit"}
