@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
@@ -23,6 +24,16 @@ _POINTS: TypeAdapter[list[protocol.MetricPoint]] = TypeAdapter(list[protocol.Met
 _SEQ: TypeAdapter[int] = TypeAdapter(protocol.Seq)
 
 
+class Columns(NamedTuple):
+    """A validated batch as parallel lists, what the PostgreSQL path and the live stream
+    both send on."""
+
+    names: list[str]
+    steps: list[int]
+    values: list[float]
+    walls: list[float]
+
+
 def validate_points(points: Any) -> list[Row]:
     """The batch's rows (name, step, value, wall time), or InvalidInput naming each bad
     ``points[i].field`` (PayloadTooLarge past the size limit, checked before any parsing)."""
@@ -39,13 +50,104 @@ def validate_points(points: Any) -> list[Row]:
             for p in parse_as(_POINTS, points, at="points")]
 
 
-def validate_batch(seq: Any, points: Any) -> list[Row]:
-    """The batch's rows, or InvalidInput naming the first bad field (before any lock)."""
+def validate_batch(seq: Any, points: Any = None, columns: Any = None) -> Columns:
+    """The batch as columns, from either body shape, or InvalidInput naming the first bad
+    field (before any lock)."""
     parse_as(_SEQ, seq, at="seq")
-    return validate_points(points)
+    if columns is not None:
+        if points is not None:
+            raise InvalidInput("Send a batch's points either as rows (points) or as columns "
+                               "(columns), not both.", details={"points": ["both"]})
+        return validate_columns(columns)
+    return to_columns(validate_points(points))
 
 
-def store_batch(*, run: models.Model, seq: int, rows: list[Row]) -> tuple[int, bool]:
+def to_columns(rows: list[Row]) -> Columns:
+    names, steps, values, walls = (list(column) for column in zip(*rows, strict=True))
+    return Columns(names, steps, values, walls)
+
+
+_COLUMN_KEYS = ("name", "step", "value", "wall_time")
+
+
+def validate_columns(columns: Any) -> Columns:
+    """A batch sent as columns — ``{"name": [...], "step": [...], "value": [...],
+    "wall_time"?: [...]}``, the i-th point being the i-th of each — checked with the same
+    rules as ``protocol.MetricPoint``, a column at a time with C-level builtins (no Python
+    loop or object per point), so validation stays a small part of the request. Errors name
+    ``columns.<key>[i]``."""
+    if not isinstance(columns, dict):
+        raise InvalidInput("columns must be an object of arrays: {\"name\": [...], "
+                           "\"step\": [...], \"value\": [...], \"wall_time\"?: [...]}.",
+                           details={"columns": ["object"]})
+    unknown = sorted(set(columns) - set(_COLUMN_KEYS))
+    missing = [key for key in _COLUMN_KEYS[:3] if key not in columns]
+    if unknown or missing:
+        raise InvalidInput(f"columns has {'unknown keys ' + ', '.join(unknown) if unknown else ''}"
+                           f"{'; ' if unknown and missing else ''}"
+                           f"{'missing keys ' + ', '.join(missing) if missing else ''}; "
+                           f"it takes {', '.join(_COLUMN_KEYS)} (wall_time optional).",
+                           details={"columns": unknown + missing})
+    for key, column in columns.items():
+        if not isinstance(column, list):
+            raise InvalidInput(f"columns.{key} must be an array.",
+                               details={f"columns.{key}": ["array"]})
+    names, steps, values = columns["name"], columns["step"], columns["value"]
+    n = len(names)
+    lengths = {key: len(column) for key, column in columns.items()}
+    if len(set(lengths.values())) != 1:
+        raise InvalidInput("columns must all be the same length; got "
+                           + ", ".join(f"{k}={v}" for k, v in lengths.items()) + ".",
+                           details={"columns": ["lengths"]})
+    limit = settings.CRUCIBLE["MAX_METRIC_BATCH"]
+    if n > limit:
+        raise PayloadTooLarge(f"A batch holds at most {limit} points; got {n}. "
+                              "Split it into several batches with their own seq.")
+    if not n:
+        raise InvalidInput("columns are empty.", details={"columns": ["empty"]})
+    if set(map(type, names)) != {str}:
+        _bad("name", names, lambda x: type(x) is str, "must be a string")
+    for name in set(names):
+        if not 1 <= len(name) <= protocol.MAX_METRIC_NAME:
+            _bad("name", names, lambda x, name=name: x != name,
+                 f"must be 1 to {protocol.MAX_METRIC_NAME} characters")
+    if set(map(type, steps)) != {int} or min(steps) < 0 or max(steps) > protocol.MAX_STEP:
+        _bad("step", steps, lambda x: type(x) is int and 0 <= x <= protocol.MAX_STEP,
+             f"must be an integer from 0 to {protocol.MAX_STEP}")
+    values = _finite("value", values)
+    walls = _finite("wall_time", columns["wall_time"]) if "wall_time" in columns \
+        else [time.time()] * n
+    return Columns(names, steps, values, walls)
+
+
+def _finite(key: str, column: list[Any]) -> list[float]:
+    """The column as floats, or InvalidInput at its first non-number or non-finite one
+    (booleans are not numbers here, as in the protocol's strict types)."""
+    types = set(map(type, column))
+    try:
+        ok = types <= {int, float} and all(map(math.isfinite, column))
+    except OverflowError:  # an integer past a double's range (JSON can say 1e400 as digits)
+        ok = False
+    if not ok:
+        _bad(key, column, _is_finite, "must be a finite number")
+    return list(map(float, column)) if int in types else column
+
+
+def _is_finite(x: Any) -> bool:
+    try:
+        return type(x) in (int, float) and math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _bad(key: str, column: list[Any], ok: Any, message: str) -> NoReturn:
+    index = next((i for i, x in enumerate(column) if not ok(x)), 0)
+    raise InvalidInput(f"columns.{key}[{index}]: {message}.",
+                       details={f"columns.{key}[{index}]": [message]})
+
+
+def store_batch(*, run: models.Model, seq: int, rows: list[Row] | None = None,
+                columns: Columns | None = None) -> tuple[int, bool]:
     """Store a validated batch of a run whose row the caller holds locked (the runs app's
     ``leased``); returns (points stored, duplicate). A repeated ``seq`` stores nothing.
 
@@ -53,13 +155,18 @@ def store_batch(*, run: models.Model, seq: int, rows: list[Row]) -> tuple[int, b
     be replayed without gaps; a lost race on ``seq`` never spends one (PostgreSQL: the
     position is taken only when the batch row was inserted; SQLite: the savepoint).
     """
+    if columns is None:
+        assert rows is not None, "store_batch takes rows or columns"
+        columns = to_columns(rows)
+    count = len(columns.names)
     if connection.vendor == "postgresql":
-        stored = _store_postgres(run, seq, rows)
+        stored = _store_postgres(run, seq, columns)
         if stored is None:
             telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("duplicate"))
             return 0, True
         stream_seq = stored
     else:
+        rows = rows or list(zip(*columns, strict=True))
         try:
             with transaction.atomic():
                 if MetricBatch.objects.filter(run_id=run.pk, seq=seq).exists():
@@ -75,31 +182,24 @@ def store_batch(*, run: models.Model, seq: int, rows: list[Row]) -> tuple[int, b
             telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("duplicate"))
             return 0, True  # a concurrent retry of the same batch won
     telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("stored"))
-    telemetry.count_on_commit(telemetry.METRIC_POINTS, len(rows))
-    events.publish_on_commit(events.run_group(run.pk), metrics_message(stream_seq, rows))
-    return len(rows), False
+    telemetry.count_on_commit(telemetry.METRIC_POINTS, count)
+    events.publish_on_commit(events.run_group(run.pk), metrics_message(stream_seq, columns))
+    return count, False
 
 
-def _store_postgres(run: models.Model, seq: int, rows: list[Row]) -> int | None:
+def _store_postgres(run: models.Model, seq: int, columns: Columns) -> int | None:
     """Two statements (``writers.claim_postgres``, ``writers.store_postgres``); the batch's
     stream position, or None for a batch already stored."""
-    claimed = writers.claim_postgres(run.pk, type(run)._meta.db_table, seq, len(rows))
+    claimed = writers.claim_postgres(run.pk, type(run)._meta.db_table, seq,
+                                     len(columns.names))
     if claimed is None:
         return None
     batch_id, stream_seq = claimed
-    names, steps, values, walls = (list(column) for column in zip(*rows, strict=True))
-    writers.store_postgres(run.pk, batch_id, stream_seq, rollups.WIDTHS, names, steps, values,
-                           walls)
+    writers.store_postgres(run.pk, batch_id, stream_seq, rollups.WIDTHS, *columns)
     return stream_seq
 
 
-def metrics_message(stream_seq: int, rows: list[Row]) -> dict[str, Any]:
+def metrics_message(stream_seq: int, columns: Columns) -> dict[str, Any]:
     """The live-stream message for one batch: columns, not objects, to keep it small."""
-    return {
-        "type": "metrics",
-        "seq": stream_seq,
-        "names": [r[0] for r in rows],
-        "steps": [r[1] for r in rows],
-        "values": [r[2] for r in rows],
-        "walls": [r[3] for r in rows],
-    }
+    return {"type": "metrics", "seq": stream_seq, "names": columns.names,
+            "steps": columns.steps, "values": columns.values, "walls": columns.walls}

@@ -13,6 +13,8 @@ Other databases (SQLite): one multi-row INSERT, and the fold in Python (``rollup
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from django.db import connection
 from psycopg import Cursor
@@ -32,7 +34,7 @@ def insert_points(run_id: object, rows: list[Row]) -> list[int]:
     return [p.pk for p in created]
 
 
-def claim_postgres(run_id: object, run_table: str, seq: int, count: int) -> tuple[int, int] | None:
+def claim_postgres(run_id: Any, run_table: str, seq: int, count: int) -> tuple[int, int] | None:
     """Insert the batch's row and take its stream position; None when ``(run, seq)`` is
     already stored (or being stored by a concurrent retry, which this waits for). Returns
     (batch row id, stream position). The caller holds the run's row lock."""
@@ -51,7 +53,7 @@ def claim_postgres(run_id: object, run_table: str, seq: int, count: int) -> tupl
     return (found[0], found[1]) if found else None
 
 
-def store_postgres(run_id: object, batch_id: int, stream_seq: int, widths: tuple[int, ...],
+def store_postgres(run_id: Any, batch_id: int, stream_seq: int, widths: tuple[int, ...],
                    names: list[str], steps: list[int], values: list[float],
                    walls: list[float]) -> None:
     """Insert the points and fold them into series and rollups, in one statement (see the

@@ -82,14 +82,18 @@ class WorkerRunViewSet(WorkerViewSet):
 
     @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)
     def metrics(self, request: Request, run: str) -> Response:
-        """The metric service validates ``seq`` and the points with the protocol's own types
-        (``protocol.Seq``, ``protocol.MetricPoint``) in one pass, before it takes the lock."""
+        """A batch is ``{"seq", "points": [{"name", "step", "value", "wall_time"?}]}`` or,
+        cheaper to send and check, ``{"seq", "columns": {"name": [...], "step": [...],
+        "value": [...], "wall_time"?: [...]}}``; as JSON or msgpack (``Content-Type:
+        application/msgpack``). The metric service validates it before it takes the lock."""
         body = request.data if isinstance(request.data, dict) else {}
-        if "seq" not in body or "points" not in body:
-            raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]}.")
+        if "seq" not in body or ("points" not in body and "columns" not in body):
+            raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]} or "
+                               "{\"seq\": int, \"columns\": {\"name\": [...], \"step\": "
+                               "[...], \"value\": [...], \"wall_time\"?: [...]}}.")
         stored, duplicate = services.ingest_metrics(
             run=self._run(run, related=False), lease_id=self.lease_id, seq=body["seq"],
-            points=body["points"],
+            points=body.get("points"), columns=body.get("columns"),
         )
         return Response({"stored": stored, "duplicate": duplicate})
 
