@@ -66,9 +66,10 @@ class MetricSeries(models.Model):
 
 
 class MetricRollup(models.Model):
-    """Pre-aggregated buckets of ``width`` steps (min, max, last, count), written at ingest
-    for a few widths, so a downsampled read of a huge series merges thousands of rollup
-    rows in the database instead of sorting millions of points."""
+    """Pre-aggregated buckets of ``width`` steps (min, max, last value and its wall time,
+    count), written at ingest for a few widths, so a downsampled read of a huge series merges
+    thousands of rollup rows in the database instead of sorting millions of points. Kept
+    when retention drops the raw points: reads at rollup resolution never need them."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+",
                             db_index=False)
@@ -79,6 +80,7 @@ class MetricRollup(models.Model):
     vmax = models.FloatField()
     last_step = models.BigIntegerField()
     last_value = models.FloatField()
+    last_wall = models.FloatField(default=0.0)
     count = models.BigIntegerField()
 
     class Meta:

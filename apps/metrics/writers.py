@@ -82,14 +82,17 @@ ser AS (
 ),
 rol AS (
     INSERT INTO {rollup} AS t (run_id, name, width, bucket, vmin, vmax, last_step, last_value,
-                               count)
+                               last_wall, count)
     SELECT %(run)s, name, w, step / w, min(value), max(value), max(step),
-           (array_agg(value ORDER BY step DESC, ord DESC))[1], count(*)
+           (array_agg(value ORDER BY step DESC, ord DESC))[1],
+           (array_agg(wall ORDER BY step DESC, ord DESC))[1], count(*)
     FROM pts CROSS JOIN unnest(%(widths)s::int8[]) AS w GROUP BY name, w, step / w
     ON CONFLICT (run_id, name, width, bucket) DO UPDATE SET
         vmin = LEAST(t.vmin, excluded.vmin), vmax = GREATEST(t.vmax, excluded.vmax),
         last_value = CASE WHEN excluded.last_step >= t.last_step
                           THEN excluded.last_value ELSE t.last_value END,
+        last_wall = CASE WHEN excluded.last_step >= t.last_step
+                         THEN excluded.last_wall ELSE t.last_wall END,
         last_step = GREATEST(t.last_step, excluded.last_step),
         count = t.count + excluded.count
 )

@@ -173,8 +173,9 @@ class RunViewSet(TeamScopedViewSet):
             return Response({"names": available, "max_points": max_points,
                              "after_step": after, "more": more, "series": series})
         series = []
+        by_name = metric_selectors.series_many(obj.pk, names, max_points=max_points)
         for n in names:
-            points = metric_selectors.series(obj.pk, n, max_points=max_points)
+            points = by_name[n]
             series.append({"name": n, "columns": metric_selectors.as_columns(points)}
                           if layout == "columns" else {"name": n, "points": points})
         return Response({"names": available, "max_points": max_points, "layout": layout,
