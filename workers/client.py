@@ -460,6 +460,11 @@ class CrucibleClient:
         """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""
         return self.request("POST", "worker/sweep")["requeued"]
 
+    def prune_metrics(self) -> dict[str, int]:
+        """Drop raw metric points past each team's retention (operator tokens); returns
+        {team: points dropped}."""
+        return dict(self.request("POST", "worker/metrics/prune")["dropped"])
+
     def admission_pass(self) -> dict[str, Any]:
         """Run one admission pass (operator tokens): what it admitted, preempted, and left
         waiting; ``{"leader": false}`` when another pass held the lock."""

@@ -39,6 +39,8 @@ class MetricBatch(models.Model):
     last_id = models.BigIntegerField(default=0)
     point_count = models.PositiveIntegerField()
     received_at = models.DateTimeField(default=timezone.now)
+    # When retention dropped this batch's raw points (its rollups remain).
+    pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_metric_batch")]
@@ -57,6 +59,9 @@ class MetricSeries(models.Model):
     count = models.BigIntegerField(default=0)
     first_step = models.BigIntegerField()
     last_step = models.BigIntegerField()
+    # Set once retention has dropped some of its raw points: reads then come from rollups
+    # wherever a rollup width can serve them.
+    pruned = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "name"], name="uniq_series")]

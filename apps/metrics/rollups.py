@@ -130,13 +130,15 @@ def rebuild(run_id: object) -> None:
 RAW_SCAN_LIMIT = 50_000
 
 
-def pick_width(span: int, max_points: int, fan_in: int = 8) -> int | None:
+def pick_width(span: int, max_points: int, fan_in: int = 8, *,
+               prefer_rollups: bool = False) -> int | None:
     """The coarsest width that still gives ``fan_in × max_points`` rollup rows, so a
     returned bucket's edges snap to rollup edges within 1/fan_in of a bucket; for a series
     longer than ``RAW_SCAN_LIMIT`` steps, failing that, the coarsest giving ``max_points``
     rows (edges within one bucket, every bucket still exact in min, max, last and count).
-    None when the series is short enough to bucket exactly from its points."""
-    for need in (fan_in, 1) if span > RAW_SCAN_LIMIT else (fan_in,):
+    None when the series is short enough to bucket exactly from its points.
+    ``prefer_rollups`` (retention dropped raw points): fan-in 1 at any length."""
+    for need in (fan_in, 1) if span > RAW_SCAN_LIMIT or prefer_rollups else (fan_in,):
         best = None
         for width in WIDTHS:
             if span / width >= need * max_points:

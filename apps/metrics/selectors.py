@@ -89,11 +89,11 @@ def series_many(run_id: object, names: list[str], *, max_points: int
     from_rollups: list[tuple[str, int, int, int]] = []  # (name, width, lo, hi)
     for name in names:
         info = infos.get(name)
-        if info is not None and info.count <= max_points:
+        if info is not None and info.count <= max_points and not info.pruned:
             out[name] = _every_point(run_id, name)
             continue
         width = None if info is None else pick_width(info.last_step - info.first_step + 1,
-                                                     max_points)
+                                                     max_points, prefer_rollups=info.pruned)
         if width is None or info is None:
             out[name] = _from_points(run_param, name, max_points)
         else:

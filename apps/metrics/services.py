@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, NoReturn
 
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
+from django.utils import timezone
 from pydantic import TypeAdapter
 
 from apps.core import events, telemetry
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
 from apps.core.protocol import parse_as
 from apps.metrics import rollups, writers
-from apps.metrics.models import MetricBatch
+from apps.metrics.models import MetricBatch, MetricPoint, MetricSeries
 from apps.metrics.sequence import allocate_stream_seq
 from apps.metrics.writers import Row, insert_points
 from workers import protocol
@@ -203,3 +205,40 @@ def metrics_message(stream_seq: int, columns: Columns) -> dict[str, Any]:
     """The live-stream message for one batch: columns, not objects, to keep it small."""
     return {"type": "metrics", "seq": stream_seq, "names": columns.names,
             "steps": columns.steps, "values": columns.values, "walls": columns.walls}
+
+
+def prune_raw_points(*, now: datetime | None = None) -> dict[str, int]:
+    """Drop the raw points of every team with ``metric_retention_days`` set whose batches
+    were ingested longer ago than that; series and rollups stay, so charts read the same
+    above rollup resolution. Marks the touched series ``pruned`` (reads then prefer rollups)
+    in the same transaction. Returns {team slug: points dropped}."""
+    from apps.teams.models import Team  # the metrics app sits below teams otherwise
+
+    now = now or timezone.now()
+    dropped: dict[str, int] = {}
+    points = MetricPoint._meta.db_table
+    for team in Team.objects.filter(metric_retention_days__isnull=False):
+        cutoff = now - timedelta(days=team.metric_retention_days or 0)
+        old = MetricBatch.objects.filter(run__team=team, received_at__lt=cutoff,
+                                         pruned_at__isnull=True)
+        with transaction.atomic():
+            run_ids = list(old.values_list("run_id", flat=True).distinct())
+            if not run_ids:
+                continue
+            # Points are found by their batch's id range: the ingest time is the batch's.
+            sql, params = old.values("run_id", "first_id", "last_id").query.sql_with_params()
+            with connection.cursor() as cursor:
+                if connection.vendor == "postgresql":  # driven from the batches: id ranges
+                    cursor.execute(
+                        f"DELETE FROM {points} p USING ({sql}) b WHERE p.run_id = b.run_id "
+                        f"AND p.id BETWEEN b.first_id AND b.last_id", params)
+                else:
+                    cursor.execute(
+                        f"DELETE FROM {points} WHERE EXISTS (SELECT 1 FROM ({sql}) b "
+                        f"WHERE b.run_id = {points}.run_id "
+                        f"AND {points}.id BETWEEN b.first_id AND b.last_id)", params)
+                dropped[team.slug] = cursor.rowcount
+            # The batch rows stay: they are what makes a retried seq a no-op.
+            old.update(pruned_at=now)
+            MetricSeries.objects.filter(run_id__in=run_ids).update(pruned=True)
+    return dropped

@@ -19,6 +19,7 @@ from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
+from apps.metrics import services as metric_services
 from apps.runs import admission, selectors, services
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
@@ -172,6 +173,15 @@ class WorkerSweepViewSet(WorkerViewSet):
         return Response({"requeued": [str(r.pk) for r in swept if r.status == "queued"],
                          "failed": [str(r.pk) for r in swept if r.status == "failed"],
                          "executions_lost": lost, "nodes_lost": nodes_lost})
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def prune_metrics(self, request: Request) -> Response:
+        """Drop raw metric points past each team's retention (called periodically by the
+        pools' beat); rollups stay. Operator tokens only, like the sweep."""
+        if self.principal.team_id is not None:
+            raise Forbidden("Only operator worker tokens (not tied to a team) may prune "
+                            "metrics.")
+        return Response({"dropped": metric_services.prune_raw_points()})
 
     @extend_schema(request=protocol.DeadLeaseReport, responses=OpenApiTypes.OBJECT)
     def dead_leases(self, request: Request, name: str) -> Response:
