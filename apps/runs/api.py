@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
+from apps.core.renderers import FastJSONRenderer
 from apps.core.storage import store
 from apps.metrics import selectors as metric_selectors
 from apps.runs import comparison, selectors, services
@@ -143,7 +144,7 @@ class RunViewSet(TeamScopedViewSet):
                                                  "oldest first; `more` says if others follow)")],
         responses=OpenApiTypes.OBJECT,
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], renderer_classes=[FastJSONRenderer])
     def metrics(self, request: Request, team: str, run: str) -> Response:
         """Series downsampled in the database to at most ``max_points`` buckets each; with
         ``after_step``, the raw points after that step instead (cheap polling: ask again with
