@@ -52,6 +52,12 @@ def admission_seconds() -> float:
     return _seconds("CRUCIBLE_ADMISSION_SECONDS", 5.0)
 
 
+def prune_seconds() -> float:
+    """How often the beat drops raw metric points past each team's retention
+    (``CRUCIBLE_METRIC_PRUNE_SECONDS``)."""
+    return _seconds("CRUCIBLE_METRIC_PRUNE_SECONDS", 3600.0)
+
+
 def beat_schedule() -> dict[str, dict[str, object]]:
     """The lease sweep always; the admission pass only with the scheduler on (off, nothing
     changes for today's deployments)."""
@@ -63,6 +69,11 @@ def beat_schedule() -> dict[str, dict[str, object]]:
             # would otherwise pile them up).
             "options": {"queue": "cpu", "expires": sweep_seconds()},
         },
+    }
+    schedule["prune-metric-points"] = {
+        "task": "workers.tasks.prune_metrics",
+        "schedule": prune_seconds(),
+        "options": {"queue": "cpu", "expires": prune_seconds()},
     }
     if env.scheduler_enabled():
         schedule["admission-pass"] = {

@@ -278,6 +278,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "apps.core.pagination.CursorPagination",
     "DEFAULT_PARSER_CLASSES": [
         "apps.core.parsers.FastJSONParser",
+        "apps.core.parsers.MsgpackParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],

@@ -19,6 +19,8 @@ node = WorkerNodeViewSet.as_view
 urlpatterns = [
     path("claim", run({"post": "claim"}), name="worker-claim"),
     path("sweep", WorkerSweepViewSet.as_view({"post": "sweep"}), name="worker-sweep"),
+    path("metrics/prune", WorkerSweepViewSet.as_view({"post": "prune_metrics"}),
+         name="worker-prune-metrics"),
     path("admission", WorkerSweepViewSet.as_view({"post": "admission"}),
          name="worker-admission"),
     path("runs/<str:run>", run({"get": "retrieve"}), name="worker-run"),

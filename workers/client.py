@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import orjson
 
 from workers import drain
@@ -44,6 +45,9 @@ RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 MAX_PAUSE_S = 2.0
 # A worker's report tries this many times more before it goes to the outbox.
 QUICK_RETRIES = 2
+# How log_metrics encodes a batch: msgpack columns (the cheapest for the web to decode and
+# check), JSON columns, or JSON rows (the original body).
+METRIC_ENCODINGS = ("msgpack", "json-columns", "json-rows")
 HEARTBEAT_RETRY_S = 2.0
 DEFAULT_LEASE_S = 120.0  # the web's default, for a claim that does not say
 MIN_RETRY_S = 15.0  # about the five tries with backoff a report had before the outbox
@@ -78,7 +82,12 @@ class CrucibleClient:
         retries: int = 5,
         backoff: float = 0.5,
         timeout: float = 30.0,
+        metric_encoding: str = "msgpack",
     ) -> None:
+        if metric_encoding not in METRIC_ENCODINGS:
+            raise ValueError(f"metric_encoding must be one of {', '.join(METRIC_ENCODINGS)}; "
+                             f"got {metric_encoding!r}")
+        self.metric_encoding = metric_encoding
         self.base_url = (base_url or os.environ.get("CRUCIBLE_API_URL")
                          or "http://127.0.0.1:8000").rstrip("/")
         token = token or os.environ.get("CRUCIBLE_TOKEN") or os.environ.get(
@@ -452,6 +461,11 @@ class CrucibleClient:
         """Requeue runs whose lease expired (operator tokens); returns the requeued ids."""
         return self.request("POST", "worker/sweep")["requeued"]
 
+    def prune_metrics(self) -> dict[str, int]:
+        """Drop raw metric points past each team's retention (operator tokens); returns
+        {team: points dropped}."""
+        return dict(self.request("POST", "worker/metrics/prune")["dropped"])
+
     def admission_pass(self) -> dict[str, Any]:
         """Run one admission pass (operator tokens): what it admitted, preempted, and left
         waiting; ``{"leader": false}`` when another pass held the lock."""
@@ -488,6 +502,21 @@ def node_name(env: Mapping[str, str] | None = None) -> str:
     registers under it and the host's workers claim under it, so both must read it here."""
     env = os.environ if env is None else env
     return env.get("CRUCIBLE_NODE_NAME", "").strip() or socket.gethostname()
+
+
+def metric_columns(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Points as the columnar batch body (``name``, ``step``, ``value``, ``wall_time``):
+    the server checks a column at a time instead of an object per point. Points without a
+    ``wall_time`` take the time of this call when others in the batch have one."""
+    columns: dict[str, list[Any]] = {"name": [p["name"] for p in points],
+                                     "step": [p["step"] for p in points],
+                                     "value": [p["value"] for p in points]}
+    with_wall = sum(1 for p in points if "wall_time" in p)
+    if with_wall:
+        now = time.time()
+        columns["wall_time"] = [p["wall_time"] for p in points] if with_wall == len(points) \
+            else [p.get("wall_time", now) for p in points]
+    return columns
 
 
 @dataclass
@@ -597,14 +626,19 @@ class WorkerSession:
             self._lost.set()
             raise
 
-    def _report(self, what: str, body: dict[str, Any], *, quiet: bool = False) -> Any:
+    def _report(self, what: str, body: dict[str, Any], *, quiet: bool = False,
+                msgpack_body: bool = False) -> Any:
         """Send a metric batch, event or sample batch now; when the API does not take it
         within a few quick tries (or reports are already queued: order), queue it."""
         if self._lost.is_set():
             raise LeaseLost(409, "lease_invalid", f"the lease on run {self.run_id} is lost")
         path = f"worker/runs/{self.run_id}/{what}"
         headers = {**self.headers, "Idempotency-Key": uuid.uuid4().hex}
-        content = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        if msgpack_body:
+            headers["Content-Type"] = "application/msgpack"
+            content = msgpack.packb(body)
+        else:
+            content = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         if not self.buffering:
             try:
                 return self.client.request("POST", path, content=content, headers=headers,
@@ -751,7 +785,11 @@ class WorkerSession:
             self._metric_seq += 1
             seq = self._metric_seq
         # Safe to retry: the server stores each (run, seq) once.
-        return self._report("metrics", {"seq": seq, "points": fresh})
+        encoding = self.client.metric_encoding
+        if encoding == "json-rows":
+            return self._report("metrics", {"seq": seq, "points": fresh})
+        return self._report("metrics", {"seq": seq, "columns": metric_columns(fresh)},
+                            msgpack_body=encoding == "msgpack")
 
     def log_event(self, message: str, level: str = "info", kind: str = "log",
                   data: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -159,6 +159,13 @@ def sweep_leases() -> list[str]:
         return client.sweep()
 
 
+@app.task(name="workers.tasks.prune_metrics")
+def prune_metrics() -> dict[str, int]:
+    """Ask the web to drop raw metric points past each team's retention (the beat's)."""
+    with CrucibleClient() as client:
+        return client.prune_metrics()
+
+
 @app.task(name="workers.tasks.admission_pass")
 def admission_pass() -> dict[str, Any]:
     """Ask the web to run one admission pass (the beat sends this with the scheduler on)."""

@@ -39,6 +39,8 @@ class MetricBatch(models.Model):
     last_id = models.BigIntegerField(default=0)
     point_count = models.PositiveIntegerField()
     received_at = models.DateTimeField(default=timezone.now)
+    # When retention dropped this batch's raw points (its rollups remain).
+    pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_metric_batch")]
@@ -57,6 +59,9 @@ class MetricSeries(models.Model):
     count = models.BigIntegerField(default=0)
     first_step = models.BigIntegerField()
     last_step = models.BigIntegerField()
+    # Set once retention has dropped some of its raw points: reads then come from rollups
+    # wherever a rollup width can serve them.
+    pruned = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "name"], name="uniq_series")]
@@ -66,9 +71,10 @@ class MetricSeries(models.Model):
 
 
 class MetricRollup(models.Model):
-    """Pre-aggregated buckets of ``width`` steps (min, max, last, count), written at ingest
-    for a few widths, so a downsampled read of a huge series merges thousands of rollup
-    rows in the database instead of sorting millions of points."""
+    """Pre-aggregated buckets of ``width`` steps (min, max, last value and its wall time,
+    count), written at ingest for a few widths, so a downsampled read of a huge series merges
+    thousands of rollup rows in the database instead of sorting millions of points. Kept
+    when retention drops the raw points: reads at rollup resolution never need them."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+",
                             db_index=False)
@@ -79,6 +85,7 @@ class MetricRollup(models.Model):
     vmax = models.FloatField()
     last_step = models.BigIntegerField()
     last_value = models.FloatField()
+    last_wall = models.FloatField(default=0.0)
     count = models.BigIntegerField()
 
     class Meta:

@@ -17,7 +17,7 @@ from apps.metrics.models import MetricPoint, MetricRollup, MetricSeries
 WIDTHS: tuple[int, ...] = (64, 1024, 16384, 262144)
 
 Row = tuple[str, int, float, float]  # (name, step, value, wall_time)
-# (name, width, bucket) -> [vmin, vmax, last_step, last_value, count]
+# (name, width, bucket) -> [vmin, vmax, last_step, last_value, count, last_wall]
 Buckets = dict[tuple[str, int, int], list]
 # name -> [count, first_step, last_step]
 Spans = dict[str, list[int]]
@@ -27,7 +27,7 @@ def aggregate(rows: Iterable[Row], widths: tuple[int, ...] = WIDTHS) -> tuple[Bu
     """Pure: fold a batch into per-bucket aggregates and per-series spans."""
     buckets: Buckets = {}
     spans: Spans = {}
-    for name, step, value, _ in rows:
+    for name, step, value, wall in rows:
         span = spans.get(name)
         if span is None:
             spans[name] = [1, step, step]
@@ -39,12 +39,12 @@ def aggregate(rows: Iterable[Row], widths: tuple[int, ...] = WIDTHS) -> tuple[Bu
             key = (name, width, step // width)
             agg = buckets.get(key)
             if agg is None:
-                buckets[key] = [value, value, step, value, 1]
+                buckets[key] = [value, value, step, value, 1, wall]
                 continue
             agg[0] = min(agg[0], value)
             agg[1] = max(agg[1], value)
             if step >= agg[2]:
-                agg[2], agg[3] = step, value
+                agg[2], agg[3], agg[5] = step, value, wall
             agg[4] += 1
     return buckets, spans
 
@@ -74,17 +74,21 @@ def upsert(run_id: object, rows: list[Row]) -> None:
             f"last_step = {greatest}(t.last_step, excluded.last_step)",
             params,
         )
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(buckets))
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(buckets))
         params = []
-        for (name, width, bucket), (vmin, vmax, last_step, last_value, count) in buckets.items():
-            params += [run_value, name, width, bucket, vmin, vmax, last_step, last_value, count]
+        for (name, width, bucket), (vmin, vmax, last_step, last_value, count, last_wall) \
+                in buckets.items():
+            params += [run_value, name, width, bucket, vmin, vmax, last_step, last_value,
+                       last_wall, count]
         cursor.execute(
             f"INSERT INTO {rollup_table} AS t (run_id, name, width, bucket, vmin, vmax, "
-            f"last_step, last_value, count) VALUES {values} "
+            f"last_step, last_value, last_wall, count) VALUES {values} "
             f"ON CONFLICT (run_id, name, width, bucket) DO UPDATE SET "
             f"vmin = {least}(t.vmin, excluded.vmin), vmax = {greatest}(t.vmax, excluded.vmax), "
             f"last_value = CASE WHEN excluded.last_step >= t.last_step "
             f"THEN excluded.last_value ELSE t.last_value END, "
+            f"last_wall = CASE WHEN excluded.last_step >= t.last_step "
+            f"THEN excluded.last_wall ELSE t.last_wall END, "
             f"last_step = {greatest}(t.last_step, excluded.last_step), "
             f"count = t.count + excluded.count",
             params,
@@ -108,23 +112,37 @@ def rebuild(run_id: object) -> None:
         for width in WIDTHS:
             cursor.execute(
                 f"INSERT INTO {rollup_table} (run_id, name, width, bucket, vmin, vmax, "
-                f"last_step, last_value, count) "
-                f"SELECT run_id, name, %s, step / %s, MIN(value), MAX(value), MAX(step), 0, "
+                f"last_step, last_value, last_wall, count) "
+                f"SELECT run_id, name, %s, step / %s, MIN(value), MAX(value), MAX(step), 0, 0, "
                 f"COUNT(*) FROM {points} WHERE run_id = %s GROUP BY run_id, name, step / %s",
                 [width, width, run_value, width])
-        cursor.execute(
-            f"UPDATE {rollup_table} SET last_value = (SELECT p.value FROM {points} p "
-            f"WHERE p.run_id = {rollup_table}.run_id AND p.name = {rollup_table}.name "
-            f"AND p.step = {rollup_table}.last_step ORDER BY p.id DESC LIMIT 1) "
-            f"WHERE run_id = %s", [run_value])
+        for column, source in (("last_value", "value"), ("last_wall", "wall_time")):
+            cursor.execute(
+                f"UPDATE {rollup_table} SET {column} = (SELECT p.{source} FROM {points} p "
+                f"WHERE p.run_id = {rollup_table}.run_id AND p.name = {rollup_table}.name "
+                f"AND p.step = {rollup_table}.last_step ORDER BY p.id DESC LIMIT 1) "
+                f"WHERE run_id = %s", [run_value])
 
 
-def pick_width(span: int, max_points: int, fan_in: int = 8) -> int | None:
+# Above this many steps a series is never bucketed from its raw points when a rollup width
+# can serve the read, even with coarser bucket edges: scanning 100k points per series is
+# what made a 100-series read take seconds.
+RAW_SCAN_LIMIT = 50_000
+
+
+def pick_width(span: int, max_points: int, fan_in: int = 8, *,
+               prefer_rollups: bool = False) -> int | None:
     """The coarsest width that still gives ``fan_in × max_points`` rollup rows, so a
-    returned bucket's edges snap to rollup edges within 1/fan_in of a bucket; None when
-    the series is short enough to bucket exactly from its points (span < 512 × N)."""
-    best = None
-    for width in WIDTHS:
-        if span / width >= fan_in * max_points:
-            best = width
-    return best
+    returned bucket's edges snap to rollup edges within 1/fan_in of a bucket; for a series
+    longer than ``RAW_SCAN_LIMIT`` steps, failing that, the coarsest giving ``max_points``
+    rows (edges within one bucket, every bucket still exact in min, max, last and count).
+    None when the series is short enough to bucket exactly from its points.
+    ``prefer_rollups`` (retention dropped raw points): fan-in 1 at any length."""
+    for need in (fan_in, 1) if span > RAW_SCAN_LIMIT or prefer_rollups else (fan_in,):
+        best = None
+        for width in WIDTHS:
+            if span / width >= need * max_points:
+                best = width
+        if best is not None:
+            return best
+    return None

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
+from apps.core.renderers import FastJSONRenderer
 from apps.core.storage import store
 from apps.metrics import selectors as metric_selectors
 from apps.runs import comparison, selectors, services
@@ -145,7 +146,7 @@ class RunViewSet(TeamScopedViewSet):
                                                  "oldest first; `more` says if others follow)")],
         responses=OpenApiTypes.OBJECT,
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], renderer_classes=[FastJSONRenderer])
     def metrics(self, request: Request, team: str, run: str) -> Response:
         """Series downsampled in the database to at most ``max_points`` buckets each; with
         ``after_step``, the raw points after that step instead (cheap polling: ask again with
@@ -175,8 +176,9 @@ class RunViewSet(TeamScopedViewSet):
             return Response({"names": available, "max_points": max_points,
                              "after_step": after, "more": more, "series": series})
         series = []
+        by_name = metric_selectors.series_many(obj.pk, names, max_points=max_points)
         for n in names:
-            points = metric_selectors.series(obj.pk, n, max_points=max_points)
+            points = by_name[n]
             series.append({"name": n, "columns": metric_selectors.as_columns(points)}
                           if layout == "columns" else {"name": n, "points": points})
         return Response({"names": available, "max_points": max_points, "layout": layout,

@@ -335,13 +335,15 @@ def _skip_locked() -> bool:
     return connection.features.has_select_for_update_skip_locked
 
 
-def ingest_metrics(*, run: Run, lease_id: str, seq: Any, points: Any) -> tuple[int, bool]:
-    """A worker's metric batch, under the run's lease; returns (points stored, duplicate).
-    The lock gives the run's batches consecutive stream positions."""
-    rows = metric_services.validate_batch(seq, points)
+def ingest_metrics(*, run: Run, lease_id: str, seq: Any, points: Any = None,
+                   columns: Any = None) -> tuple[int, bool]:
+    """A worker's metric batch (rows in ``points`` or parallel arrays in ``columns``), under
+    the run's lease; returns (points stored, duplicate). The lock gives the run's batches
+    consecutive stream positions."""
+    batch = metric_services.validate_batch(seq, points, columns)
     with transaction.atomic():
         run = leased(run, lease_id)
-        return metric_services.store_batch(run=run, seq=seq, rows=rows)
+        return metric_services.store_batch(run=run, seq=seq, columns=batch)
 
 
 def report_qc(*, actor: Actor, run: Run, lease_id: str, report: dict[str, Any],

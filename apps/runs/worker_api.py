@@ -19,6 +19,7 @@ from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
+from apps.metrics import services as metric_services
 from apps.runs import admission, selectors, services
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
@@ -93,14 +94,18 @@ class WorkerRunViewSet(WorkerViewSet):
 
     @extend_schema(request=protocol.MetricBatch, responses=OpenApiTypes.OBJECT)
     def metrics(self, request: Request, run: str) -> Response:
-        """The metric service validates ``seq`` and the points with the protocol's own types
-        (``protocol.Seq``, ``protocol.MetricPoint``) in one pass, before it takes the lock."""
+        """A batch is ``{"seq", "points": [{"name", "step", "value", "wall_time"?}]}`` or,
+        cheaper to send and check, ``{"seq", "columns": {"name": [...], "step": [...],
+        "value": [...], "wall_time"?: [...]}}``; as JSON or msgpack (``Content-Type:
+        application/msgpack``). The metric service validates it before it takes the lock."""
         body = request.data if isinstance(request.data, dict) else {}
-        if "seq" not in body or "points" not in body:
-            raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]}.")
+        if "seq" not in body or ("points" not in body and "columns" not in body):
+            raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]} or "
+                               "{\"seq\": int, \"columns\": {\"name\": [...], \"step\": "
+                               "[...], \"value\": [...], \"wall_time\"?: [...]}}.")
         stored, duplicate = services.ingest_metrics(
             run=self._run(run, related=False), lease_id=self.lease_id, seq=body["seq"],
-            points=body["points"],
+            points=body.get("points"), columns=body.get("columns"),
         )
         return Response({"stored": stored, "duplicate": duplicate})
 
@@ -179,6 +184,15 @@ class WorkerSweepViewSet(WorkerViewSet):
         return Response({"requeued": [str(r.pk) for r in swept if r.status == "queued"],
                          "failed": [str(r.pk) for r in swept if r.status == "failed"],
                          "executions_lost": lost, "nodes_lost": nodes_lost})
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def prune_metrics(self, request: Request) -> Response:
+        """Drop raw metric points past each team's retention (called periodically by the
+        pools' beat); rollups stay. Operator tokens only, like the sweep."""
+        if self.principal.team_id is not None:
+            raise Forbidden("Only operator worker tokens (not tied to a team) may prune "
+                            "metrics.")
+        return Response({"dropped": metric_services.prune_raw_points()})
 
     @extend_schema(request=protocol.DeadLeaseReport, responses=OpenApiTypes.OBJECT)
     def dead_leases(self, request: Request, name: str) -> Response:

@@ -32,6 +32,9 @@ class Team(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
         related_name="+",
     )
+    # Raw metric points older than this many days (by when they were ingested) are dropped by
+    # the periodic prune; the rollups that charts read are kept forever. None: keep them all.
+    metric_retention_days = models.PositiveIntegerField(null=True, blank=True)
     members: models.ManyToManyField[Any, Membership] = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="teams"
     )

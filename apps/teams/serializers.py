@@ -10,7 +10,7 @@ class TeamSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Team
-        fields = ["slug", "name", "created_at", "role"]
+        fields = ["slug", "name", "created_at", "role", "metric_retention_days"]
         read_only_fields = ["created_at", "role"]
 
     def get_role(self, team: Team) -> str | None:
@@ -23,7 +23,10 @@ class TeamCreateSerializer(serializers.Serializer):
 
 
 class TeamUpdateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=200, required=False)
+    # Days of raw metric points to keep (rollups are kept forever); null keeps them all.
+    metric_retention_days = serializers.IntegerField(min_value=1, max_value=36500,
+                                                     required=False, allow_null=True)
 
 
 class MembershipSerializer(serializers.ModelSerializer):

@@ -58,13 +58,23 @@ def team_create(*, actor: Actor, slug: str, name: str) -> Team:
     return team
 
 
+_UNSET: Any = object()
+
+
 @transaction.atomic
-def team_update(*, actor: Actor, team: Team, name: str) -> Team:
-    limits.check_text(name, field="name", limit=limits.NAME)
-    team.name = name
-    team.save(update_fields=["name"])
+def team_update(*, actor: Actor, team: Team, name: str | None = None,
+                metric_retention_days: int | None = _UNSET) -> Team:
+    """Rename the team and/or set how many days of raw metric points it keeps (None: all)."""
+    changed: dict[str, Any] = {}
+    if name is not None:
+        limits.check_text(name, field="name", limit=limits.NAME)
+        team.name = changed["name"] = name
+    if metric_retention_days is not _UNSET:
+        team.metric_retention_days = changed["metric_retention_days"] = metric_retention_days
+    if changed:
+        team.save(update_fields=list(changed))
     audit.record(actor=actor, action="team.update", team_id=team.pk, target_type="team",
-                 target_id=team.slug, data={"name": name})
+                 target_id=team.slug, data=changed)
     return team
 
 

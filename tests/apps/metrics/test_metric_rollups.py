@@ -14,13 +14,14 @@ from tests.factories import DatasetFactory, make_run
 
 
 def test_aggregate_by_hand():
-    rows = [("loss", 0, 5.0, 0), ("loss", 63, 1.0, 0), ("loss", 64, 7.0, 0),
-            ("loss", 10, 9.0, 0), ("kl", 3, 0.5, 0)]
+    rows = [("loss", 0, 5.0, 100), ("loss", 63, 1.0, 163), ("loss", 64, 7.0, 164),
+            ("loss", 10, 9.0, 110), ("kl", 3, 0.5, 103)]
     buckets, spans = rollups.aggregate(rows, widths=(64,))
     # steps 0, 63, 10 share bucket 0: min 1, max 9, last = value at step 63, count 3
-    assert buckets[("loss", 64, 0)] == [1.0, 9.0, 63, 1.0, 3]
-    assert buckets[("loss", 64, 1)] == [7.0, 7.0, 64, 7.0, 1]
-    assert buckets[("kl", 64, 0)] == [0.5, 0.5, 3, 0.5, 1]
+    # (the last point's wall time goes with it)
+    assert buckets[("loss", 64, 0)] == [1.0, 9.0, 63, 1.0, 3, 163]
+    assert buckets[("loss", 64, 1)] == [7.0, 7.0, 64, 7.0, 1, 164]
+    assert buckets[("kl", 64, 0)] == [0.5, 0.5, 3, 0.5, 1, 103]
     assert spans == {"loss": [4, 0, 64], "kl": [1, 3, 3]}
 
 
@@ -29,6 +30,8 @@ def test_aggregate_by_hand():
     (1_000_000, 1000, 64),      # 15,625 rows of width 64 for 1000 buckets
     (10_000_000, 1000, 1024),   # 9,765 rows of width 1024
     (100, 1000, None),
+    (100_000, 1000, 64),        # past RAW_SCAN_LIMIT: 1,562 rows of width 64, fan-in 1
+    (40_000, 1000, None),       # under it: exact buckets from 40k points
 ])
 def test_pick_width(span, n, expected):
     assert rollups.pick_width(span, n) == expected
@@ -65,8 +68,8 @@ def test_rollup_read_matches_the_points_and_rebuild_matches_ingest(worker, proje
         assert abs(b["step"] - ((i + 1) * 8000 - 1)) < 64
 
     before = sorted(MetricRollup.objects.filter(run=run).values_list(
-        "width", "bucket", "vmin", "vmax", "last_step", "last_value", "count"))
+        "width", "bucket", "vmin", "vmax", "last_step", "last_value", "last_wall", "count"))
     rollups.rebuild(run.pk)
     after = sorted(MetricRollup.objects.filter(run=run).values_list(
-        "width", "bucket", "vmin", "vmax", "last_step", "last_value", "count"))
+        "width", "bucket", "vmin", "vmax", "last_step", "last_value", "last_wall", "count"))
     assert after == before
