@@ -476,7 +476,7 @@ class Trainer:
 
     def rollout_backend(self, engine: Any, tok: Any, sft_dir: Path) -> Any:
         """The learner's sampler: the engine's own module, or a vLLM engine with its copy."""
-        spec, ts = self.spec, self.spec.trainer
+        spec = self.spec
         # With rollout actors vLLM runs on their GPUs; the rank evaluates with its own module.
         if spec.rollout.backend != "vllm" or self.rollouts is not None:
             return make_backend("hf" if self.rollouts is not None else spec.rollout.backend,
