@@ -53,6 +53,14 @@ def timeout_s(env: dict[str, str] | None = None) -> float:
     return value
 
 
+def enabled(env: dict[str, str] | None = None) -> bool:
+    """``CRUCIBLE_DRAIN=0`` turns draining off: SIGTERM is then Celery's plain warm shutdown
+    (the worker stops taking messages and exits when its running task is done), for an
+    operator who would rather wait than checkpoint, and for tests that rely on that."""
+    raw = (env if env is not None else os.environ).get("CRUCIBLE_DRAIN", "1").strip().lower()
+    return raw not in ("0", "false", "no", "off")
+
+
 def requested() -> bool:
     """Whether this process is draining: runs stop at their next safe point."""
     return _requested.is_set()

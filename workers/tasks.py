@@ -100,7 +100,9 @@ def _drain_on_shutdown(sig: str = "", how: str = "", **_: Any) -> None:
     """Celery's SIGTERM/SIGINT (warm) or SIGQUIT (cold) handler, in the main process: drain.
     A run in this process (solo or threads pool) stops at its next safe point; pool
     processes are told with SIGUSR2. Past the drain timeout this process exits, killing its
-    pool processes first."""
+    pool processes first. With ``CRUCIBLE_DRAIN=0`` the running task finishes instead."""
+    if not drain.enabled():
+        return
     children = _pool_pids()
     drain.signal_children(children)
     drain.request_soon(f"{sig} ({how} shutdown)",

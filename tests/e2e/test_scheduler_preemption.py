@@ -163,6 +163,9 @@ class Processes:
                "CRUCIBLE_NODE_NAME": node,
                "OBJECT_STORE_URL": django_settings.OBJECT_STORE_URL,
                "PYTHONUNBUFFERED": "1", "CRUCIBLE_THREAD_SHARERS": "3",
+               # SIGTERM below must let the borrower's task run on (until the scheduler stops
+               # it), not drain it: Celery's plain warm shutdown.
+               "CRUCIBLE_DRAIN": "0",
                # The beat: an admission pass every second, lease sweeps every two.
                "CRUCIBLE_SCHEDULER": "1", "CRUCIBLE_ADMISSION_SECONDS": "1",
                "CRUCIBLE_SWEEP_SECONDS": "2"}
