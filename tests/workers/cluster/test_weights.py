@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from tests.skips import host_reason
 from workers.cluster.weights import (
     WeightChannel,
     WeightPushTimeout,
@@ -130,8 +131,9 @@ def _nccl_end(rank: int, port: int, out: str) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
-                    reason="the NCCL weight push needs two GPUs, one per end (NCCL refuses two "
-                           f"ranks on one device); this host has {torch.cuda.device_count()}")
+                    reason=host_reason(
+                        "the NCCL weight push needs two GPUs, one per end (NCCL refuses two "
+                        f"ranks on one device); this host has {torch.cuda.device_count()}"))
 def test_the_nccl_channel_carries_the_buckets_bitwise(tmp_path):
     import torch.multiprocessing as mp
 
