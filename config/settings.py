@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
+from apps.usage.accounting import parse_rates
 from config import env as crucible_env
 
 BASE_DIR = crucible_env.BASE_DIR
@@ -54,6 +56,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.review",
     "apps.capacity",
+    "apps.usage",
 ]
 
 MIDDLEWARE = [
@@ -255,7 +258,16 @@ CRUCIBLE = {
     "PREEMPT_MIN_RUNTIME_S": env.float("CRUCIBLE_PREEMPT_MIN_RUNTIME_S", default=600.0),
     "MAX_PREEMPTIONS": env.int("CRUCIBLE_MAX_PREEMPTIONS", default=3),
     "PREEMPT_MAX_LOSS_S": env.float("CRUCIBLE_PREEMPT_MAX_LOSS_S", default=900.0),
+    # What usage costs (apps/usage, docs/usage.md): hourly rates per GPU type ("gpu": any type
+    # not listed; "cpu": per core-hour of CPU-only work), in COST_CURRENCY. A GPU type with
+    # no rate is shown unpriced, never as free.
+    "COST_PER_GPU_HOUR": {},
+    "COST_CURRENCY": env.str("CRUCIBLE_COST_CURRENCY", default="USD"),
 }
+try:
+    CRUCIBLE["COST_PER_GPU_HOUR"] = parse_rates(env.json("CRUCIBLE_COST_PER_GPU_HOUR", default={}))
+except ValueError as exc:  # a JSON syntax error is a ValueError too
+    raise ImproperlyConfigured(f"CRUCIBLE_COST_PER_GPU_HOUR: {exc}") from exc
 
 # --- Password logins (django-axes): a username+address pair is locked out after
 # CRUCIBLE_LOGIN_FAILURE_LIMIT failures for CRUCIBLE_LOGIN_LOCKOUT_MINUTES (the right

@@ -36,6 +36,8 @@ from apps.teams.api import (
     WorkerTokenViewSet,
 )
 from apps.teams.audit_api import AuditLogViewSet
+from apps.usage import views as usage_views
+from apps.usage.api import UsageViewSet
 
 TEAM = r"teams/(?P<team>[-a-zA-Z0-9_]+)"
 
@@ -65,6 +67,7 @@ router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 router.register(rf"{TEAM}/capacity", CapacityViewSet, basename="capacity")
+router.register(rf"{TEAM}/usage", UsageViewSet, basename="usage")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -95,6 +98,7 @@ urlpatterns = [
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
     path("", include("apps.capacity.urls")),
+    path("t/<slug:team>/usage/", usage_views.usage_page, name="usage-page"),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),

@@ -31,6 +31,7 @@ from apps.scheduling.api import NodeViewSet
 from apps.teams import views as team_views
 from apps.teams.api import InvitationAcceptView, MeView, MyTeamsViewSet, PersonalTokenViewSet
 from apps.teams.viewsets import TeamScopedViewSet, WorkerViewSet
+from apps.usage import views as usage_views
 
 API_PREFIX = "api/v1/"
 WORKER_PREFIX = "api/v1/worker/"
@@ -80,6 +81,7 @@ TEAM_PAGES = {
     ("environment-page", environment_views.environment_detail),
     ("environment-version-page", environment_pages.version_detail),
     ("capacity-page", capacity_views.planner),
+    ("usage-page", usage_views.usage_page),
 }
 
 
