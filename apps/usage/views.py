@@ -40,7 +40,7 @@ def usage_page(request: HttpRequest, team: Team, membership: Membership) -> Http
     except InvalidInput as exc:
         return render(request, "usage/usage.html", page_context(
             request, team, membership, section="usage", error=exc.message,
-            values=request.GET), status=400)
+            values=request.GET))  # a form's error, shown as forms show theirs (200)
     return render(request, "usage/usage.html", page_context(
         request, team, membership, section="usage", doc=doc, chart=_chart(doc),
         labels=LABELS, values={"from": doc["from"].date().isoformat(),

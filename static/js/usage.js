@@ -24,7 +24,10 @@
       width: Math.max(320, el.clientWidth || 800), height: 260,
       scales: { x: { time: true, range: (u, lo, hi) => [lo - DAY / 2, hi + DAY / 2] },
                 y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] } },
-      axes: [{}, { label: chart.unit, size: 60 }],
+      // One tick per day (at most ~12 labels), not uPlot's hourly time ticks.
+      axes: [{ splits: () => xs.filter((_, i) => i % Math.ceil(xs.length / 12) === 0),
+               values: (u, splits) => splits.map((v) => new Date(v * 1000).toISOString().slice(5, 10)) },
+             { label: chart.unit, size: 60 }],
       series: [{ value: (u, v) => (v == null ? "—" : new Date(v * 1000).toISOString().slice(0, 10)) },
         ...order.map((i) => {
           const p = chart.parts[i];

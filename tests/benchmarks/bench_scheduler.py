@@ -43,9 +43,11 @@ What this module draws (all approximations chosen to match those shapes):
 
 Figures: `sched_pass_ms_p50/p99` (one decide() call; decide runs only when something happened:
 an arrival, a completion, a failure or a repair), `gpu_util` (GPUs allocated over GPUs, over the
-arrival window), `goodput` (GPU-time of finished work over GPU-time allocated, the simulation
-runs until every job is done), `p95_wait_min_<class>` (all time a job spent pending, including
-after a preemption), `preemptions`, `quota_violations` (passes after which a queue or cohort
+arrival window), `goodput` (GPU-time of work kept over GPU-time allocated, the simulation
+runs until every job is done; counted by `apps.usage.accounting` from each job's attempts,
+checkpoints and holds, the same function as the team usage page and API),
+`p95_wait_min_<class>` (all time a job spent pending, including after a preemption),
+`preemptions`, `quota_violations` (passes after which a queue or cohort
 was above its limits; the baseline knows no quotas).
 """
 
@@ -60,6 +62,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from apps.runs.goodput import Attempt, CheckpointMark
+from apps.usage import accounting
 from workers.scheduling import (
     ClusterState,
     Node,
@@ -207,6 +211,11 @@ class Run:
     pending_since: float = 0.0
     waited: float = 0.0
     finished: bool = False
+    # Its life as the platform records it, for the shared accounting (apps.usage.accounting):
+    # attempts, resumable checkpoints (steps are milliseconds of work done) and holds.
+    attempts: list[Attempt] = field(default_factory=list)
+    marks: list[CheckpointMark] = field(default_factory=list)
+    holds: list[accounting.Hold] = field(default_factory=list)
 
 
 @dataclass
@@ -249,12 +258,30 @@ class Sim:
         self.busy_gpus += run.job.gpus
         self.push(now + run.job.duration - run.done, "finish", run.job.id, run.epoch)
 
+    def record(self, run: Run, now: float, outcome: str) -> None:
+        """The attempt that ends now, its checkpoints (every CHECKPOINT_S of it) and what it
+        held, as the platform records them."""
+        assert run.started is not None
+        for k in range(1, math.floor((now - run.started) / CHECKPOINT_S) + 1):
+            run.marks.append(CheckpointMark(step=_ms(run.done + k * CHECKPOINT_S),
+                                            created_at=run.started + k * CHECKPOINT_S))
+        run.attempts.append(Attempt(len(run.attempts) + 1, outcome, claimed_at=run.started,
+                                    ended_at=now, started_at=run.started,
+                                    resume_step=_ms(run.done)))
+        run.holds.append(accounting.Hold(run.started, now, run.job.gpus, 0.0, "gpu"))
+
+    def account(self, run: Run, now: float) -> None:
+        """GPU-seconds allocated and useful, by the accounting the usage page uses."""
+        usage = accounting.tally(accounting.pieces(run.attempts, run.marks, run.holds, now=now,
+                                                   finished_at=now))
+        self.allocated += usage.allocated_gpu_s
+        self.useful += usage.gpu_s["useful"]
+
     def stop(self, run: Run, now: float, *, preempted: bool) -> None:
         """Back to pending; work since the last checkpoint of this segment is lost."""
         assert run.started is not None
-        elapsed = now - run.started
-        self.allocated += elapsed * run.job.gpus
-        run.done += math.floor(elapsed / CHECKPOINT_S) * CHECKPOINT_S
+        self.record(run, now, "preempted" if preempted else "lost")
+        run.done += math.floor((now - run.started) / CHECKPOINT_S) * CHECKPOINT_S
         self.busy_gpus -= run.job.gpus
         run.started, run.epoch, run.pending_since = None, run.epoch + 1, now
         run.workload = replace(run.workload, status=WorkloadStatus.PENDING, allocation={},
@@ -263,8 +290,8 @@ class Sim:
 
     def finish(self, run: Run, now: float) -> None:
         assert run.started is not None
-        self.allocated += (now - run.started) * run.job.gpus
-        self.useful += run.job.duration * run.job.gpus
+        self.record(run, now, "succeeded")
+        self.account(run, now)
         self.busy_gpus -= run.job.gpus
         run.finished, run.started = True, None
         del self.runs[run.job.id]
@@ -349,10 +376,17 @@ def simulate(jobs: list[Job], decide: Callable[[ClusterState], list[Action]], se
             note(f"{label}: t={now / DAY:.1f} d, {finished} finished, {len(sim.runs)} in system")
     end = sim.last_t
     for run in sim.runs.values():  # never admitted: their wait so far counts, and is reported
+        if run.attempts:  # stopped and never restarted: what it held still counts
+            sim.account(run, end)
         waits[run.job.prio].append((run.waited + end - run.pending_since) / MINUTE)
     sim.unfinished = len(sim.runs)
     sim.waits = waits
     return sim
+
+
+def _ms(seconds: float) -> int:
+    """A checkpoint's step: milliseconds of the job's work done (steps are integers)."""
+    return round(seconds * 1000)
 
 
 def _pct(values: list[float], q: float) -> float:
