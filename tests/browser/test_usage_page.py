@@ -66,6 +66,9 @@ def test_viewer_reads_a_window_of_usage(asgi_server, browser, lab):
     assert gpu_row.locator(".restart").inner_text() == "3.20"
     assert gpu_row.locator(".goodput").inner_text() == "78.4%"
     assert page.locator("#usage-runs tbody tr").count() == 2
+    cpu_row = page.locator(f'#usage-runs tr[data-run="{lab["runs"]["cpu"].pk}"]')
+    assert cpu_row.locator(".cpu").inner_text() == "4.00"
+    assert cpu_row.locator(".cost").inner_text() == "0.20 USD"
 
     # The chart: one bar per day stacked by part; the legend reads each part's own value
     # for the day under the cursor (x spans half a day either side: day 2 is at 3/4).

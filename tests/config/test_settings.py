@@ -97,3 +97,28 @@ def test_check_deploy_flags_the_embedded_secret_key(tmp_path):
     )
     assert result.returncode != 0
     assert "SECRET_KEY" in result.stdout + result.stderr
+
+
+RATES = """
+import django, json; django.setup()
+from django.conf import settings
+print(json.dumps([settings.CRUCIBLE["COST_PER_GPU_HOUR"], settings.CRUCIBLE["COST_CURRENCY"]]))
+"""
+
+
+def test_cost_rates_come_from_the_environment_and_bad_ones_stop_the_start(tmp_path):
+    import json
+
+    result = _python(RATES, {"CRUCIBLE_COST_PER_GPU_HOUR": '{"H100": 2.5, "cpu": 0.05}',
+                             "CRUCIBLE_COST_CURRENCY": "EUR"}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [
+        {"H100": 2.5, "cpu": 0.05}, "EUR"]
+    assert json.loads(_python(RATES, {}, tmp_path).stdout.strip().splitlines()[-1]) == [
+        {}, "USD"]
+    for bad, words in (('{"H100": "cheap"}', "the rate of 'H100' must be a non-negative"),
+                       ("{H100: 2}", "CRUCIBLE_COST_PER_GPU_HOUR"),
+                       ("[2.5]", "must be a JSON object")):
+        result = _python(RATES, {"CRUCIBLE_COST_PER_GPU_HOUR": bad}, tmp_path)
+        assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr, bad
+        assert words in result.stderr, (bad, result.stderr[-500:])
