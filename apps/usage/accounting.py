@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from apps.runs.goodput import PREEMPTION, Attempt, CheckpointMark, compute
+from apps.runs.goodput import KEEPS_ALL, PREEMPTION, Attempt, CheckpointMark, compute
 
 #: The parts of ``allocated``, in the order people read them.
 PARTS = ("useful", "startup", "restart", "lost_preemption", "lost_failure", "held")
@@ -128,6 +128,29 @@ def attempt_holds(attempts: Iterable[Attempt], *, gpus: int, cpus: float, flavor
     """Holds for a run without allocation rows (scheduler off): each attempt held what the
     run asked for from its claim to its end."""
     return [Hold(a.claimed_at, a.ended_at, gpus, cpus, flavor) for a in attempts]
+
+
+def redone_steps(attempts: Sequence[Attempt], reached: Mapping[int, int | None]) -> int:
+    """Steps trained twice: for each attempt that ended without keeping all its work and was
+    followed by another, the steps it had reached (``reached[number]``, None: unknown) past
+    the checkpoint step the next attempt resumed from. A preemption at step 70 after a
+    checkpoint at 50 that the next attempt resumed from: 20."""
+    ordered = sorted(attempts, key=lambda a: a.number)
+    total = 0
+    for a, following in zip(ordered, ordered[1:], strict=False):
+        last = reached.get(a.number)
+        if a.outcome in KEEPS_ALL or last is None or following.resume_step is None:
+            continue
+        total += max(0, last - following.resume_step)
+    return total
+
+
+def needs_reached(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The attempts whose last step :func:`redone_steps` reads: ended, not keeping all
+    their work, and followed by another."""
+    ordered = sorted(attempts, key=lambda a: a.number)
+    return [a for a, _ in zip(ordered, ordered[1:], strict=False)
+            if a.outcome not in KEEPS_ALL and a.ended_at is not None]
 
 
 def _segments(attempts: Sequence[Attempt], checkpoints: Sequence[CheckpointMark], now: float,

@@ -12,12 +12,12 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Avg, Exists, OuterRef, Q, QuerySet
+from django.db.models import Avg, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pydantic import ValidationError
 
 from apps.core.exceptions import InvalidInput, NotFound
-from apps.metrics.models import MetricPoint
+from apps.metrics.models import MetricBatch, MetricPoint
 from apps.runs.goodput import Attempt, CheckpointMark
 from apps.runs.models import FINAL_STATUSES, Checkpoint, Run, RunAttempt
 from apps.scheduling.models import Allocation
@@ -39,6 +39,7 @@ ANY_GPU = "gpu"
 class RunUsage:
     run: Run
     usage: Usage
+    redone_steps: int = 0  # over the run's whole life, not only the window
 
 
 @dataclass
@@ -133,7 +134,26 @@ def _runs(team: Team, start: datetime, end: datetime) -> QuerySet[Run]:
             .filter(held).select_related("project").order_by("-created_at", "-id"))
 
 
-def _pieces(runs: list[Run], now: datetime) -> dict[uuid.UUID, list[accounting.Piece]]:
+def _reached(run_id: uuid.UUID, attempt: Attempt) -> int | None:
+    """The last step an ended attempt reported: the highest step of the last metric batch
+    the web received during it (replayed steps are dropped at ingest, so a batch holds only
+    new steps). None when it reported none."""
+    assert attempt.ended_at is not None
+    batch = (MetricBatch.objects.filter(
+        run_id=run_id, point_count__gt=0,
+        received_at__gte=datetime.fromtimestamp(attempt.claimed_at, UTC),
+        received_at__lte=datetime.fromtimestamp(attempt.ended_at, UTC))
+        .order_by("-received_at", "-id").values_list("first_id", "last_id").first())
+    if batch is None:
+        return None
+    found: int | None = MetricPoint.objects.filter(
+        run_id=run_id, id__gte=batch[0], id__lte=batch[1]).aggregate(m=Max("step"))["m"]
+    return found
+
+
+def _load(runs: list[Run], now: datetime,
+          ) -> tuple[dict[uuid.UUID, list[accounting.Piece]], dict[uuid.UUID, int]]:
+    """Each run's pieces and its steps trained twice."""
     ids = [r.pk for r in runs]
     attempts: dict[uuid.UUID, list[Attempt]] = defaultdict(list)
     for a in RunAttempt.objects.filter(run_id__in=ids).order_by("number"):
@@ -148,13 +168,15 @@ def _pieces(runs: list[Run], now: datetime) -> dict[uuid.UUID, list[accounting.P
     allocations: dict[uuid.UUID, list[Allocation]] = defaultdict(list)
     for alloc in Allocation.objects.filter(run_id__in=ids).order_by("id"):
         allocations[alloc.run_id].append(alloc)
-    out = {}
+    out, redone = {}, {}
     for run in runs:
         finished = run.finished_at if run.status in FINAL_STATUSES else None
         out[run.pk] = accounting.pieces(
             attempts[run.pk], marks[run.pk], _holds(run, attempts[run.pk], allocations[run.pk]),
             now=now.timestamp(), finished_at=_seconds(finished))
-    return out
+        redone[run.pk] = accounting.redone_steps(attempts[run.pk], {
+            a.number: _reached(run.pk, a) for a in accounting.needs_reached(attempts[run.pk])})
+    return out, redone
 
 
 def _idle(ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, float]]:
@@ -176,7 +198,7 @@ def team_usage(team: Team, start: datetime, end: datetime,
     (runs that held nothing inside the window left out; newest first)."""
     now = now or timezone.now()
     runs = list(_runs(team, start, end))
-    pieces = _pieces(runs, now)
+    pieces, redone = _load(runs, now)
     idle = _idle([r.pk for r in runs])
     lo, hi = start.timestamp(), end.timestamp()  # pieces end at ``now`` at the latest
     total = Usage()
@@ -186,7 +208,7 @@ def team_usage(team: Team, start: datetime, end: datetime,
         usage = _with_idle(accounting.tally(pieces[run.pk], lo, hi), idle[run.pk])
         if usage.allocated_gpu_s <= 0 and usage.allocated_cpu_s <= 0:
             continue
-        rows.append(RunUsage(run, usage))
+        rows.append(RunUsage(run, usage, redone[run.pk]))
         total.add(usage)
         for d, u in accounting.tally_by_day(pieces[run.pk], lo, hi).items():
             days[d].add(_with_idle(u, idle[run.pk]))
@@ -204,8 +226,9 @@ def run_usage(team: Team, run_id: str, now: datetime | None = None) -> RunUsage:
         run = None
     if run is None:
         raise NotFound(f"No run '{run_id}' in team '{team.slug}'.")
-    pieces = _pieces([run], now)[run.pk]
-    return RunUsage(run, _with_idle(accounting.tally(pieces), _idle([run.pk])[run.pk]))
+    pieces, redone = _load([run], now)
+    return RunUsage(run, _with_idle(accounting.tally(pieces[run.pk]), _idle([run.pk])[run.pk]),
+                    redone[run.pk])
 
 
 def _hours(seconds: dict[str, float]) -> dict[str, float]:
@@ -233,5 +256,5 @@ def usage_dict(usage: Usage, hourly: dict[str, float]) -> dict[str, Any]:
 def run_row(row: RunUsage, hourly: dict[str, float]) -> dict[str, Any]:
     run = row.run
     return {"id": str(run.pk), "name": run.name, "kind": run.kind, "status": run.status,
-            "project": run.project.slug,
+            "project": run.project.slug, "redone_steps": row.redone_steps,
             **usage_dict(row.usage, hourly)}

@@ -40,6 +40,10 @@ class RunUsageSerializer(UsageSerializer):
     kind = serializers.CharField()
     status = serializers.CharField()
     project = serializers.CharField()
+    redone_steps = serializers.IntegerField(
+        help_text="steps trained twice over the run's life: after each preempted, drained, "
+                  "lost or failed attempt, those it reached past the checkpoint the next "
+                  "attempt resumed from (as its last metric batch reported)")
 
 
 class DayUsageSerializer(UsageSerializer):

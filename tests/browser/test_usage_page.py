@@ -64,6 +64,7 @@ def test_viewer_reads_a_window_of_usage(asgi_server, browser, lab):
     gpu_row = page.locator(f'#usage-runs tr[data-run="{lab["runs"]["gpu"].pk}"]')
     assert gpu_row.locator("a").inner_text() == "grpo-preempted"
     assert gpu_row.locator(".restart").inner_text() == "3.20"
+    assert gpu_row.locator(".redone").inner_text() == "20"  # reached 70, resumed from 50
     assert gpu_row.locator(".goodput").inner_text() == "78.4%"
     assert page.locator("#usage-runs tbody tr").count() == 2
     cpu_row = page.locator(f'#usage-runs tr[data-run="{lab["runs"]["cpu"].pk}"]')

@@ -11,8 +11,10 @@ from apps.usage.accounting import (
     attempt_holds,
     cost,
     day_bounds,
+    needs_reached,
     parse_rates,
     pieces,
+    redone_steps,
     tally,
     tally_by_day,
 )
@@ -141,3 +143,17 @@ def test_rates_are_validated(raw, message):
 
 def test_rates_parse():
     assert parse_rates({"H100": 2.5, "cpu": 0}) == {"H100": 2.5, "cpu": 0.0}
+
+
+def test_redone_steps_count_what_the_next_attempt_trained_again():
+    # attempt 1 reached step 70, attempt 2 resumed from 50: steps 51-70 trained twice
+    assert redone_steps(PREEMPTED, {1: 70, 2: 100}) == 20
+    # a lost attempt whose successor resumed from the start redid everything it reached
+    attempts = [Attempt(1, "lost", claimed_at=0, ended_at=10, started_at=1, resume_step=0),
+                Attempt(2, "failed", claimed_at=20, ended_at=30, started_at=21, resume_step=0),
+                Attempt(3, "active", claimed_at=40, started_at=41, resume_step=5)]
+    assert redone_steps(attempts, {1: 7, 2: 9}) == 7 + 4
+    assert [a.number for a in needs_reached(attempts)] == [1, 2]
+    # unknown progress counts nothing; a succeeded last attempt has no successor
+    assert redone_steps(attempts, {}) == 0
+    assert needs_reached(PREEMPTED) == [PREEMPTED[0]]

@@ -56,6 +56,7 @@ def test_team_usage_by_hand(viewer, world):
     assert [r["name"] for r in body["runs"]] == ["qc-cpu", "grpo-preempted"]
     assert body["runs"][1]["gpu_hours"]["allocated"] == pytest.approx(102)
     assert body["runs"][0]["cost"]["total"] == pytest.approx(0.2)
+    assert [r["redone_steps"] for r in body["runs"]] == [0, 20]
 
 
 def test_a_window_clips_what_runs_held(member, world):
@@ -75,6 +76,7 @@ def test_run_usage_over_its_life_matches_its_goodput(member, world):
     body = member.client.get(f"{URL}/runs/{gpu.pk}").json()
     assert body["id"] == str(gpu.pk) and body["project"] == "main"
     assert body["gpu_hours"]["lost_preemption"] == pytest.approx(16)
+    assert body["redone_steps"] == 20  # reached 70, the next attempt resumed from 50
     assert body["cost"]["total"] == pytest.approx(255)
     # One function for both: the run's goodput timeline times its 8 GPUs.
     g = run_goodput(gpu)

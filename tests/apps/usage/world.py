@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from apps.metrics.models import MetricPoint
+from apps.metrics.models import MetricBatch, MetricPoint
 from apps.projects.models import Project
 from apps.runs.models import Checkpoint, Run, RunAttempt
 from apps.scheduling.models import Allocation, Node
@@ -52,6 +52,13 @@ def preempted_gpu_run(project: Project, dataset: Any, node: Node, name: str) -> 
         for step, (name_, value) in enumerate([("async/learner_idle", 0.2),
                                                ("async/learner_idle", 0.3),
                                                ("async/generator_idle", 0.5)]))
+    # Attempt 1 reported steps up to 70 (its last batch, received just before the stop);
+    # attempt 2 resumed from 50, so steps 51-70 were trained twice.
+    for seq, (step, received) in enumerate(((60, 22000), (70, 26200)), start=1):
+        point = MetricPoint.objects.create(run=run, name="loss", step=step, value=0.1,
+                                           wall_time=0.0)
+        MetricBatch.objects.create(run=run, seq=seq, first_id=point.pk, last_id=point.pk,
+                                   point_count=1, received_at=at(received))
     return run
 
 
