@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.review",
     "apps.capacity",
+    "apps.alerts",
 ]
 
 MIDDLEWARE = [
@@ -255,6 +256,15 @@ CRUCIBLE = {
     "PREEMPT_MIN_RUNTIME_S": env.float("CRUCIBLE_PREEMPT_MIN_RUNTIME_S", default=600.0),
     "MAX_PREEMPTIONS": env.int("CRUCIBLE_MAX_PREEMPTIONS", default=3),
     "PREEMPT_MAX_LOSS_S": env.float("CRUCIBLE_PREEMPT_MAX_LOSS_S", default=900.0),
+    # Alert webhooks (apps/alerts, docs/alerts.md). URLs are tenant input: private, loopback
+    # and link-local addresses are refused unless this allows them (a test's local receiver,
+    # or an on-premises receiver on a private network).
+    "WEBHOOK_ALLOW_PRIVATE": env.bool("CRUCIBLE_WEBHOOK_ALLOW_PRIVATE", default=False),
+    # Attempts per delivery, the first retry's delay (doubling up to the cap), the timeout.
+    "WEBHOOK_MAX_ATTEMPTS": env.int("CRUCIBLE_WEBHOOK_MAX_ATTEMPTS", default=6),
+    "WEBHOOK_BACKOFF_S": env.float("CRUCIBLE_WEBHOOK_BACKOFF_S", default=10.0),
+    "WEBHOOK_BACKOFF_CAP_S": env.float("CRUCIBLE_WEBHOOK_BACKOFF_CAP_S", default=900.0),
+    "WEBHOOK_TIMEOUT_S": env.float("CRUCIBLE_WEBHOOK_TIMEOUT_S", default=5.0),
 }
 
 # --- Password logins (django-axes): a username+address pair is locked out after
