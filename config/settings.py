@@ -329,6 +329,8 @@ SPECTACULAR_SETTINGS = {
     # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
     "ENUM_NAME_OVERRIDES": {
         "RunKindEnum": "apps.runs.models.RunKind",
+        "AlertRuleKindEnum": "apps.alerts.models.RuleKind",
+        "DeliveryStatusEnum": "apps.alerts.models.DeliveryStatus",
         "RunStatusEnum": "apps.runs.models.RunStatus",
         "TokenKindEnum": "apps.teams.models.TokenKind",
         "PoolEnum": "apps.runs.models.Pool",

@@ -19,6 +19,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework import viewsets
 from rest_framework.views import APIView
 
+from apps.alerts import views as alert_views
 from apps.capacity import views as capacity_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
@@ -80,6 +81,7 @@ TEAM_PAGES = {
     ("environment-page", environment_views.environment_detail),
     ("environment-version-page", environment_pages.version_detail),
     ("capacity-page", capacity_views.planner),
+    ("alerts-page", alert_views.alerts_page),
 }
 
 
