@@ -108,8 +108,9 @@ class World:
         return f"{url}?{query.format(run=self.run.pk)}" if query else url
 
     def worker_url(self, route: Route) -> str:
+        # Nodes belong to no team (operator tokens only).
         values = {"run": str(self.run.pk), "execution": self.execution_id,
-                  "name": "gpu-node-1", "delivery": self.delivery_id}  # nodes belong to no team (operator tokens only)
+                  "name": "gpu-node-1", "delivery": self.delivery_id}
         return route.url(**{k: v for k, v in values.items() if k in route.groups})
 
     def body(self, route: Route | None = None) -> dict:
