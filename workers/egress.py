@@ -133,7 +133,7 @@ def check_public_url(url: str, *, allow_private: bool = False) -> list[Address]:
     if not addresses:
         raise EgressRefused(f"host {host} does not resolve.")
     for address in addresses:
-        if address.is_global:
+        if address.is_global and not address.is_multicast:
             continue
         if any(address in net for net in LINK_LOCAL if net.version == address.version):
             raise EgressRefused(f"host {host} resolves to link-local {address} (cloud "
