@@ -193,3 +193,17 @@ def test_the_alerts_page_lists_alerts_rules_and_deliveries(worker, project, memb
     assert f"/t/acme/alerts/?run={run.run.pk}" in run_page
     client.force_login(outsider.user)
     assert client.get("/t/acme/alerts/").status_code == 404
+
+
+def test_ingest_pays_no_query_for_rules_that_do_not_read_the_batch(
+        worker, project, member, hooks, django_assert_num_queries):
+    from apps.alerts import services
+
+    run = Claimed(worker, project, hooks)
+    services.enabled_rules(project.team_id)  # the per-process cache, warm
+    with django_assert_num_queries(0):  # a team without rules
+        services.on_metrics(run_id=run.run.pk, team_id=project.team_id, names={"loss"})
+    _rule(member, "mismatch_kl")  # a rule write clears the cache
+    services.enabled_rules(project.team_id)
+    with django_assert_num_queries(0):  # a rule, but of a series this batch lacks
+        services.on_metrics(run_id=run.run.pk, team_id=project.team_id, names={"loss"})
