@@ -58,6 +58,12 @@ def prune_seconds() -> float:
     return _seconds("CRUCIBLE_METRIC_PRUNE_SECONDS", 3600.0)
 
 
+def alert_seconds() -> float:
+    """How often the beat evaluates the periodic alert rules (queue wait, lost nodes) and
+    resends stalled webhooks (``CRUCIBLE_ALERT_SECONDS``)."""
+    return _seconds("CRUCIBLE_ALERT_SECONDS", 30.0)
+
+
 def beat_schedule() -> dict[str, dict[str, object]]:
     """The lease sweep always; the admission pass only with the scheduler on (off, nothing
     changes for today's deployments)."""
@@ -74,6 +80,11 @@ def beat_schedule() -> dict[str, dict[str, object]]:
         "task": "workers.tasks.prune_metrics",
         "schedule": prune_seconds(),
         "options": {"queue": "cpu", "expires": prune_seconds()},
+    }
+    schedule["evaluate-alerts"] = {
+        "task": "workers.tasks.evaluate_alerts",
+        "schedule": alert_seconds(),
+        "options": {"queue": "cpu", "expires": alert_seconds()},
     }
     if env.scheduler_enabled():
         schedule["admission-pass"] = {

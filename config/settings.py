@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "apps.review",
     "apps.capacity",
     "apps.usage",
+    "apps.alerts",
 ]
 
 MIDDLEWARE = [
@@ -263,6 +264,15 @@ CRUCIBLE = {
     # no rate is shown unpriced, never as free.
     "COST_PER_GPU_HOUR": {},
     "COST_CURRENCY": env.str("CRUCIBLE_COST_CURRENCY", default="USD"),
+    # Alert webhooks (apps/alerts, docs/alerts.md). URLs are tenant input: private, loopback
+    # and link-local addresses are refused unless this allows them (a test's local receiver,
+    # or an on-premises receiver on a private network).
+    "WEBHOOK_ALLOW_PRIVATE": env.bool("CRUCIBLE_WEBHOOK_ALLOW_PRIVATE", default=False),
+    # Attempts per delivery, the first retry's delay (doubling up to the cap), the timeout.
+    "WEBHOOK_MAX_ATTEMPTS": env.int("CRUCIBLE_WEBHOOK_MAX_ATTEMPTS", default=6),
+    "WEBHOOK_BACKOFF_S": env.float("CRUCIBLE_WEBHOOK_BACKOFF_S", default=10.0),
+    "WEBHOOK_BACKOFF_CAP_S": env.float("CRUCIBLE_WEBHOOK_BACKOFF_CAP_S", default=900.0),
+    "WEBHOOK_TIMEOUT_S": env.float("CRUCIBLE_WEBHOOK_TIMEOUT_S", default=5.0),
 }
 try:
     CRUCIBLE["COST_PER_GPU_HOUR"] = parse_rates(env.json("CRUCIBLE_COST_PER_GPU_HOUR", default={}))
@@ -331,6 +341,8 @@ SPECTACULAR_SETTINGS = {
     # Run.kind and ApiToken.kind are both "kind": name their enums instead of "Kind70eEnum".
     "ENUM_NAME_OVERRIDES": {
         "RunKindEnum": "apps.runs.models.RunKind",
+        "AlertRuleKindEnum": "apps.alerts.models.RuleKind",
+        "DeliveryStatusEnum": "apps.alerts.models.DeliveryStatus",
         "RunStatusEnum": "apps.runs.models.RunStatus",
         "TokenKindEnum": "apps.teams.models.TokenKind",
         "PoolEnum": "apps.runs.models.Pool",

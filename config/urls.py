@@ -10,6 +10,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
+from apps.alerts.api import AlertRuleViewSet, AlertViewSet, DeliveryViewSet
 from apps.capacity.api import CapacityViewSet
 from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
@@ -68,6 +69,9 @@ router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 router.register(rf"{TEAM}/capacity", CapacityViewSet, basename="capacity")
 router.register(rf"{TEAM}/usage", UsageViewSet, basename="usage")
+router.register(rf"{TEAM}/alert-rules", AlertRuleViewSet, basename="alert-rule")
+router.register(rf"{TEAM}/alerts", AlertViewSet, basename="alert")
+router.register(rf"{TEAM}/webhook-deliveries", DeliveryViewSet, basename="webhook-delivery")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -99,6 +103,7 @@ urlpatterns = [
     path("", include("apps.environments.urls")),
     path("", include("apps.capacity.urls")),
     path("t/<slug:team>/usage/", usage_views.usage_page, name="usage-page"),
+    path("", include("apps.alerts.urls")),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from apps.alerts.worker_api import WorkerAlertViewSet
 from apps.review.worker_api import WorkerBatchViewSet
 from apps.runs.qc_worker_api import WorkerQcViewSet
 from apps.runs.worker_api import WorkerRunViewSet, WorkerSweepViewSet
@@ -23,6 +24,10 @@ urlpatterns = [
          name="worker-prune-metrics"),
     path("admission", WorkerSweepViewSet.as_view({"post": "admission"}),
          name="worker-admission"),
+    path("alerts/evaluate", WorkerAlertViewSet.as_view({"post": "evaluate"}),
+         name="worker-alerts-evaluate"),
+    path("alerts/deliveries/<str:delivery>/attempt",
+         WorkerAlertViewSet.as_view({"post": "attempt"}), name="worker-alerts-attempt"),
     path("runs/<str:run>", run({"get": "retrieve"}), name="worker-run"),
     path("runs/<str:run>/heartbeat", run({"post": "heartbeat"}), name="worker-heartbeat"),
     path("runs/<str:run>/status", run({"post": "status"}), name="worker-status"),

@@ -466,6 +466,16 @@ class CrucibleClient:
         {team: points dropped}."""
         return dict(self.request("POST", "worker/metrics/prune")["dropped"])
 
+    def evaluate_alerts(self) -> dict[str, Any]:
+        """Evaluate the periodic alert rules (queue wait, lost nodes) and resend stalled
+        webhook deliveries (operator tokens)."""
+        return dict(self.request("POST", "worker/alerts/evaluate"))
+
+    def attempt_delivery(self, delivery_id: int) -> dict[str, Any]:
+        """Make a webhook delivery's next attempt if due (operator tokens): ``{"status",
+        "attempted", "retry_in"}``."""
+        return dict(self.request("POST", f"worker/alerts/deliveries/{int(delivery_id)}/attempt"))
+
     def admission_pass(self) -> dict[str, Any]:
         """Run one admission pass (operator tokens): what it admitted, preempted, and left
         waiting; ``{"leader": false}`` when another pass held the lock."""

@@ -109,6 +109,43 @@ class EndpointAllow:
                                 f"CRUCIBLE_ENDPOINT_ALLOW ({allowed}) does not allow.")
 
 
+def check_public_url(url: str, *, allow_private: bool = False) -> list[Address]:
+    """Raise EgressRefused unless ``url`` is an http(s) URL whose host resolves only to
+    public (globally routable) addresses; returns them. For URLs a tenant names that the
+    web itself calls (alert webhooks): there the deny-list is of the operator's own
+    network (loopback, private ranges, link-local cloud metadata, reserved ranges), where an
+    allow-list of hosts could not be known in advance. ``allow_private`` lets private and
+    loopback addresses through (tests, on-premises receivers), never link-local."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EgressRefused(f"{url[:200]!r} is not an http(s) URL with a host.")
+    if parts.username or parts.password:
+        raise EgressRefused("a webhook URL may not carry credentials (user:password@).")
+    host = parts.hostname.lower().rstrip(".")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise EgressRefused(f"{url[:200]!r} has an invalid port.") from exc
+    try:
+        addresses: list[Address] = [ipaddress.ip_address(host)]
+    except ValueError:
+        addresses = _resolve(host, port)
+    if not addresses:
+        raise EgressRefused(f"host {host} does not resolve.")
+    for address in addresses:
+        if address.is_global and not address.is_multicast:
+            continue
+        if any(address in net for net in LINK_LOCAL if net.version == address.version):
+            raise EgressRefused(f"host {host} resolves to link-local {address} (cloud "
+                                "metadata lives there); refused.")
+        if not allow_private:
+            raise EgressRefused(f"host {host} resolves to {address}, a private, loopback or "
+                                "reserved address; webhooks go to public hosts only "
+                                "(CRUCIBLE_WEBHOOK_ALLOW_PRIVATE lets an operator allow "
+                                "them).")
+    return addresses
+
+
 def _resolve(host: str, port: int | None) -> list[Address]:
     try:
         infos = socket.getaddrinfo(host, port or 443, proto=socket.IPPROTO_TCP)

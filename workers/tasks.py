@@ -173,3 +173,23 @@ def admission_pass() -> dict[str, Any]:
     """Ask the web to run one admission pass (the beat sends this with the scheduler on)."""
     with CrucibleClient() as client:
         return client.admission_pass()
+
+
+@app.task(name="workers.tasks.evaluate_alerts")
+def evaluate_alerts() -> dict[str, Any]:
+    """Ask the web to evaluate the periodic alert rules (the beat sends this)."""
+    with CrucibleClient() as client:
+        return client.evaluate_alerts()
+
+
+@app.task(name="workers.tasks.deliver_webhook", bind=True, max_retries=None)
+def deliver_webhook(self: Any, delivery_id: int) -> str:
+    """One attempt of an alert's webhook, made by the web (which holds the signing secret and
+    writes the delivery log); retried after the backoff the web says, while it stays pending.
+    A task that finds the delivery not due stops: another task (or the periodic resend)
+    owns it."""
+    with CrucibleClient() as client:
+        out = client.attempt_delivery(delivery_id)
+    if out.get("attempted") and out.get("status") == "pending" and out.get("retry_in"):
+        raise self.retry(countdown=float(out["retry_in"]))
+    return str(out.get("status"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from datetime import datetime, timedelta
@@ -12,7 +13,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 from pydantic import TypeAdapter
 
-from apps.core import events, telemetry
+from apps.core import events, signals, telemetry
 from apps.core.exceptions import InvalidInput, PayloadTooLarge
 from apps.core.protocol import parse_as
 from apps.metrics import rollups, writers
@@ -24,6 +25,7 @@ from workers import protocol
 # Validated with the worker protocol's own type, in one pydantic-core pass over the batch.
 _POINTS: TypeAdapter[list[protocol.MetricPoint]] = TypeAdapter(list[protocol.MetricPoint])
 _SEQ: TypeAdapter[int] = TypeAdapter(protocol.Seq)
+log = logging.getLogger(__name__)
 
 
 class Columns(NamedTuple):
@@ -186,7 +188,21 @@ def store_batch(*, run: models.Model, seq: int, rows: list[Row] | None = None,
     telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("stored"))
     telemetry.count_on_commit(telemetry.METRIC_POINTS, count)
     events.publish_on_commit(events.run_group(run.pk), metrics_message(stream_seq, columns))
+    _signal_on_commit(run, columns.names)
     return count, False
+
+
+def _signal_on_commit(run: models.Model, names: list[str]) -> None:
+    """Tell the apps above (alerts) which series grew, once the batch is committed."""
+    run_id, team_id = run.pk, run.team_id  # type: ignore[attr-defined]
+    transaction.on_commit(lambda: _send_stored(run_id, team_id, set(names)))
+
+
+def _send_stored(run_id: Any, team_id: int, names: set[str]) -> None:
+    for _, result in signals.metric_batch_stored.send_robust(
+            sender=MetricBatch, run_id=run_id, team_id=team_id, names=names):
+        if isinstance(result, Exception):
+            log.error("metric_batch_stored receiver failed: %r", result)
 
 
 def _store_postgres(run: models.Model, seq: int, columns: Columns) -> int | None:

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import audit, events, limits, telemetry
+from apps.core import audit, events, limits, signals, telemetry
 from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput
 from apps.core.storage import store
@@ -94,7 +94,23 @@ def _append_events(run: Run, rows: list[dict[str, Any]]) -> list[RunEvent]:
     )
     for event in created:
         _publish_run(run, event_message(event))
+    _signal_events_on_commit(run, created)
     return created
+
+
+def _signal_events_on_commit(run: Run, created: list[RunEvent]) -> None:
+    """Tell the apps above (alerts) what the run's log says, once it is committed."""
+    run_id, team_id = run.pk, run.team_id
+    rows = [{"id": e.pk, "kind": e.kind, "level": e.level, "message": e.message,
+             "data": e.data} for e in created]
+
+    def send() -> None:
+        for _, result in signals.run_events_appended.send_robust(
+                sender=RunEvent, run_id=run_id, team_id=team_id, events=rows):
+            if isinstance(result, Exception):
+                log.error("run_events_appended receiver failed: %r", result)
+
+    transaction.on_commit(send)
 
 
 def _lock(run: Run) -> Run:

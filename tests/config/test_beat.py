@@ -11,7 +11,8 @@ from config.celery import beat_schedule
 def test_the_admission_pass_is_scheduled_only_with_the_scheduler_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRUCIBLE_SCHEDULER", raising=False)
-    assert set(beat_schedule()) == {"sweep-expired-leases", "prune-metric-points"}
+    assert set(beat_schedule()) == {"sweep-expired-leases", "prune-metric-points",
+                                   "evaluate-alerts"}
     monkeypatch.setenv("CRUCIBLE_SCHEDULER", "true")
     monkeypatch.setenv("CRUCIBLE_ADMISSION_SECONDS", "2")
     entry = beat_schedule()["admission-pass"]

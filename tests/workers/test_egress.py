@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from workers import egress
 from workers.egress import EgressRefused, EndpointAllow, check_model_path, parse_roots
 
 
@@ -58,3 +59,31 @@ def test_model_roots(tmp_path: Path):
             check_model_path(bad, roots)
     with pytest.raises(EgressRefused, match="none configured"):
         check_model_path(str(root / "qwen"), ())
+
+
+# --- public-only URLs (alert webhooks) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1/h", "http://localhost:8000/h", "http://[::1]/h", "http://10.0.0.5/h",
+    "http://172.16.3.4/h", "http://192.168.1.1/h", "http://100.64.0.1/h", "http://0.0.0.0/h",
+    "http://[fc00::1]/h", "http://224.0.0.1/h",
+])
+def test_public_only_refuses_private_loopback_and_reserved(url: str) -> None:
+    with pytest.raises(egress.EgressRefused, match="public hosts only|not an http"):
+        egress.check_public_url(url)
+    egress.check_public_url(url, allow_private=True)  # the operator's opt-in lets them by
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254/latest", "http://[fe80::1]/x"])
+def test_link_local_is_refused_even_with_private_allowed(url: str) -> None:
+    with pytest.raises(egress.EgressRefused, match="link-local"):
+        egress.check_public_url(url, allow_private=True)
+
+
+def test_public_addresses_pass_and_odd_urls_do_not() -> None:
+    assert [str(a) for a in egress.check_public_url("https://8.8.8.8/hook")] == ["8.8.8.8"]
+    for bad in ("ftp://8.8.8.8/x", "https://u:p@8.8.8.8/x", "https://8.8.8.8:99999/x",
+                "hook"):
+        with pytest.raises(egress.EgressRefused):
+            egress.check_public_url(bad)

@@ -51,6 +51,8 @@ STRICT_BODIES = {
                     "datasets": ["acme-secret-ds"]},
     "environment-version-qc": {},
     "capacity-plan": {"preset": "qwen3-8b", "concurrency": 2, "context": 1024},
+    "alert-rule-list": {"name": "pwned", "kind": "nan_streak"},
+    "alert-rule-detail": {"name": "pwned"},
 }
 #: Team pages only admins may open (others get the page's 404, as outsiders do).
 ADMIN_PAGES = {"team-audit"}
@@ -73,6 +75,9 @@ class World:
     batch_id: str | None
     item_id: str | None
     secrets: tuple[str, ...]
+    rule_id: str = ""
+    alert_id: str = ""
+    delivery_id: str = ""
 
     def kwargs(self, route: Route, team: str = "acme") -> dict[str, str]:
         values = {
@@ -88,6 +93,9 @@ class World:
             "batch": self.batch_id,
             "item": self.item_id,
             "step": "1",
+            "rule": self.rule_id,
+            "alert": self.alert_id,
+            "delivery": self.delivery_id,
         }
         if "version" in route.groups:
             values["version"] = (self.environment_digest if "environment" in route.groups
@@ -100,8 +108,9 @@ class World:
         return f"{url}?{query.format(run=self.run.pk)}" if query else url
 
     def worker_url(self, route: Route) -> str:
+        # Nodes belong to no team (operator tokens only).
         values = {"run": str(self.run.pk), "execution": self.execution_id,
-                  "name": "gpu-node-1"}  # nodes belong to no team (operator tokens only)
+                  "name": "gpu-node-1", "delivery": self.delivery_id}
         return route.url(**{k: v for k, v in values.items() if k in route.groups})
 
     def body(self, route: Route | None = None) -> dict:
@@ -154,7 +163,21 @@ def world(team, project, owner, member) -> World:
             records=[{"prompt": "acme-secret-batch-record", "answer": "1"}],
         )
         batch_id, item_id = str(batch.pk), str(batch.items.get().pk)
+    rule_id = alert_id = delivery_id = ""
+    if apps.is_installed("apps.alerts"):  # a rule with a webhook, its alert and delivery
+        from apps.alerts.models import Alert, AlertRule, Delivery
+
+        rule = AlertRule.objects.create(team=team, name="acme-secret-rule", kind="nan_streak",
+                                        params={"streak": 2}, webhook_url="https://a.example/h",
+                                        webhook_secret="whsec_" + "A" * 44)
+        alert = Alert.objects.create(team=team, rule=rule, run=run, kind="nan_streak",
+                                     key=f"run:{run.pk}", message="acme-secret-alert")
+        delivery = Delivery.objects.create(team=team, alert=alert, url=rule.webhook_url,
+                                           msg_id="msg_acme", payload={},
+                                           status="succeeded")
+        rule_id, alert_id, delivery_id = str(rule.pk), str(alert.pk), str(delivery.pk)
     return World(
+        rule_id=rule_id, alert_id=alert_id, delivery_id=delivery_id,
         run=run, dataset=dataset, dataset_digest=version.digest,
         environment_slug=env.slug, environment_digest=env_version.digest,
         worker_prefix=token.prefix, invitation_prefix=invitation.prefix,
@@ -163,7 +186,8 @@ def world(team, project, owner, member) -> World:
         secrets=(*((batch_id, "acme-secret-batch-record") if batch_id else ()),
                  str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
                  token.prefix, invitation.prefix, "acme-secret-prompt", "acme-secret-report",
-                 "mia", "olivia"),
+                 "mia", "olivia", *(("acme-secret-rule", "acme-secret-alert")
+                                    if rule_id else ())),
     )
 
 

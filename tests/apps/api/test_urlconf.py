@@ -19,6 +19,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework import viewsets
 from rest_framework.views import APIView
 
+from apps.alerts import views as alert_views
 from apps.capacity import views as capacity_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
@@ -82,6 +83,7 @@ TEAM_PAGES = {
     ("environment-version-page", environment_pages.version_detail),
     ("capacity-page", capacity_views.planner),
     ("usage-page", usage_views.usage_page),
+    ("alerts-page", alert_views.alerts_page),
 }
 
 
