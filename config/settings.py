@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.review",
     "apps.capacity",
+    "apps.evals",
 ]
 
 MIDDLEWARE = [

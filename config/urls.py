@@ -14,6 +14,7 @@ from apps.capacity.api import CapacityViewSet
 from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
+from apps.evals.api import CheckpointGateViewSet, EvalSuiteViewSet, SuiteEvaluationViewSet
 from apps.lineage.api import LineageViewSet
 from apps.ops import views as ops_views
 from apps.projects.api import ProjectViewSet
@@ -65,6 +66,9 @@ router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 router.register(rf"{TEAM}/capacity", CapacityViewSet, basename="capacity")
+router.register(rf"{TEAM}/evals/suites", EvalSuiteViewSet, basename="eval-suite")
+router.register(rf"{TEAM}/evals/evaluations", SuiteEvaluationViewSet, basename="suite-evaluation")
+router.register(rf"{TEAM}/checkpoints", CheckpointGateViewSet, basename="checkpoint")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -95,6 +99,7 @@ urlpatterns = [
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
     path("", include("apps.capacity.urls")),
+    path("", include("apps.evals.urls")),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),
