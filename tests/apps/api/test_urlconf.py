@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from apps.capacity import views as capacity_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
+from apps.evals import views as eval_views
 from apps.review import dataset_pages
 from apps.review import views as review_views
 from apps.runs import environment_pages
@@ -80,6 +81,8 @@ TEAM_PAGES = {
     ("environment-page", environment_views.environment_detail),
     ("environment-version-page", environment_pages.version_detail),
     ("capacity-page", capacity_views.planner),
+    ("evals-page", eval_views.suite_list),
+    ("eval-suite-page", eval_views.leaderboard),
 }
 
 

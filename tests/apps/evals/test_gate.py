@@ -184,3 +184,32 @@ def test_ungated_runs_promote_and_suites_that_refuse_launch(member, worker, arit
     assert variant.subject_kind == "variant" and variant.trigger == "variant"
     configs = [Run.objects.get(pk=r).config for r in eval_runs(variant)]
     assert [c["policy"]["base_url"] for c in configs] == ["http://127.0.0.1:9/v1"] * 2
+
+
+def test_a_deleted_gating_suite_blocks_promote_and_keeps_past_promotions(
+        member, viewer, worker, train, django_capture_on_commit_callbacks):
+    run, lease = train
+
+    def commit():
+        return django_capture_on_commit_callbacks(execute=True)
+
+    ckpt1, ev1 = checkpoint(worker, run, lease, 1, commit)
+    for run_id in eval_runs(ev1):
+        finish_eval(worker, run_id, pass_at={"1": 0.5, "2": 0.5}, mean_reward=0.5,
+                    latency_s=0.1, commit=commit)
+    assert viewer.client.post(f"{API}/checkpoints/{ckpt1}/promote", {},
+                              format="json").status_code == 403  # viewers read only
+    assert promote(member.client, ckpt1).status_code == 201
+    assert member.client.delete(f"{SUITES}/core").status_code == 204
+    assert Promotion.objects.get(checkpoint_id=ckpt1).evaluation_id is None  # kept
+
+    # The run still names the deleted suite: its next checkpoint is recorded (the hook only
+    # logs), nothing is launched, and promote refuses until the suite exists again.
+    before = Run.objects.count()
+    uri = put_run_object(run, "checkpoints/step-2.tar", b"w")
+    with commit():
+        r = worker.post(f"/api/v1/worker/runs/{run.pk}/checkpoints",
+                        {"step": 2, "uri": uri, "resumable": True}, format="json", **lease)
+    assert r.status_code == 201 and Run.objects.count() == before
+    body = promote(member.client, r.json()["id"]).json()
+    assert body["code"] == "suite_missing" and "no longer exists" in body["message"]
