@@ -98,14 +98,3 @@ def test_viewer_reads_the_leaderboard(asgi_server, lab, browser):
         "grpo @ step 20", "grpo @ step 10", "grpo @ step 30"]
     assert errors == []
 
-
-def test_outsider_and_unknown_suite_get_404(asgi_server, lab, browser):
-    from tests.factories import MembershipFactory, TeamFactory, UserFactory
-
-    other = UserFactory(username="bob")
-    MembershipFactory(team=TeamFactory(slug="other"), user=other, role=Role.OWNER)
-    page, _ = login(browser, asgi_server, "bob")
-    assert page.goto(f"{asgi_server}/t/lab/evals/core/").status == 404
-    assert page.goto(f"{asgi_server}/t/lab/evals/").status == 404
-    page, _ = login(browser, asgi_server, "alice")
-    assert page.goto(f"{asgi_server}/t/lab/evals/nope/").status == 404

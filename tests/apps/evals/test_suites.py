@@ -121,3 +121,16 @@ def test_a_train_run_may_name_only_its_own_teams_suite(member, outsider, other_t
     ProjectFactory(team=other_team, slug="main")
     r = outsider.client.post("/api/v1/teams/rival/runs", train, format="json")
     assert r.status_code == 400 and "no eval suite 'core'" in str(r.json())
+
+
+def test_pages_list_suites_and_404_an_unknown_one(member, viewer, arith):
+    from django.test import Client
+
+    assert create(member.client).status_code == 201
+    page = Client()
+    page.force_login(viewer.user)
+    listing = page.get("/t/acme/evals/")
+    assert listing.status_code == 200 and b'href="/t/acme/evals/core/"' in listing.content
+    board = page.get("/t/acme/evals/core/")
+    assert board.status_code == 200 and b"No complete evaluation yet" in board.content
+    assert page.get("/t/acme/evals/nope/").status_code == 404
