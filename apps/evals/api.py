@@ -106,7 +106,7 @@ class EvalSuiteViewSet(TeamScopedViewSet):
     def evaluations(self, request: Request, team: str, suite: str) -> Response:
         """The suite's latest 50 evaluations, newest first, each with its verdict."""
         rows = selectors.suite_evaluations(self._suite())
-        return Response({"results": [selectors.evaluation_report(e) for e in rows]})
+        return Response({"results": selectors.evaluation_reports(rows)})
 
     @extend_schema(parameters=[OpenApiParameter("order", OpenApiTypes.STR,
                                                 enum=[*selectors.ORDERS])],

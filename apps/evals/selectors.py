@@ -81,7 +81,7 @@ def _complete(rows: QuerySet[SuiteEvaluation]) -> QuerySet[SuiteEvaluation]:
         results__status__in=(ResultStatus.PENDING, ResultStatus.FAILED)).distinct()
 
 
-def previous_evaluation(evaluation: SuiteEvaluation) -> SuiteEvaluation | None:
+def _previous_id(evaluation: SuiteEvaluation) -> int | None:
     """The previous version's complete evaluation by the same suite: for a checkpoint, the
     latest evaluated earlier checkpoint of the same run; for anything else, the suite's
     latest complete evaluation before this one."""
@@ -94,13 +94,7 @@ def previous_evaluation(evaluation: SuiteEvaluation) -> SuiteEvaluation | None:
     else:
         rows = rows.filter(created_at__lte=evaluation.created_at).exclude(
             pk=evaluation.pk).order_by("-created_at", "-pk")
-    return _with_results(rows).first()
-
-
-def _scores(evaluation: SuiteEvaluation | None) -> dict[int, float | None]:
-    if evaluation is None:
-        return {}
-    return {r.entry_id: r.score for r in evaluation.results.all()}
+    return rows.values_list("pk", flat=True).first()
 
 
 def _figures(results: list[EntryResult]) -> gating.Totals:
@@ -119,16 +113,31 @@ def _subject(evaluation: SuiteEvaluation) -> dict[str, Any]:
             "step": ckpt.step if ckpt else None}
 
 
-def evaluation_report(evaluation: SuiteEvaluation, *, compare: bool = True) -> dict[str, Any]:
-    """An evaluation with each entry's result compared with the previous version and the
-    suite's baseline, its totals and its verdict."""
-    evaluation = _with_results(SuiteEvaluation.objects.filter(pk=evaluation.pk)).get()
-    suite = EvalSuite.objects.select_related("baseline").get(pk=evaluation.suite_id)
-    previous = previous_evaluation(evaluation) if compare else None
-    baseline_id = suite.baseline_id if compare and suite.baseline_id != evaluation.pk else None
-    baseline = _with_results(SuiteEvaluation.objects.filter(pk=baseline_id)).first() \
-        if baseline_id else None
-    before, base = _scores(previous), _scores(baseline)
+def evaluation_report(evaluation: SuiteEvaluation) -> dict[str, Any]:
+    return evaluation_reports([evaluation])[0]
+
+
+def evaluation_reports(evaluations: list[SuiteEvaluation]) -> list[dict[str, Any]]:
+    """Each evaluation (newest first) with each entry's result compared with the previous
+    version and the suite's baseline, its totals and its verdict. Queries: the evaluations
+    with their results, their suites, one look-up of each one's previous version, and the
+    scores of all previous versions and baselines at once."""
+    rows = list(_with_results(SuiteEvaluation.objects.filter(
+        pk__in=[e.pk for e in evaluations])).order_by("-created_at", "-pk"))
+    suites = {s.pk: s for s in EvalSuite.objects.filter(pk__in={e.suite_id for e in rows})}
+    previous = {e.pk: _previous_id(e) for e in rows}
+    wanted = {*previous.values(), *(s.baseline_id for s in suites.values())} - {None}
+    scores: dict[int, dict[int, float | None]] = {}
+    for ref in EntryResult.objects.filter(evaluation_id__in=wanted).values(
+            "evaluation_id", "entry_id", "score"):
+        scores.setdefault(ref["evaluation_id"], {})[ref["entry_id"]] = ref["score"]
+    return [_report(e, suites[e.suite_id], previous[e.pk], scores) for e in rows]
+
+
+def _report(evaluation: SuiteEvaluation, suite: EvalSuite, previous: int | None,
+            scores: dict[int, dict[int, float | None]]) -> dict[str, Any]:
+    baseline = suite.baseline_id if suite.baseline_id != evaluation.pk else None
+    before, base = scores.get(previous or 0, {}), scores.get(baseline or 0, {})
     results = list(evaluation.results.all())
     entries, regressions = [], []
     for r in results:
@@ -157,8 +166,7 @@ def evaluation_report(evaluation: SuiteEvaluation, *, compare: bool = True) -> d
         "id": evaluation.pk, "suite": suite.slug, "subject": _subject(evaluation),
         "trigger": evaluation.trigger, "created_at": evaluation.created_at,
         "verdict": gating.verdict([r.status for r in results], regressions),
-        "previous": previous.pk if previous else None,
-        "baseline": baseline.pk if baseline else None,
+        "previous": previous, "baseline": baseline,
         "capability": totals.capability, "tasks": totals.tasks,
         "cpu_seconds_per_task": totals.cpu_seconds_per_task,
         "gpu_seconds_per_task": totals.gpu_seconds_per_task,

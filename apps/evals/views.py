@@ -35,7 +35,7 @@ def leaderboard(request: HttpRequest, team: Team, membership: Membership,
     order = request.GET.get("order", "capability")
     if order not in selectors.ORDERS:
         order = "capability"
-    evaluations = [selectors.evaluation_report(e) for e in selectors.suite_evaluations(obj, 20)]
+    evaluations = selectors.evaluation_reports(selectors.suite_evaluations(obj, 20))
     for e in evaluations:
         e["verdict_class"] = VERDICT_CLASS[e["verdict"]]
     return render(request, "evals/leaderboard.html", page_context(
