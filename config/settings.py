@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "apps.capacity",
     "apps.usage",
     "apps.alerts",
+    "apps.evals",
 ]
 
 MIDDLEWARE = [

@@ -15,6 +15,7 @@ from apps.capacity.api import CapacityViewSet
 from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
+from apps.evals.api import CheckpointGateViewSet, EvalSuiteViewSet, SuiteEvaluationViewSet
 from apps.lineage.api import LineageViewSet
 from apps.ops import views as ops_views
 from apps.projects.api import ProjectViewSet
@@ -72,6 +73,9 @@ router.register(rf"{TEAM}/usage", UsageViewSet, basename="usage")
 router.register(rf"{TEAM}/alert-rules", AlertRuleViewSet, basename="alert-rule")
 router.register(rf"{TEAM}/alerts", AlertViewSet, basename="alert")
 router.register(rf"{TEAM}/webhook-deliveries", DeliveryViewSet, basename="webhook-delivery")
+router.register(rf"{TEAM}/evals/suites", EvalSuiteViewSet, basename="eval-suite")
+router.register(rf"{TEAM}/evals/evaluations", SuiteEvaluationViewSet, basename="suite-evaluation")
+router.register(rf"{TEAM}/checkpoints", CheckpointGateViewSet, basename="checkpoint")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -104,6 +108,7 @@ urlpatterns = [
     path("", include("apps.capacity.urls")),
     path("t/<slug:team>/usage/", usage_views.usage_page, name="usage-page"),
     path("", include("apps.alerts.urls")),
+    path("", include("apps.evals.urls")),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),

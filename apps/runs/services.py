@@ -26,7 +26,7 @@ from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
-from apps.runs import dispatch, objects, scheduler, selectors
+from apps.runs import dispatch, hooks, objects, scheduler, selectors
 from apps.runs.leases import check_epoch, leased
 from apps.runs.models import (
     ACTIVE_STATUSES,
@@ -218,6 +218,9 @@ def transition(
             dispatch.enqueue_on_commit(run)
         if to == S.SUCCEEDED and run.kind == RunKind.TRAIN:
             transaction.on_commit(lambda: _observe_goodput(run.pk))
+        if to in (S.SUCCEEDED, S.FAILED, S.CANCELED) and to != previous:
+            run_id = run.pk
+            transaction.on_commit(lambda: hooks.run_finished(run_id))
     return run
 
 
@@ -655,6 +658,8 @@ def add_checkpoint(
                          target_type="checkpoint", target_id=ckpt.pk,
                          data={"run": str(run.pk), "step": step, "uri": uri})
             created = True
+            ckpt_id = ckpt.pk
+            transaction.on_commit(lambda: hooks.checkpoint_added(ckpt_id))
         if keep is not None:
             prune_checkpoints(run=run, keep=keep, locked=True)
     return ckpt, created

@@ -455,6 +455,9 @@ class RunSpec(_Strict):
     data: DataCacheSpec = DataCacheSpec()
     vllm: VllmSpec = VllmSpec()
     cluster: ClusterSpec | None = None  # only for runs started on Ray
+    # On the platform: the team's eval suite (its slug) that evaluates every checkpoint this
+    # run records and gates their promotion (apps.evals); the engine itself ignores it.
+    eval_suite: Annotated[str, Field(pattern=r"^[-a-zA-Z0-9_]{1,64}$")] | None = None
 
     @field_validator("environment", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from apps.datasets.models import DatasetVersion
 from apps.environments.models import EnvironmentVersion
 from apps.projects.models import Project
 from apps.projects.selectors import project_by_slug
+from apps.runs import hooks
 from apps.runs.models import Checkpoint, Pool
 from apps.runs.specs import KINDS, available_kinds
 from apps.runs.validation.base_model import resolve_base_model
@@ -143,6 +144,7 @@ def plan_run(
 
     normalized = parsed.model_dump(mode="json")
     check_egress(normalized)
+    hooks.check_launch(team, kind, normalized)
     if kind == "profile":
         _profile_dataset(normalized, pinned)
     return RunPlan(

@@ -53,6 +53,11 @@ STRICT_BODIES = {
     "capacity-plan": {"preset": "qwen3-8b", "concurrency": 2, "context": 1024},
     "alert-rule-list": {"name": "pwned", "kind": "nan_streak"},
     "alert-rule-detail": {"name": "pwned"},
+    "eval-suite-list": {"slug": "pwned", "project": "main",
+                        "entries": [{"environment": "acme-secret-env@v1"}]},
+    "eval-suite-detail": {"name": "pwned"},
+    "eval-suite-evaluate": {"base_model": "preset"},
+    "checkpoint-promote": {"note": "pwned"},
 }
 #: Team pages only admins may open (others get the page's 404, as outsiders do).
 ADMIN_PAGES = {"team-audit"}
@@ -78,6 +83,9 @@ class World:
     rule_id: str = ""
     alert_id: str = ""
     delivery_id: str = ""
+    checkpoint_id: str = ""
+    suite_slug: str = ""
+    evaluation_id: str = ""
 
     def kwargs(self, route: Route, team: str = "acme") -> dict[str, str]:
         values = {
@@ -96,6 +104,9 @@ class World:
             "rule": self.rule_id,
             "alert": self.alert_id,
             "delivery": self.delivery_id,
+            "checkpoint": self.checkpoint_id,
+            "suite": self.suite_slug,
+            "evaluation": self.evaluation_id,
         }
         if "version" in route.groups:
             values["version"] = (self.environment_digest if "environment" in route.groups
@@ -143,7 +154,7 @@ def world(team, project, owner, member) -> World:
     run = make_run(project, dataset)
     report_uri = put_run_object(run, "report.json", b'{"text": "acme-secret-report"}')
     Run.objects.filter(pk=run.pk).update(report_uri=report_uri)
-    Checkpoint.objects.create(run=run, team=team, step=1, uri=put_run_object(
+    checkpoint = Checkpoint.objects.create(run=run, team=team, step=1, uri=put_run_object(
         run, "checkpoints/step-1.tar", b"acme-secret-weights"))
     token, _ = worker_token_create(actor=Actor.system(), team=team, name="acme-pool")
     invitation, _ = team_services.invitation_create(actor=Actor.system(), team=team)
@@ -176,8 +187,20 @@ def world(team, project, owner, member) -> World:
                                            msg_id="msg_acme", payload={},
                                            status="succeeded")
         rule_id, alert_id, delivery_id = str(rule.pk), str(alert.pk), str(delivery.pk)
+    suite_slug = evaluation_id = ""
+    if apps.is_installed("apps.evals"):  # an eval suite with one evaluation
+        from apps.evals import services as eval_services
+
+        suite = eval_services.suite_create(
+            actor=Actor.system(), team=team, slug="acme-secret-suite", project="main",
+            entries=[{"environment": f"{env.slug}@v{env_version.number}"}])
+        evaluation = eval_services.evaluate(actor=Actor.system(), suite=suite,
+                                            subject_kind="model", label="preset",
+                                            base_model="preset")
+        suite_slug, evaluation_id = suite.slug, str(evaluation.pk)
     return World(
         rule_id=rule_id, alert_id=alert_id, delivery_id=delivery_id,
+        checkpoint_id=str(checkpoint.pk), suite_slug=suite_slug, evaluation_id=evaluation_id,
         run=run, dataset=dataset, dataset_digest=version.digest,
         environment_slug=env.slug, environment_digest=env_version.digest,
         worker_prefix=token.prefix, invitation_prefix=invitation.prefix,
@@ -187,7 +210,8 @@ def world(team, project, owner, member) -> World:
                  str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
                  token.prefix, invitation.prefix, "acme-secret-prompt", "acme-secret-report",
                  "mia", "olivia", *(("acme-secret-rule", "acme-secret-alert")
-                                    if rule_id else ())),
+                                    if rule_id else ()),
+                 *((suite_slug,) if suite_slug else ())),
     )
 
 

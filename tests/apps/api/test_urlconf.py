@@ -23,6 +23,7 @@ from apps.alerts import views as alert_views
 from apps.capacity import views as capacity_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
+from apps.evals import views as eval_views
 from apps.review import dataset_pages
 from apps.review import views as review_views
 from apps.runs import environment_pages
@@ -84,6 +85,8 @@ TEAM_PAGES = {
     ("capacity-page", capacity_views.planner),
     ("usage-page", usage_views.usage_page),
     ("alerts-page", alert_views.alerts_page),
+    ("evals-page", eval_views.suite_list),
+    ("eval-suite-page", eval_views.leaderboard),
 }
 
 
