@@ -48,7 +48,8 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -289,10 +290,14 @@ class Session:
                 env={"HOME": "/work"}, seccomp_fd=sec_fd,
                 tmpfs_bytes=self.limits.tmpfs_mb << 20, as_pid_1=True)
             process.become_subreaper()
-            self.proc = subprocess.Popen(
-                [*process.gate_argv(limits, self.limits.cpu_s * 1000, self.uid), *inner],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                pass_fds=[sec_fd, src_fd], env={"PATH": bwrap.PATH}, cwd="/")
+            argv = [*process.gate_argv(limits, self.limits.cpu_s * 1000, self.uid), *inner]
+            # Forked from the manager's own long-lived thread: bwrap's --die-with-parent is a
+            # parent-death signal, which the kernel sends when the *thread* that forked it
+            # ends (a per-request server thread would kill the session with the request).
+            self.proc = self.manager.spawn(lambda: subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, pass_fds=[sec_fd, src_fd],
+                env={"PATH": bwrap.PATH}, cwd="/"))
         finally:
             os.close(sec_fd)
             os.close(src_fd)
@@ -583,11 +588,17 @@ class SessionManager:
         os.chmod(BASE, 0o711)
         self._empty = self.layers_dir / "empty"
         self._empty.mkdir(exist_ok=True, mode=0o755)
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-spawn")
         self._stop = threading.Event()
         self._watch_every = watch_every_s
         self._watchdog = threading.Thread(target=self._watch, name="session-watchdog",
                                           daemon=True)
         self._watchdog.start()
+
+    def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        """Run `start` (a Popen) on the manager's spawning thread, which lives as long as the
+        manager: a session's sandbox dies with the thread that forked it."""
+        return self._spawner.submit(start).result()
 
     # layers ------------------------------------------------------------------------------------
 
@@ -705,6 +716,7 @@ class SessionManager:
         for snap_id in snaps:
             with contextlib.suppress(UnknownSnapshot):
                 self.drop_snapshot(snap_id)
+        self._spawner.shutdown(wait=False)
 
     def __enter__(self) -> SessionManager:
         return self
