@@ -141,6 +141,23 @@ def test_snapshot_restore_rolls_back_files(session: S.Session) -> None:
     assert session.read("f") == b"v1\n"
 
 
+def test_second_snapshot_shares_unchanged_files(manager: S.SessionManager,
+                                                session: S.Session) -> None:
+    session.exec("head -c 2000000 /dev/urandom > big && echo 1 > small")
+    first = manager.snapshot(session.snapshot())
+    session.exec("echo 2 > small")
+    second = manager.snapshot(session.snapshot())
+    top1, top2 = (manager.layer_path(snap.layers[0]) for snap in (first, second))
+    if S.os.access(S.RSYNC, os.X_OK):  # unchanged files are links to the first layer
+        assert (top1 / "big").stat().st_ino == (top2 / "big").stat().st_ino
+        assert second.bytes < 100_000 < first.bytes
+    assert (top2 / "small").read_bytes() == b"2\n" and (top1 / "small").read_bytes() == b"1\n"
+    session.restore(first.id)
+    assert session.read("small") == b"1\n"
+    session.restore(second.id)
+    assert session.read("small") == b"2\n" and len(session.read("big")) == 2_000_000
+
+
 def test_fork_is_isolated_from_parent_and_siblings(manager: S.SessionManager,
                                                    session: S.Session) -> None:
     session.exec("mkdir -p pkg && echo base > pkg/a && head -c 1000000 /dev/zero > blob")
