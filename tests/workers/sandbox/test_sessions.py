@@ -69,6 +69,35 @@ def test_files_and_processes_live_across_calls(session: S.Session) -> None:
     assert r.stdout == b"in put"
 
 
+WHEEL = b"""
+import zipfile
+with zipfile.ZipFile("mylib-1.0-py3-none-any.whl", "w") as z:
+    z.writestr("mylib/__init__.py", "ANSWER = 42\\n")
+    z.writestr("mylib-1.0.dist-info/METADATA",
+               "Metadata-Version: 2.1\\nName: mylib\\nVersion: 1.0\\n")
+    z.writestr("mylib-1.0.dist-info/WHEEL",
+               "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n")
+    z.writestr("mylib-1.0.dist-info/RECORD", "")
+"""
+
+
+def test_packages_installed_into_the_workspace_persist_and_fork(
+        manager: S.SessionManager, session: S.Session) -> None:
+    session.write("mkwheel.py", WHEEL)
+    r = session.exec("python3 mkwheel.py && python3 -m venv --without-pip .venv && "
+                     "python3 -m pip install -q --no-index --target pkgs "
+                     "mylib-1.0-py3-none-any.whl", timeout=120)
+    assert r.status == SessionStatus.OK, r
+    check = ("PYTHONPATH=pkgs .venv/bin/python -c "
+             "'import mylib, sys; print(mylib.ANSWER, sys.prefix)'")
+    assert session.exec(check).stdout == b"42 /work/.venv\n"
+    fork = session.fork()
+    try:
+        assert fork.exec(check).stdout == b"42 /work/.venv\n"
+    finally:
+        fork.close()
+
+
 def test_exec_timeout_and_output_cap(session: S.Session) -> None:
     r = session.exec("sleep 30 & sleep 30", timeout=0.5)
     assert r.status == SessionStatus.TLE and r.wall_ms < 5000
