@@ -275,8 +275,7 @@ class Session:
         os.chown(self.root, self.uid, self.uid)
         self.layers = layers
         self._last_layer: str | None = None  # the upper's copy at this session's last snapshot
-        if layers and layers_owner != self.uid:
-            self._reown()
+        self._needs_reown = bool(layers) and layers_owner != self.uid
 
     def _reown(self) -> None:
         """Give the inherited files to this session's uid: with metacopy a chown copies up
@@ -292,6 +291,17 @@ class Session:
         _umount(self.scratch)
 
     def _start_agent(self) -> None:
+        """Start the sandbox and its agent; inherited files are re-owned while the agent's
+        interpreter starts (the agent touches no file before its first command)."""
+        self._spawn_agent()
+        if self._needs_reown:
+            self._reown()
+            self._needs_reown = False
+        ready = self._receive(10.0)
+        if not ready.get("ready"):
+            raise SessionError(f"the session agent did not start: {ready}")
+
+    def _spawn_agent(self) -> None:
         assert self.cgroup is not None and self.freezer is not None
         limits = Limits(memory_mb=self.limits.memory_mb, pids=min(self.limits.pids, 4096),
                         file_size_mb=min(self.limits.file_size_mb, 4096),
@@ -323,9 +333,6 @@ class Session:
         self.freezer.add(self.proc.pid)
         assert self.proc.stdin is not None
         os.write(self.proc.stdin.fileno(), b"go\n")
-        ready = self._receive(10.0)
-        if not ready.get("ready"):
-            raise SessionError(f"the session agent did not start: {ready}")
 
     def _stop_processes(self) -> None:
         if self.cgroup is not None:
