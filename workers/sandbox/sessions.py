@@ -612,6 +612,8 @@ class SessionManager:
         self._refs: dict[str, int] = {}  # layer -> snapshots and sessions using it
         self.layers_dir = BASE / "layers"
         self.layers_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        (BASE / "s").mkdir(exist_ok=True, mode=0o711)
+        sweep_orphans()
         os.chmod(BASE, 0o711)
         self._empty = self.layers_dir / "empty"
         self._empty.mkdir(exist_ok=True, mode=0o755)

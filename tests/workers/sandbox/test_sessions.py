@@ -305,3 +305,21 @@ def test_close_cleans_up(manager: S.SessionManager) -> None:
         s.exec("echo")
     with pytest.raises(S.SessionClosed):
         manager.get(s.id)
+
+
+def test_orphans_of_a_dead_host_are_swept(manager: S.SessionManager) -> None:
+    dead = 2**22 + 17  # above pid_max's default: no live process has it
+    assert not os.path.exists(f"/proc/{dead}")
+    orphan = S.BASE / "s" / f"{dead}-abc"
+    (orphan / "scratch").mkdir(parents=True)
+    S._mount("crucible-session", orphan / "scratch", "tmpfs", "size=1m")
+    layer = manager.layers_dir / f"{dead}-feed"
+    layer.mkdir()
+    live = manager.create(SMALL)
+    try:
+        S.sweep_orphans()
+        assert not orphan.exists() and not layer.exists()
+        assert str(orphan) not in S.Path("/proc/mounts").read_text()
+        assert live.dir.exists() and live.exec("echo ok").stdout == b"ok\n"  # ours stay
+    finally:
+        live.close()
