@@ -48,6 +48,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -63,6 +64,7 @@ PYTHON = "/usr/bin/python3"
 READ_LIMIT = 16 << 20
 MAX_LAYERS = 48  # a deeper snapshot is flattened into one layer (overlay's lowerdir has limits)
 _REPLY_GRACE_S = 5.0
+_CLOSED_KEPT = 10_000  # closed sessions whose reason the manager still gives
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID, _MS_NODEV = 0x2, 0x4
 _MNT_DETACH = 0x2
@@ -609,6 +611,7 @@ class SessionManager:
         self._lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
         self.snapshots: dict[str, Snapshot] = {}
+        self._closed: OrderedDict[str, str] = OrderedDict()  # recent closes: id -> reason
         self._refs: dict[str, int] = {}  # layer -> snapshots and sessions using it
         self.layers_dir = BASE / "layers"
         self.layers_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -709,12 +712,17 @@ class SessionManager:
         with self._lock:
             session = self.sessions.get(session_id)
         if session is None:
-            raise SessionClosed(session_id, "unknown or closed")
+            with self._lock:
+                reason = self._closed.get(session_id, "unknown or closed")
+            raise SessionClosed(session_id, reason)
         return session
 
     def forget(self, session: Session) -> None:
         with self._lock:
             self.sessions.pop(session.id, None)
+            self._closed[session.id] = session.closed_reason or "closed"
+            while len(self._closed) > _CLOSED_KEPT:
+                self._closed.popitem(last=False)
         self.release(session.layers)
 
     def _watch(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -155,3 +156,19 @@ def test_host_down_is_503_and_quota_429(member, settings) -> None:
     assert SandboxSession.objects.count() == 0
     settings.CRUCIBLE = {**settings.CRUCIBLE, "SESSION_QUOTA": 0}
     assert member.client.post(URL, {"limits": LIMITS}).status_code == 429
+
+
+def test_sessions_the_host_closed_free_the_quota(member, hosted, settings) -> None:
+    c = member.client
+    sid = c.post(URL, {"limits": {**LIMITS, "idle_s": 1}}).json()["id"]
+    settings.CRUCIBLE = {**settings.CRUCIBLE, "SESSION_QUOTA": 1}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the host's watchdog closes it after 1 s idle
+        r = c.post(URL, {"limits": LIMITS})
+        if r.status_code != 429:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 201, r.json()
+    stale = c.get(f"{URL}/{sid}").json()
+    assert stale["state"] == "closed" and "idle" in stale["closed_reason"]
+    c.delete(f"{URL}/{r.json()['id']}")

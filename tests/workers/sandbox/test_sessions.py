@@ -285,6 +285,8 @@ def test_idle_timeout_and_lifetime(manager: S.SessionManager) -> None:
         assert idle.closed_reason is not None and "idle" in idle.closed_reason
         with pytest.raises(S.SessionClosed):
             idle.read("x")
+        with pytest.raises(S.SessionClosed, match="idle"):
+            manager.get(idle.id)  # the manager still says why
         r = life.exec("sleep 20", timeout=30)  # the lifetime ends it mid-call
         assert r.status == SessionStatus.LOST and "expired" in r.message
     finally:
