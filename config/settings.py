@@ -219,6 +219,11 @@ CRUCIBLE = {
     # Sandbox executions a team may have queued or running at once, and per batch request.
     "SANDBOX_QUOTA": env.int("CRUCIBLE_SANDBOX_QUOTA", default=256),
     "SANDBOX_MAX_BATCH": env.int("CRUCIBLE_SANDBOX_MAX_BATCH", default=256),
+    # Sandbox sessions: the session host that keeps them (workers/sandbox/session_host.py),
+    # its shared secret, and how many open sessions a team may hold.
+    "SESSION_HOST_URL": env.str("CRUCIBLE_SESSION_HOST_URL", default="http://127.0.0.1:8765"),
+    "SESSION_HOST_TOKEN": env.str("CRUCIBLE_SESSION_HOST_TOKEN", default=""),
+    "SESSION_QUOTA": env.int("CRUCIBLE_SESSION_QUOTA", default=64),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
     # What runs may make workers reach (workers/egress.py; workers read the same variables):

@@ -24,7 +24,7 @@ from apps.runs import views as run_views
 from apps.runs.api import RunViewSet
 from apps.runs.environment_api import EnvironmentVersionRunsViewSet
 from apps.runs.queue_api import ClusterQueueView
-from apps.sandbox.api import ExecutionViewSet
+from apps.sandbox.api import ExecutionViewSet, SandboxSessionViewSet, SandboxSnapshotViewSet
 from apps.scheduling.api import NodeViewSet, TeamQueueViewSet
 from apps.teams import views as team_views
 from apps.teams.api import (
@@ -67,6 +67,9 @@ router.register(rf"{TEAM}/environments/(?P<environment>[-a-zA-Z0-9_]+)/versions"
 router.register(rf"{TEAM}/runs", RunViewSet, basename="run")
 router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
+router.register(rf"{TEAM}/sandbox-sessions", SandboxSessionViewSet, basename="sandbox-session")
+router.register(rf"{TEAM}/sandbox-snapshots", SandboxSnapshotViewSet,
+                basename="sandbox-snapshot")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 router.register(rf"{TEAM}/capacity", CapacityViewSet, basename="capacity")
 router.register(rf"{TEAM}/usage", UsageViewSet, basename="usage")

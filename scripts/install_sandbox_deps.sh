@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
+[ -x /usr/bin/rsync ] || need+=(rsync)  # session snapshots: copy only what changed (sessions.py)
 [ -x /usr/bin/setpriv ] || need+=(util-linux)
 [ -x /usr/bin/dash ] || need+=(dash)
 [ -x /usr/bin/perl ] || need+=(perl-base)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import time
 import uuid
+from typing import Any, cast
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
@@ -15,8 +18,8 @@ from rest_framework.response import Response
 
 from apps.core.exceptions import InvalidInput, NotFound, PayloadTooLarge
 from apps.core.idempotency import idempotent
-from apps.sandbox import services
-from apps.sandbox.models import ACTIVE, Execution
+from apps.sandbox import services, sessions
+from apps.sandbox.models import ACTIVE, Execution, SandboxSession, SandboxSnapshot
 from apps.teams.viewsets import TeamScopedViewSet, WorkerViewSet
 
 MAX_WAIT_S = 60
@@ -160,3 +163,146 @@ class WorkerExecutionViewSet(WorkerViewSet):
             return Response({"status": done.status})
 
         return idempotent(request, handler)
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SandboxSession
+        fields = ["id", "state", "limits", "forked_from", "closed_reason", "execs",
+                  "created_at", "closed_at"]
+        read_only_fields = fields
+
+
+class SnapshotSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SandboxSnapshot
+        fields = ["id", "session", "bytes", "created_at"]
+        read_only_fields = fields
+
+
+def _body(request: Request) -> dict[str, Any]:
+    if not isinstance(request.data, dict):
+        raise InvalidInput("Send a JSON object.")
+    return dict(request.data)
+
+
+class SandboxSessionViewSet(TeamScopedViewSet):
+    """Sandbox sessions: workspaces that live across calls, with snapshots and forks
+    (docs/sandbox.md, Sessions). Every call is audited."""
+
+    queryset = SandboxSession.objects.all()
+    serializer_class = SessionSerializer
+    lookup_field = "pk"
+    lookup_url_kwarg = "session"
+    filterset_fields = {"state": ["exact"]}
+    ordering = "-created_at"
+
+    def _row(self) -> SandboxSession:
+        return cast(SandboxSession, self.get_object())
+
+    def _snapshot(self, value: object) -> SandboxSnapshot:
+        snap = None
+        with contextlib.suppress(ValueError, TypeError):
+            snap = SandboxSnapshot.objects.filter(pk=uuid.UUID(str(value)), team=self.team,
+                                                  dropped=False).first()
+        if snap is None:
+            raise NotFound(f"No snapshot '{value}' in team '{self.team.slug}'.")
+        return snap
+
+    def list(self, request: Request, team: str) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(SessionSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, session: str) -> Response:
+        return Response(SessionSerializer(self._row()).data)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: SessionSerializer})
+    def create(self, request: Request, team: str) -> Response:
+        """Body: ``{"limits": {cpu_s, memory_mb, disk_mb, pids, wall_s, idle_s, ...}}``."""
+        body = _body(request)
+        limits = sessions.validate_limits(body.get("limits"))
+        row = sessions.create_session(actor=self.actor, team=self.team, limits=limits)
+        return Response(SessionSerializer(row).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request: Request, team: str, session: str) -> Response:
+        row = sessions.close_session(actor=self.actor, session=self._row())
+        return Response(SessionSerializer(row).data)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def exec(self, request: Request, team: str, session: str) -> Response:
+        """Body: ``{"cmd", "timeout_s", "stdin", "env", "background", "output_bytes"}``."""
+        req = sessions.validate_exec(_body(request))
+        return Response(sessions.exec_in(actor=self.actor, session=self._row(),
+                                         request=req))
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get", "post"])
+    def files(self, request: Request, team: str, session: str) -> Response:
+        """GET ``?path=`` -> ``{"path", "data"}`` (base64); POST ``{"path", "data", "mode"}``."""
+        row = self._row()
+        if request.method == "POST":
+            body = _body(request)
+            return Response(sessions.write_file(actor=self.actor, session=row,
+                                                path=body.get("path"), data=body.get("data"),
+                                                mode=body.get("mode", 0o644)))
+        path = request.query_params.get("path", "")
+        data = sessions.read_file(session=row, path=path)
+        return Response({"path": path, "data": base64.b64encode(data).decode()})
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"], url_path="list")
+    def listing(self, request: Request, team: str, session: str) -> Response:
+        """``?path=`` -> ``{"entries": [{"name", "kind", "size"}]}``."""
+        path = request.query_params.get("path", "")
+        return Response({"path": path, "entries": sessions.list_dir(session=self._row(),
+                                                                    path=path)})
+
+    @extend_schema(request=None, responses={201: SnapshotSerializer})
+    @action(detail=True, methods=["post"])
+    def snapshot(self, request: Request, team: str, session: str) -> Response:
+        snap = sessions.snapshot(actor=self.actor, session=self._row())
+        return Response(SnapshotSerializer(snap).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=SessionSerializer)
+    @action(detail=True, methods=["post"])
+    def restore(self, request: Request, team: str, session: str) -> Response:
+        """Body: ``{"snapshot": id}`` (a snapshot of this team)."""
+        row = self._row()
+        sessions.restore(actor=self.actor, session=row,
+                         snap=self._snapshot(_body(request).get("snapshot")))
+        return Response(SessionSerializer(row).data)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: SessionSerializer})
+    @action(detail=True, methods=["post"])
+    def fork(self, request: Request, team: str, session: str) -> Response:
+        """Body: ``{"snapshot": id (default: one taken now), "limits": {...}}`` -> a new
+        session on that snapshot."""
+        row = self._row()
+        body = _body(request)
+        snap = (self._snapshot(body["snapshot"]) if body.get("snapshot")
+                else sessions.snapshot(actor=self.actor, session=row))
+        limits = sessions.validate_limits(body.get("limits") or row.limits)
+        new = sessions.create_session(actor=self.actor, team=self.team, limits=limits,
+                                      forked_from=snap)
+        return Response(SessionSerializer(new).data, status=status.HTTP_201_CREATED)
+
+
+class SandboxSnapshotViewSet(TeamScopedViewSet):
+    queryset = SandboxSnapshot.objects.filter(dropped=False)
+    serializer_class = SnapshotSerializer
+    lookup_field = "pk"
+    lookup_url_kwarg = "snapshot"
+    filterset_fields = {"session": ["exact"]}
+    ordering = "-created_at"
+
+    def list(self, request: Request, team: str) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(SnapshotSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, snapshot: str) -> Response:
+        return Response(SnapshotSerializer(self.get_object()).data)
+
+    def destroy(self, request: Request, team: str, snapshot: str) -> Response:
+        sessions.drop_snapshot(actor=self.actor, snap=cast(SandboxSnapshot, self.get_object()))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -49,3 +49,48 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.language} {self.id} ({self.status})"
+
+
+class SandboxSession(models.Model):
+    """A team's sandbox session: the record and audit anchor. The workspace itself lives on a
+    session host (workers/sandbox/session_host.py) under ``engine_id``."""
+
+    OPEN, CLOSED = "open", "closed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    engine_id = models.CharField(max_length=64)
+    state = models.CharField(max_length=10, default=OPEN,
+                             choices=[(OPEN, "open"), (CLOSED, "closed")])
+    limits = models.JSONField()
+    forked_from = models.ForeignKey("sandbox.SandboxSnapshot", on_delete=models.SET_NULL,
+                                    null=True, blank=True, related_name="forks")
+    closed_reason = models.CharField(max_length=200, blank=True)
+    execs = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "state"])]
+
+    def __str__(self) -> str:
+        return f"session {self.id} ({self.state})"
+
+
+class SandboxSnapshot(models.Model):
+    """A snapshot of a session's workspace; forks and restores name it by this id."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    session = models.ForeignKey(SandboxSession, on_delete=models.CASCADE,
+                                related_name="snapshots")
+    engine_id = models.CharField(max_length=64)
+    bytes = models.BigIntegerField(default=0)
+    dropped = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"snapshot {self.id}"

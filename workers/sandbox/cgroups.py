@@ -157,6 +157,15 @@ class Cgroup(ABC):
     @abstractmethod
     def oom_kills(self) -> int: ...
 
+    def pids_max_hits(self) -> int:
+        """How often a fork was refused at pids.max (pids.events `max`); 0 where unknown."""
+        with contextlib.suppress(OSError):
+            return _keyed(self._pids_events(), "max")
+        return 0
+
+    def _pids_events(self) -> Path:
+        raise OSError("no pids.events")
+
     def signal_all(self) -> set[int]:
         """SIGKILL everything in the cgroup once, without waiting: none of it runs code again,
         and a fork racing the signal is caught by kill() at teardown (or dies with its PID
@@ -262,6 +271,9 @@ class CgroupV1(Cgroup):
     def oom_kills(self) -> int:
         return _keyed(f"{self._mem}/memory.oom_control", "oom_kill")
 
+    def _pids_events(self) -> Path:
+        return self.dirs["pids"] / "pids.events"
+
     def remove(self, on_busy: Callable[[], object] | None = None) -> None:
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
@@ -336,6 +348,9 @@ class CgroupV2(Cgroup):
     def oom_kills(self) -> int:
         events = parse_keyed(_read(self.dir / "memory.events"))
         return events.get("oom_kill", 0) + events.get("oom_group_kill", 0)
+
+    def _pids_events(self) -> Path:
+        return self.dir / "pids.events"
 
     def populated(self) -> bool:
         """cgroup.events says whether any process is left in the group (or its children)."""

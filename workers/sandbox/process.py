@@ -59,6 +59,17 @@ def memfd(data: bytes, name: str) -> int:
     return fd
 
 
+def track(pid: int) -> None:
+    """Mark a sandbox process another module waits for itself (sessions): sweeps skip it."""
+    with _tracked_lock:
+        _tracked.add(pid)
+
+
+def untrack(pid: int) -> None:
+    with _tracked_lock:
+        _tracked.discard(pid)
+
+
 class SandboxError(RuntimeError):
     """The engine could not run the sandbox (not the program's fault)."""
 

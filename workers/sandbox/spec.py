@@ -364,3 +364,50 @@ class ExecutionResult(PhaseResult):
         if self.calls:
             return all(c.passed for c in self.calls)
         return True
+
+
+# --- sessions: workspaces that live across calls (sessions.py) ---------------------------------
+
+class SessionLimits(BaseModel):
+    """Quotas of one sandbox session, over its whole life (every command and background
+    process together); every field has a safe default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_s: int = Field(600, ge=1, le=86_400, description="CPU seconds over the session's life")
+    memory_mb: int = Field(512, ge=32, le=65_536,
+                           description="RAM of every process, no swap; workspace bytes count too")
+    disk_mb: int = Field(256, ge=1, le=65_536, description="what the workspace may add")
+    pids: int = Field(128, ge=8, le=4096, description="processes and threads at once")
+    wall_s: int = Field(3600, ge=1, le=86_400, description="the session's lifetime")
+    idle_s: int = Field(600, ge=1, le=86_400, description="closed after this long without a call")
+    tmpfs_mb: int = Field(64, ge=1, le=4096, description="scratch /tmp (not in snapshots)")
+    open_files: int = Field(1024, ge=16, le=65_536)
+    file_size_mb: int = Field(1024, ge=1, le=65_536, description="largest single file")
+
+
+class SessionStatus(StrEnum):
+    """How one exec in a session ended."""
+
+    OK = "OK"  # exit status 0
+    RE = "RE"  # non-zero exit status or a signal
+    TLE = "TLE"  # the call's timeout: its process group was killed
+    OLE = "OLE"  # more output than output_bytes: killed
+    MLE = "MLE"  # the session's memory quota: the kernel killed a process of the command
+    PIDS = "PIDS"  # the session's process quota was reached: every process but the agent killed
+    DISK = "DISK"  # the command failed with the workspace full
+    CPU = "CPU"  # the session's CPU quota is spent: the session is closed
+    LOST = "LOST"  # the session ended during the call (closed, expired, idle, engine failure)
+
+
+class SessionExec(BaseModel):
+    """One command for a session: `bash -c cmd` in /work."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cmd: str = Field(min_length=1, max_length=100_000)
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    stdin: str = Field("", max_length=16 << 20)
+    env: dict[str, str] = Field(default_factory=dict)
+    background: bool = Field(False, description="start it and return its pid at once")
+    output_bytes: int = Field(1 << 20, ge=0, le=16 << 20, description="stdout + stderr")

@@ -25,13 +25,15 @@ from apps.teams.services import worker_token_create
 from tests.apps.api.test_urlconf import Route, team_pages, team_routes, worker_routes
 from tests.django_fixtures import client_for_token
 from tests.factories import DatasetFactory, make_run, make_version, put_run_object
+from tests.skips import sandbox_unavailable
 
 TEAM_ROUTES = team_routes()
 TEAM_PAGES = team_pages()
 WORKER_ROUTES = worker_routes()
 
 #: Query strings a GET needs to get past input validation (so the owner's control is a 200).
-QUERY = {"lineage-list": "artifact=run:{run}", "run-compare": "run={run}"}
+QUERY = {"lineage-list": "artifact=run:{run}", "run-compare": "run={run}",
+         "sandbox-session-files": "path=f", "sandbox-session-listing": "path="}
 #: Team-level GETs that look objects up by query string: through another team's URL they
 #: are a 404 (the object is not that team's), like a detail URL, not an empty list.
 LOOKUPS_BY_QUERY = {"run-compare"}
@@ -58,6 +60,8 @@ STRICT_BODIES = {
     "eval-suite-detail": {"name": "pwned"},
     "eval-suite-evaluate": {"base_model": "preset"},
     "checkpoint-promote": {"note": "pwned"},
+    "sandbox-session-exec": {"cmd": "echo pwned > f"},
+    "sandbox-session-files": {"path": "f", "data": "cHduZWQ="},
 }
 #: Team pages only admins may open (others get the page's 404, as outsiders do).
 ADMIN_PAGES = {"team-audit"}
@@ -86,6 +90,8 @@ class World:
     checkpoint_id: str = ""
     suite_slug: str = ""
     evaluation_id: str = ""
+    session_id: str | None = None
+    snapshot_id: str | None = None
 
     def kwargs(self, route: Route, team: str = "acme") -> dict[str, str]:
         values = {
@@ -107,6 +113,8 @@ class World:
             "checkpoint": self.checkpoint_id,
             "suite": self.suite_slug,
             "evaluation": self.evaluation_id,
+            "session": self.session_id,
+            "snapshot": self.snapshot_id,
         }
         if "version" in route.groups:
             values["version"] = (self.environment_digest if "environment" in route.groups
@@ -129,6 +137,8 @@ class World:
         owner's control request shows each refused write would otherwise succeed."""
         if route is not None and route.name in STRICT_BODIES:
             return STRICT_BODIES[route.name]
+        if route is not None and route.name == "sandbox-session-restore":
+            return {"snapshot": self.snapshot_id}
         return {
             "name": "pwned", "description": "pwned", "slug": "pwned", "project": "main",
             "username": "oscar", "role": Role.OWNER, "message": "pwned",
@@ -165,6 +175,14 @@ def world(team, project, owner, member) -> World:
             request={"language": "python", "code": "print('acme-secret-code')"},
         )
         execution_id = str(execution.pk)
+    session_id = snapshot_id = None
+    if apps.is_installed("apps.sandbox"):  # a sandbox session and a snapshot of it (records
+        # only: the owner's control requests start a real one, see _live_session)
+        session = apps.get_model("sandbox", "SandboxSession").objects.create(
+            team=team, engine_id="not-started", limits={})
+        snap = apps.get_model("sandbox", "SandboxSnapshot").objects.create(
+            team=team, session=session, engine_id="not-started")
+        session_id, snapshot_id = str(session.pk), str(snap.pk)
     batch_id = item_id = None
     if apps.is_installed("apps.review"):  # a batch awaiting spot-check review
         from apps.review import services as review_services
@@ -205,7 +223,7 @@ def world(team, project, owner, member) -> World:
         environment_slug=env.slug, environment_digest=env_version.digest,
         worker_prefix=token.prefix, invitation_prefix=invitation.prefix,
         execution_id=execution_id, batch_id=batch_id,
-        item_id=item_id,
+        item_id=item_id, session_id=session_id, snapshot_id=snapshot_id,
         secrets=(*((batch_id, "acme-secret-batch-record") if batch_id else ()),
                  str(run.pk), dataset.slug, version.digest, env.slug, env_version.digest,
                  token.prefix, invitation.prefix, "acme-secret-prompt", "acme-secret-report",
@@ -213,6 +231,38 @@ def world(team, project, owner, member) -> World:
                                     if rule_id else ()),
                  *((suite_slug,) if suite_slug else ())),
     )
+
+
+@pytest.fixture(scope="module")
+def session_host():
+    """A real session host (sandbox sessions need root and bubblewrap)."""
+    reason = sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from workers.sandbox import session_host as host  # noqa: PLC0415
+    from workers.sandbox import sessions
+
+    with sessions.SessionManager() as manager:
+        server = host.serve(host.SessionHost(manager, "cross-tenant"), ("127.0.0.1", 0))
+        yield manager, f"http://127.0.0.1:{server.server_address[1]}"
+        server.shutdown()
+        server.server_close()
+
+
+def _live_session(request, world: World) -> None:
+    """Give the world's session and snapshot records a real workspace on a session host."""
+    manager, url = request.getfixturevalue("session_host")
+    settings = request.getfixturevalue("settings")
+    settings.CRUCIBLE = {**settings.CRUCIBLE, "SESSION_HOST_URL": url,
+                         "SESSION_HOST_TOKEN": "cross-tenant"}
+    live = manager.create()
+    request.addfinalizer(live.close)
+    live.write("f", b"acme")
+    snap_engine_id = live.snapshot()
+    models = apps.get_model("sandbox", "SandboxSession"), apps.get_model("sandbox",
+                                                                          "SandboxSnapshot")
+    models[0].objects.filter(pk=world.session_id).update(engine_id=live.id)
+    models[1].objects.filter(pk=world.snapshot_id).update(engine_id=snap_engine_id)
 
 
 def snapshot() -> dict[str, list[dict]]:
@@ -284,9 +334,11 @@ def test_outsider_gets_404_and_changes_nothing(route, method, world, outsider):
 
 
 @pytest.mark.parametrize(("route", "method"), _cases(TEAM_ROUTES))
-def test_owner_control_request_succeeds(route, method, world, owner, outsider):
+def test_owner_control_request_succeeds(route, method, world, owner, outsider, request):
     """The same request by acme's owner succeeds, so each 404 above is the tenant check,
     not a wrong URL or a bad body. (``outsider`` exists: the body adds user 'oscar'.)"""
+    if (route.name or "").startswith("sandbox-s"):
+        _live_session(request, world)
     response = call(owner.client, method, world.url(route), world.body(route))
     assert 200 <= response.status_code < 300 or (route.name, response.status_code) in {
         ("run-resume", 409),  # a queued run cannot be resumed; the lookup still succeeded
