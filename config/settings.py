@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.review",
     "apps.capacity",
+    "apps.filtering",
 ]
 
 MIDDLEWARE = [
@@ -325,6 +326,8 @@ SPECTACULAR_SETTINGS = {
         # workers.protocol.PoolName (a Literal: values without labels) in worker documents.
         "PoolNameEnum": ["gpu", "sandbox", "cpu"],
         "NodeStateEnum": "apps.scheduling.models.NodeState",
+        "FilterSurfaceNameEnum": "apps.filtering.models.Surface",
+        "FilterModeEnum": "apps.filtering.models.MODE_CHOICES",
     },
 }
 

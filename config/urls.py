@@ -14,6 +14,8 @@ from apps.capacity.api import CapacityViewSet
 from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
+from apps.filtering import views as filtering_views
+from apps.filtering.api import FilterPolicyViewSet, FindingViewSet
 from apps.lineage.api import LineageViewSet
 from apps.ops import views as ops_views
 from apps.projects.api import ProjectViewSet
@@ -65,6 +67,7 @@ router.register(rf"{TEAM}/lineage", LineageViewSet, basename="lineage")
 router.register(rf"{TEAM}/executions", ExecutionViewSet, basename="execution")
 router.register(rf"{TEAM}/audit-log", AuditLogViewSet, basename="audit-log")
 router.register(rf"{TEAM}/capacity", CapacityViewSet, basename="capacity")
+router.register(rf"{TEAM}/filtering/findings", FindingViewSet, basename="filter-finding")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -72,6 +75,9 @@ api_v1 = [
     path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
+    re_path(rf"^{TEAM}/filtering/policy/?$",
+            FilterPolicyViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
+            name="filter-policy"),
     re_path(rf"^{TEAM}/queue/?$",
             TeamQueueViewSet.as_view({"get": "retrieve", "put": "update"}), name="team-queue"),
     path("cluster/queue", ClusterQueueView.as_view(), name="cluster-queue"),
@@ -95,6 +101,7 @@ urlpatterns = [
     path("", include("apps.review.urls")),
     path("", include("apps.environments.urls")),
     path("", include("apps.capacity.urls")),
+    path("t/<slug:team>/filtering/", filtering_views.filtering_page, name="team-filtering"),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),

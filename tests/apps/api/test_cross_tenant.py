@@ -51,6 +51,7 @@ STRICT_BODIES = {
                     "datasets": ["acme-secret-ds"]},
     "environment-version-qc": {},
     "capacity-plan": {"preset": "qwen3-8b", "concurrency": 2, "context": 1024},
+    "filter-policy": {"samples": "block"},
 }
 #: Team pages only admins may open (others get the page's 404, as outsiders do).
 ADMIN_PAGES = {"team-audit"}

@@ -20,6 +20,7 @@ from rest_framework import viewsets
 from rest_framework.views import APIView
 
 from apps.capacity import views as capacity_views
+from apps.filtering import views as filtering_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
 from apps.review import dataset_pages
@@ -80,6 +81,7 @@ TEAM_PAGES = {
     ("environment-page", environment_views.environment_detail),
     ("environment-version-page", environment_pages.version_detail),
     ("capacity-page", capacity_views.planner),
+    ("team-filtering", filtering_views.filtering_page),
 }
 
 
