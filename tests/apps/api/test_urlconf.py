@@ -20,9 +20,9 @@ from rest_framework import viewsets
 from rest_framework.views import APIView
 
 from apps.capacity import views as capacity_views
-from apps.filtering import views as filtering_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
+from apps.filtering import views as filtering_views
 from apps.review import dataset_pages
 from apps.review import views as review_views
 from apps.runs import environment_pages
