@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora clean
+.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,11 @@ bench-sandbox: $(STAMP)
 bench-ingest: $(STAMP)
 	nice $(PY) tests/benchmarks/bench_ingest.py
 
-bench: bench-ingest bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora
+# The output filter (docs/filtering.md) against detect-secrets' own scanner.
+bench-filter: $(STAMP)
+	nice $(PY) -m tests.benchmarks.bench_filtering
+
+bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl

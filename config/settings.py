@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "apps.usage",
     "apps.alerts",
     "apps.evals",
+    "apps.filtering",
 ]
 
 MIDDLEWARE = [
@@ -355,6 +356,8 @@ SPECTACULAR_SETTINGS = {
         # workers.protocol.PoolName (a Literal: values without labels) in worker documents.
         "PoolNameEnum": ["gpu", "sandbox", "cpu"],
         "NodeStateEnum": "apps.scheduling.models.NodeState",
+        "FilterSurfaceNameEnum": "apps.filtering.models.Surface",
+        "FilterModeEnum": "apps.filtering.models.MODE_CHOICES",
     },
 }
 

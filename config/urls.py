@@ -16,6 +16,8 @@ from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
 from apps.evals.api import CheckpointGateViewSet, EvalSuiteViewSet, SuiteEvaluationViewSet
+from apps.filtering import views as filtering_views
+from apps.filtering.api import FilterPolicyViewSet, FindingViewSet
 from apps.lineage.api import LineageViewSet
 from apps.ops import views as ops_views
 from apps.projects.api import ProjectViewSet
@@ -79,6 +81,7 @@ router.register(rf"{TEAM}/webhook-deliveries", DeliveryViewSet, basename="webhoo
 router.register(rf"{TEAM}/evals/suites", EvalSuiteViewSet, basename="eval-suite")
 router.register(rf"{TEAM}/evals/evaluations", SuiteEvaluationViewSet, basename="suite-evaluation")
 router.register(rf"{TEAM}/checkpoints", CheckpointGateViewSet, basename="checkpoint")
+router.register(rf"{TEAM}/filtering/findings", FindingViewSet, basename="filter-finding")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 
 api_v1 = [
@@ -86,6 +89,9 @@ api_v1 = [
     path("invitations/accept", InvitationAcceptView.as_view(), name="invitation-accept"),
     re_path(rf"^{TEAM}/?$", TeamViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
             name="team-detail"),
+    re_path(rf"^{TEAM}/filtering/policy/?$",
+            FilterPolicyViewSet.as_view({"get": "retrieve", "patch": "partial_update"}),
+            name="filter-policy"),
     re_path(rf"^{TEAM}/queue/?$",
             TeamQueueViewSet.as_view({"get": "retrieve", "put": "update"}), name="team-queue"),
     path("cluster/queue", ClusterQueueView.as_view(), name="cluster-queue"),
@@ -112,6 +118,7 @@ urlpatterns = [
     path("t/<slug:team>/usage/", usage_views.usage_page, name="usage-page"),
     path("", include("apps.alerts.urls")),
     path("", include("apps.evals.urls")),
+    path("t/<slug:team>/filtering/", filtering_views.filtering_page, name="team-filtering"),
     path("cluster/queue/", queue_pages.queue_page, name="cluster-queue-page"),
     path("", include("apps.scheduling.urls")),
     path("healthz", core_views.healthz, name="healthz"),

@@ -72,6 +72,18 @@ class LeaseLost(ApiError):
     """The run was canceled, or its lease expired or moved: stop working on it."""
 
 
+def blocked_rows(exc: ApiError) -> set[int] | None:
+    """The row indices a 422 ``output_blocked`` answer names (the team's output filter
+    refused them), or None for any other error."""
+    if exc.code != "output_blocked" or not isinstance(exc.body, dict):
+        return None
+    details = exc.body.get("errors")
+    rows = details.get("blocked") if isinstance(details, dict) else None
+    if not isinstance(rows, list):
+        return None
+    return {r["index"] for r in rows if isinstance(r, dict) and isinstance(r.get("index"), int)}
+
+
 class CrucibleClient:
     def __init__(
         self,
@@ -561,6 +573,7 @@ class WorkerSession:
         self._metric_seq: int = self.run.metric_seq
         self._replayed: dict[str, int] = dict(self.run.metric_steps)
         self.dropped_points = 0
+        self.blocked_samples = 0  # refused by the team's output filter (not stored)
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._preempt = threading.Event()
@@ -628,6 +641,15 @@ class WorkerSession:
             if exc.status in RETRY_STATUSES:
                 self._lost.set()  # still failing at the lease's end
                 raise
+            refused = blocked_rows(exc)
+            if refused is not None and item.path.endswith("/samples"):
+                samples = orjson.loads(item.content())["samples"]
+                rest = self._drop_blocked(samples, refused)
+                if rest:
+                    headers = {**item.headers, "Idempotency-Key": uuid.uuid4().hex}
+                    content = orjson.dumps({"samples": rest})
+                    self._deliver(Item(item.path, headers, len(content), body=content))
+                return
             log.error("run %s: the API refused a queued report to %s: %s", self.run_id,
                       item.path, exc)
         except httpx.TransportError:
@@ -822,7 +844,26 @@ class WorkerSession:
         return self._barrier("checkpoints", body)
 
     def add_samples(self, samples: list[dict[str, Any]]) -> Any:
-        return self._report("samples", {"samples": samples})
+        """Send a sample batch. Rows the team's output filter blocks (422
+        ``output_blocked``, naming them) are left out and counted in ``blocked_samples``;
+        the rest go again as a new batch (the server stores nothing of a refused batch)."""
+        try:
+            return self._report("samples", {"samples": samples})
+        except ApiError as exc:
+            refused = blocked_rows(exc)
+            if refused is None:
+                raise
+        rest = self._drop_blocked(samples, refused)
+        if not rest:
+            return {"stored": 0, "blocked": len(refused)}
+        return self.add_samples(rest)
+
+    def _drop_blocked(self, samples: list[dict[str, Any]], refused: set[int]
+                      ) -> list[dict[str, Any]]:
+        self.blocked_samples += len(refused)
+        log.warning("run %s: the output filter blocked %d of %d samples (%d so far); sending "
+                    "the rest", self.run_id, len(refused), len(samples), self.blocked_samples)
+        return [s for i, s in enumerate(samples) if i not in refused]
 
     def set_report(self, uri: str) -> Any:
         return self._barrier("artifacts", {"kind": "report", "uri": uri})

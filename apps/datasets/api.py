@@ -3,6 +3,10 @@ JSONL or Parquet file (multipart field ``file``; Parquet is recognised by its ma
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
+from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -19,8 +23,11 @@ from apps.datasets import records as rec
 from apps.datasets import selectors, services
 from apps.datasets.diff import DEFAULT_KEYS
 from apps.datasets.models import Dataset, DatasetVersion
+from apps.filtering import services as filtering
+from apps.filtering.models import Surface
 from apps.projects.selectors import project_by_slug
 from apps.teams.viewsets import TeamScopedViewSet
+from workers.filtering import Mode, screen_value
 
 MAX_OFFSET = 2**63 - 1  # record counts are BIGINT-sized; beyond that no record exists
 
@@ -263,6 +270,37 @@ class DatasetVersionViewSet(TeamScopedViewSet):
                 if offset < obj.record_count else [])
         return Response({"offset": offset, "limit": limit, "total": obj.record_count,
                          "records": rows})
+
+    @extend_schema(responses={(200, "application/x-ndjson"): OpenApiTypes.STR})
+    @action(detail=True, methods=["get"])
+    def export(self, request: Request, team: str, dataset: str, version: str
+               ) -> StreamingHttpResponse:
+        """The version's records as JSON lines, through the team's export filter: ``flag``
+        sends them as stored and says what it found in ``X-Crucible-Filter-*`` headers,
+        ``redact`` replaces each finding with ``[REDACTED:<kind>]``, ``block`` refuses
+        (422 ``output_blocked``) a version with any finding."""
+        obj = self._version()
+        lines = selectors.record_lines(obj)
+        screened = filtering.screen_jsonl(team_id=self.team.pk, surface=Surface.EXPORT,
+                                          lines=lines, target=("dataset-version", obj.digest))
+
+        def body() -> Iterator[bytes]:
+            for i, line in enumerate(lines()):
+                if screened.mode == Mode.REDACT and i in screened.hits:
+                    yield rec.canonical_line(
+                        screen_value(json.loads(line), Mode.REDACT).value) + b"\n"
+                else:
+                    yield line if line.endswith(b"\n") else line + b"\n"
+
+        response = StreamingHttpResponse(body(), content_type="application/x-ndjson")
+        response["Content-Disposition"] = (f'attachment; filename="{obj.dataset.slug}-'
+                                           f'v{obj.number}.jsonl"')
+        response["X-Crucible-Filter"] = screened.mode.value
+        if screened.mode != Mode.OFF:
+            kinds = sorted({k for ks in screened.hits.values() for k in ks})
+            response["X-Crucible-Filter-Records"] = str(len(screened.hits))
+            response["X-Crucible-Filter-Kinds"] = ",".join(kinds)
+        return response
 
     @extend_schema(
         parameters=[

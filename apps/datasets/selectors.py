@@ -104,6 +104,13 @@ def search_records(version: DatasetVersion, *, q: str = "", field: str = "", off
     return RecordPage(rows, ordered, matched, scanned, complete)
 
 
+def record_lines(version: DatasetVersion) -> Callable[[], Iterable[bytes]]:
+    """A way to read the version's canonical JSON lines (again: each call starts over)."""
+    if not version.record_count:
+        return lambda: iter(())
+    return lambda: store().open_lines(version.uri)
+
+
 def _lines(version: DatasetVersion | None) -> Callable[[], Iterable[bytes]]:
     if version is None:
         return lambda: iter(())

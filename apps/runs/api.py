@@ -17,6 +17,7 @@ from apps.core.exceptions import InvalidInput, NotFound
 from apps.core.idempotency import idempotent
 from apps.core.renderers import FastJSONRenderer
 from apps.core.storage import store
+from apps.filtering import selectors as filter_selectors
 from apps.metrics import selectors as metric_selectors
 from apps.runs import comparison, selectors, services
 from apps.runs.dashboard import MAX_COMPARE
@@ -254,7 +255,9 @@ class RunViewSet(TeamScopedViewSet):
             rows = rows.filter(step=step).order_by("id")
         else:
             rows = rows.order_by("-step", "-id")
-        return Response({"results": SampleSerializer(rows[:limit], many=True).data})
+        page = list(rows[:limit])
+        filter_selectors.attach_flags(obj.team_id, page)
+        return Response({"results": SampleSerializer(page, many=True).data})
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -158,8 +160,15 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class SampleSerializer(serializers.ModelSerializer):
+    # What the output filter found when the sample was stored (``{"action": "flag" |
+    # "redact", "kinds": [...]}``), else null; set on each object by the view.
+    filter = serializers.SerializerMethodField()
+
     class Meta:
         model = Sample
         fields = ["id", "step", "prompt", "completion", "reward", "reward_components",
-                  "advantage", "weight_version", "finish_reason", "created_at"]
+                  "advantage", "weight_version", "finish_reason", "created_at", "filter"]
         read_only_fields = fields
+
+    def get_filter(self, obj: Sample) -> dict[str, Any] | None:
+        return getattr(obj, "filter_flag", None)

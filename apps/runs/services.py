@@ -22,6 +22,8 @@ from apps.core.exceptions import Conflict, IllegalTransition, InvalidInput
 from apps.core.storage import store
 from apps.environments import services as environment_services
 from apps.environments.models import EnvironmentVersion
+from apps.filtering import services as filtering
+from apps.filtering.models import Surface
 from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
@@ -47,6 +49,7 @@ from apps.runs.stream import event_message
 from apps.runs.validation import RunPlan
 from apps.scheduling import services as scheduling_services
 from apps.scheduling.models import Allocation, Node
+from workers.filtering import Mode
 from workers.protocol import node_queue
 
 log = logging.getLogger(__name__)
@@ -728,10 +731,13 @@ def _delete_objects(uris: list[str]) -> None:
             log.warning("could not delete pruned checkpoint object %s", uri, exc_info=True)
 
 
-def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, Any]]) -> int:
+def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, Any]],
+                flags: dict[int, list[str]] | None = None, filter_mode: str = "off") -> int:
+    """Store a batch. ``flags``: the output filter's kinds per row index (rows already
+    redacted under ``redact``), logged as findings on the stored samples."""
     with transaction.atomic():
         run = leased(run, lease_id)
-        Sample.objects.bulk_create(
+        created = Sample.objects.bulk_create(
             Sample(run=run, team_id=run.team_id, step=r["step"], prompt=r["prompt"],
                    completion=r["completion"], reward=r.get("reward"),
                    reward_components=r.get("reward_components") or {},
@@ -739,6 +745,10 @@ def add_samples(*, actor: Actor, run: Run, lease_id: str, rows: list[dict[str, A
                    finish_reason=r.get("finish_reason") or "")
             for r in rows
         )
+        if flags:
+            filtering.log_many(team_id=run.team_id, surface=Surface.SAMPLES,
+                               action=Mode(filter_mode), target_type="sample",
+                               hits={created[i].pk: kinds for i, kinds in flags.items()})
         steps = [r["step"] for r in rows]
         audit.record(actor=actor, action="run.samples", team_id=run.team_id, target_type="run",
                      target_id=run.pk, data={"count": len(rows), "first_step": min(steps),

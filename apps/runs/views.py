@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.core.exceptions import DomainError
+from apps.filtering import selectors as filter_selectors
 from apps.projects import selectors as project_selectors
 from apps.runs import dashboard, selectors, services
 from apps.runs.forms import (
@@ -259,6 +260,7 @@ def _samples_context(run: Run, steps: list[int], request: HttpRequest) -> dict[s
     sort = request.GET.get("sort", "-reward")
     sort = sort if sort in dashboard.SAMPLE_SORTS else "-reward"
     samples = list(dashboard.step_samples(run, step, sort)) if step is not None else []
+    filter_selectors.attach_flags(run.team_id, samples)
     components = sorted({k for s in samples for k in (s.reward_components or {})})
     rl_samples = any(s.advantage is not None or s.weight_version is not None for s in samples)
     return {"sample_steps": steps, "sample_step": step, "sample_sort": sort,

@@ -19,8 +19,11 @@ from apps.core import limits
 from apps.core.exceptions import Forbidden, InvalidInput, PayloadTooLarge
 from apps.core.idempotency import idempotent
 from apps.core.protocol import parse
+from apps.filtering import services as filtering
+from apps.filtering.models import Surface
 from apps.metrics import services as metric_services
 from apps.runs import admission, selectors, services
+from apps.runs.leases import check_lease
 from apps.runs.models import Run
 from apps.runs.serializers import CheckpointSerializer
 from apps.sandbox import services as sandbox_services
@@ -154,10 +157,18 @@ class WorkerRunViewSet(WorkerViewSet):
                               field=f"samples[{i}].reward_components",
                               limit=limits.SMALL_JSON_BYTES)
         obj = self._run(run)
+        # Before the idempotent write: a blocked batch is refused (422) and its refusal stays
+        # logged; flagged or redacted rows are stored with their findings. A stale lease is
+        # refused first (the write checks it again, under the row lock).
+        check_lease(obj, self.lease_id)
+        screened = filtering.screen_rows(team_id=obj.team_id, surface=Surface.SAMPLES,
+                                         rows=samples, fields=("prompt", "completion"),
+                                         target=("run", obj.pk))
 
         def handler() -> Response:
             count = services.add_samples(actor=self.actor, run=obj, lease_id=self.lease_id,
-                                         rows=samples)
+                                         rows=screened.rows, flags=screened.hits,
+                                         filter_mode=screened.mode)
             return Response({"stored": count}, status=status.HTTP_201_CREATED)
 
         return idempotent(request, handler)

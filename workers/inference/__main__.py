@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="sequences sampled together at most")
     serve.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if present)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    serve.add_argument("--output-filter", choices=["off", "flag", "redact", "block"],
+                       default=os.environ.get("CRUCIBLE_OUTPUT_FILTER", "off"),
+                       help="secrets and e-mail addresses in completions: flag them, redact "
+                       "them, or block the choice (finish_reason content_filter); default "
+                       "$CRUCIBLE_OUTPUT_FILTER, else off. A team's serve policy is at "
+                       "GET /api/v1/teams/<team>/filtering/policy (docs/filtering.md)")
     serve.add_argument("--threads", type=int, help="torch/OpenMP/MKL threads (default: "
                        f"${threads.SETTING}, else the usable cores / ${threads.SHARERS})")
     args = parser.parse_args(argv)
@@ -45,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_forever(
             args.model, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
             chat_format=args.chat_format, max_rows=args.max_batch, device=args.device,
-            dtype=args.dtype,
+            dtype=args.dtype, output_filter=args.output_filter,
             on_ready=lambda url: print(f"serving {args.model} at {url}; {allot.describe()}",
                                        flush=True),
         )

@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from workers import threads
+from workers.filtering import Mode, screen_text
 from workers.inference.engine import Batcher, Policy, Sample, SamplingParams, TokenEvent
 from workers.inference.protocol import (
     ApiError,
@@ -51,6 +52,12 @@ class ServerConfig:
     model_name: str
     api_key: str | None = None
     max_rows: int = 64  # sequences per generation batch
+    # The output filter (workers.filtering) on every choice's text: flag adds a `filter`
+    # field, redact replaces findings with [REDACTED:<kind>], block empties the choice and
+    # ends it with finish_reason "content_filter" (OpenAI's own reason for that). Under
+    # redact and block a stream is sent once each choice is complete, and a choice with a
+    # finding loses its logprobs and token ids (they would spell the secret out).
+    output_filter: Mode = Mode.OFF
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -225,11 +232,18 @@ class OpenAIApp:
             if req.top_logprobs and not req.logprobs:
                 raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
             params, lengths = self._params(req, [prompt], req.limit(), top)
-            if req.stream:
+            if req.stream and not self._holds_streams:
                 return self._stream(self._chat_stream(req, prompt, params, lengths))
             results = await self._run([prompt], req.n, params, req.seed)
         except ApiError as err:
             return _error(err)
+        body = self._chat_body(req, prompt, results, lengths)
+        if req.stream:
+            return self._stream(self._chat_chunks(req, body))
+        return JSONResponse(body, headers=self._filter_header)
+
+    def _chat_body(self, req: ChatCompletionRequest, prompt: str, results: list[list[Sample]],
+                   lengths: list[int]) -> dict[str, Any]:
         as_ids = req.return_tokens_as_token_ids
         choices = []
         for i, s in enumerate(results[0]):
@@ -243,6 +257,7 @@ class OpenAIApp:
             }
             if req.return_token_ids:
                 choice["token_ids"] = s.token_ids
+            self._filter_choice(choice, choice["message"])
             choices.append(choice)
         body: dict[str, Any] = {"id": f"chatcmpl-{secrets.token_hex(12)}",
                                 "object": "chat.completion", "created": int(time.time()),
@@ -250,7 +265,7 @@ class OpenAIApp:
                                 "usage": self._usage(lengths, results)}
         if req.return_token_ids:
             body["prompt_token_ids"] = self.policy.encode(prompt)
-        return JSONResponse(body)
+        return body
 
     @staticmethod
     def _positions(s: Sample, shown: int) -> list[tuple[int, float, list[tuple[int, float]]]]:
@@ -279,11 +294,18 @@ class OpenAIApp:
             prompts = req.prompts()
             self._check_token_ids(prompts)
             params, lengths = self._params(req, prompts, req.max_tokens, req.logprobs or 0)
-            if req.stream:
+            if req.stream and not self._holds_streams:
                 return self._stream(self._completion_stream(req, prompts, params, lengths))
             results = await self._run(prompts, req.n, params, req.seed)
         except ApiError as err:
             return _error(err)
+        body = self._completion_body(req, prompts, results, lengths)
+        if req.stream:
+            return self._stream(self._completion_chunks(req, body))
+        return JSONResponse(body, headers=self._filter_header)
+
+    def _completion_body(self, req: CompletionRequest, prompts: list[Prompt],
+                         results: list[list[Sample]], lengths: list[int]) -> dict[str, Any]:
         as_ids = req.return_tokens_as_token_ids
         choices = []
         for p, samples in enumerate(results):
@@ -299,11 +321,11 @@ class OpenAIApp:
                 if req.return_token_ids:
                     choice["token_ids"] = s.token_ids
                     choice["prompt_token_ids"] = self.policy.encode(prompts[p])
+                self._filter_choice(choice, choice)
                 choices.append(choice)
-        body = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion",
+        return {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion",
                 "created": int(time.time()), "model": self.config.model_name,
                 "choices": choices, "usage": self._usage(lengths, results)}
-        return JSONResponse(body)
 
     def _prompt_text(self, prompt: Prompt) -> str:
         return prompt if isinstance(prompt, str) else self.policy.decode(list(prompt))
@@ -321,17 +343,99 @@ class OpenAIApp:
                                  for _, _, alts in positions],
                 "text_offset": offsets}
 
-    # ---- streaming -------------------------------------------------------------------------
+    # ---- output filter ---------------------------------------------------------------------
+
+    @property
+    def _holds_streams(self) -> bool:
+        """Redact and block need a choice's whole text: streams are sent once it is done."""
+        return self.config.output_filter in (Mode.REDACT, Mode.BLOCK)
+
+    @property
+    def _filter_header(self) -> dict[str, str]:
+        return {"x-crucible-filter": self.config.output_filter.value}
+
+    def _filter_choice(self, choice: dict[str, Any], holder: dict[str, Any]) -> None:
+        """Apply the output filter to one finished choice; ``holder`` has its text under
+        "content" (chat) or "text" (completions)."""
+        mode = self.config.output_filter
+        if mode == Mode.OFF:
+            return
+        key = "content" if "content" in holder else "text"
+        screened = screen_text(holder[key], mode)
+        if not screened.kinds:
+            return
+        choice["filter"] = {"action": mode.value, "kinds": list(screened.kinds)}
+        if mode == Mode.FLAG:
+            return
+        holder[key] = "" if mode == Mode.BLOCK else screened.value
+        if mode == Mode.BLOCK:
+            choice["finish_reason"] = "content_filter"
+        choice["logprobs"] = None
+        choice.pop("token_ids", None)
+
+    def _flag(self, text: str) -> dict[str, Any]:
+        """Under ``flag``: the `filter` field a streamed choice's last chunk carries."""
+        if self.config.output_filter != Mode.FLAG:
+            return {}
+        kinds = screen_text(text, Mode.FLAG).kinds
+        return {"filter": {"action": "flag", "kinds": list(kinds)}} if kinds else {}
 
     @staticmethod
-    def _stream(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def _chat_chunks(req: ChatCompletionRequest, body: dict[str, Any]
+                           ) -> AsyncIterator[dict[str, Any]]:
+        """A finished (filtered) chat completion as stream chunks: per choice its role, its
+        whole text with its logprobs and token ids, its finish; then usage if asked."""
+        head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+                "model": body["model"]}
+        for c in body["choices"]:
+            first: dict[str, Any] = {**head, "choices": [{
+                "index": c["index"], "delta": {"role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None}]}
+            if "prompt_token_ids" in body and c["index"] == 0:
+                first["prompt_token_ids"] = body["prompt_token_ids"]
+            yield first
+            text: dict[str, Any] = {"index": c["index"],
+                                    "delta": {"content": c["message"]["content"]},
+                                    "logprobs": c["logprobs"], "finish_reason": None}
+            if "token_ids" in c:
+                text["token_ids"] = c["token_ids"]
+            yield {**head, "choices": [text]}
+            last = {"index": c["index"], "delta": {}, "logprobs": None,
+                    "finish_reason": c["finish_reason"]}
+            if "filter" in c:
+                last["filter"] = c["filter"]
+            yield {**head, "choices": [last]}
+        if req.stream_options and req.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": body["usage"]}
+
+    @staticmethod
+    async def _completion_chunks(req: CompletionRequest, body: dict[str, Any]
+                                 ) -> AsyncIterator[dict[str, Any]]:
+        """A finished (filtered) completion as stream chunks: per choice its whole text
+        with its logprobs and token ids, then its finish; then usage if asked."""
+        head = {"id": body["id"], "object": "text_completion", "created": body["created"],
+                "model": body["model"]}
+        for c in body["choices"]:
+            text = {k: v for k, v in c.items() if k not in ("filter", "finish_reason")}
+            yield {**head, "choices": [{**text, "finish_reason": None}]}
+            last = {"index": c["index"], "text": "", "logprobs": None,
+                    "finish_reason": c["finish_reason"]}
+            if "filter" in c:
+                last["filter"] = c["filter"]
+            yield {**head, "choices": [last]}
+        if req.stream_options and req.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": body["usage"]}
+
+    # ---- streaming -------------------------------------------------------------------------
+
+    def _stream(self, chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         async def events() -> AsyncIterator[bytes]:
             async for chunk in chunks:
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+                                 headers={"cache-control": "no-cache", **self._filter_header})
 
     async def _tokens(self, prompts: list[Prompt], n: int, params: SamplingParams,
                       seed: int | None) -> AsyncIterator[TokenEvent | list[list[Sample]]]:
@@ -395,7 +499,7 @@ class OpenAIApp:
                 yield {**head, "choices": [{"index": i, "delta": {"content": rest},
                                             "logprobs": None, "finish_reason": None}]}
             yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
-                                        "finish_reason": s.finish_reason}]}
+                                        "finish_reason": s.finish_reason, **self._flag(s.text)}]}
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": self._usage(lengths, results)}
 
@@ -445,12 +549,14 @@ class OpenAIApp:
         for p, samples in enumerate(results):
             for j, s in enumerate(samples):
                 r = p * n + j
+                shown = self._prompt_text(prompts[p]) if req.echo else ""
                 rest = texts[r].finish(s.text)
                 if rest:
                     yield {**head, "choices": [{"index": r, "text": rest, "logprobs": None,
                                                 "finish_reason": None}]}
                 yield {**head, "choices": [{"index": r, "text": "", "logprobs": None,
-                                            "finish_reason": s.finish_reason}]}
+                                            "finish_reason": s.finish_reason,
+                                            **self._flag(shown + s.text)}]}
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": self._usage(lengths, results)}
 
@@ -492,11 +598,11 @@ class TextStream:
 
 def build_app(model_dir: str | Path, *, name: str | None = None, api_key: str | None = None,
               max_rows: int = 64, chat_format: str = "auto", device: str | None = None,
-              dtype: str = "auto") -> OpenAIApp:
+              dtype: str = "auto", output_filter: Mode | str = Mode.OFF) -> OpenAIApp:
     policy = Policy(model_dir, device=device, dtype=dtype,  # type: ignore[arg-type]
                     chat_format=chat_format)  # type: ignore[arg-type]
     config = ServerConfig(model_name=name or Path(model_dir).resolve().name, api_key=api_key,
-                          max_rows=max_rows)
+                          max_rows=max_rows, output_filter=Mode(output_filter))
     return OpenAIApp(policy, config)
 
 
@@ -546,7 +652,7 @@ def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     """Load the policy and serve it on a background thread; port 0 picks a free port.
 
     Returns once the server accepts connections. `options` go to `build_app` (name, api_key,
-    max_rows, chat_format, device, dtype).
+    max_rows, chat_format, device, dtype, output_filter).
     """
     oa = build_app(model_dir, **options)
     sock = _bind(host, port)

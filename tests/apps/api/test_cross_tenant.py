@@ -62,6 +62,7 @@ STRICT_BODIES = {
     "checkpoint-promote": {"note": "pwned"},
     "sandbox-session-exec": {"cmd": "echo pwned > f"},
     "sandbox-session-files": {"path": "f", "data": "cHduZWQ="},
+    "filter-policy": {"samples": "block"},
 }
 #: Team pages only admins may open (others get the page's 404, as outsiders do).
 ADMIN_PAGES = {"team-audit"}

@@ -199,7 +199,7 @@ def test_samples_by_step_with_their_rl_fields(sdk, worker, running) -> None:
     assert step2[1] | {"id": None, "created_at": None} == {
         "id": None, "created_at": None, "step": 2, "prompt": "p2-1", "completion": "c",
         "reward": 1.0, "reward_components": {"exact": 1.0}, "advantage": 0.5,
-        "weight_version": 1, "finish_reason": "stop"}
+        "weight_version": 1, "finish_reason": "stop", "filter": None}
     newest = sdk.run_samples("acme", str(run.pk), limit=3)
     assert [s["step"] for s in newest] == [3, 3, 2]
     assert sdk.run_samples("acme", str(run.pk), step=9) == []

@@ -24,6 +24,7 @@ from apps.capacity import views as capacity_views
 from apps.datasets import views as dataset_views
 from apps.environments import views as environment_views
 from apps.evals import views as eval_views
+from apps.filtering import views as filtering_views
 from apps.review import dataset_pages
 from apps.review import views as review_views
 from apps.runs import environment_pages
@@ -87,6 +88,7 @@ TEAM_PAGES = {
     ("alerts-page", alert_views.alerts_page),
     ("evals-page", eval_views.suite_list),
     ("eval-suite-page", eval_views.leaderboard),
+    ("team-filtering", filtering_views.filtering_page),
 }
 
 
