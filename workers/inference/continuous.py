@@ -37,6 +37,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -438,8 +439,7 @@ class ContinuousBatcher:
             if group.done < len(group.ids):
                 return  # the rest after the next decode step
             self._groups.popleft()
-            length = len(group.ids)
-            self.prefix.insert(group.ids, lambda: self.cache.export(None, length))
+            self.prefix.insert(group.ids, partial(self.cache.export, None, len(group.ids)))
             b = len(self._running)
             self.cache.stage_to_slots(list(range(b, b + len(group.seqs))), len(group.ids))
             self._running.extend(group.seqs)
