@@ -10,6 +10,16 @@ import sys
 from workers import threads
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.inference")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -37,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="do not reuse the keys/values of prompts seen before")
     serve.add_argument("--prefix-cache-tokens", type=int, default=16384,
                        help="tokens of cached prefixes kept (least recently used go first)")
-    serve.add_argument("--rope-scaling", type=json.loads, metavar="JSON",
+    serve.add_argument("--rope-scaling", type=_json_object, metavar="JSON",
                        help='long context, e.g. \'{"rope_type": "yarn", "factor": 4.0}\' '
                        "(as vLLM's hf_overrides take it)")
     serve.add_argument("--max-model-len", type=int,

@@ -183,3 +183,57 @@ def test_too_many_samples_and_empty_prompts_are_refused(policy):
             b.submit([[]], 1, GREEDY, None).result(30)
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1.0])
+def test_training_rollout_group_sharing_samples_as_unshared(policy, prompts, temperature):
+    """The RL engine's hf backend (`HFRollout`): a GRPO batch (2 prompts x 4 samples) prefilled
+    once per prompt gives the tokens and logprobs of prefilling every row, for one seed."""
+    from workers.rl.rollout import HFRollout
+    from workers.rl.spec import RolloutSpec
+
+    spec = RolloutSpec(max_new_tokens=12, temperature=temperature)
+    batch = [prompts[1]] * 4 + [prompts[3]] * 4
+    out = {}
+    for share in (True, False):
+        rollout = HFRollout(policy.model, policy.tok, share_prefix=share)
+        uniq, _, rows = rollout.encode(batch)
+        assert uniq.shape[0] == (2 if share else 8) and rows.shape == (8,)
+        out[share] = rollout.generate(batch, spec, torch.Generator().manual_seed(9))
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    assert torch.equal(out[True].completion_mask, out[False].completion_mask)
+    assert torch.allclose(out[True].logprobs, out[False].logprobs, atol=1e-5)
+    assert out[True].completion_mask.sum() >= 16
+
+
+def test_rope_scaling_serves_past_the_checkpoint_context(model_dir, capsys):
+    """yarn x2 over the checkpoint's 128 positions: the served context is 256, the model's
+    rotary embedding is yarn's, and (the lean forward knowing only default RoPE) requests run on
+    the static engine."""
+    from workers.inference.engine import Batcher
+    from workers.inference.server import build_app
+
+    oa = build_app(model_dir, rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    try:
+        assert oa.policy.context == 256
+        assert oa.policy.model.config.rope_parameters["rope_type"] == "yarn"
+        assert oa.policy.model.config.rope_parameters["original_max_position_embeddings"] == 128
+        assert oa.policy.model.model.rotary_emb.rope_type == "yarn"
+        assert isinstance(oa.batcher, Batcher)
+        ids = [3] * 150  # longer than the checkpoint's own context
+        sample = oa.batcher.submit([ids], 1, SamplingParams(0.0, 1.0, 4), None).result(60)[0][0]
+        assert 1 <= len(sample.token_ids) <= 4
+    finally:
+        oa.close()
+    with pytest.raises(ValueError, match="rope_type must be one of"):
+        build_app(model_dir, rope_scaling={"rope_type": "magic", "factor": 2.0})
+    with pytest.raises(ValueError, match="exceeds the checkpoint's context"):
+        build_app(model_dir, max_model_len=4096)
+    with pytest.raises(ValueError, match="continuous engine serves a plain fp32 Qwen3-MoE"):
+        build_app(model_dir, rope_scaling={"rope_type": "linear", "factor": 2.0},
+                  engine=EngineOptions(engine="continuous"))
+    from workers.inference.__main__ import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--model", str(model_dir), "--rope-scaling", "[1]"])
+    assert "expected a JSON object" in capsys.readouterr().err
