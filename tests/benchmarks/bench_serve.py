@@ -127,7 +127,8 @@ async def load(url: str, model: str, prompts: list[str], concurrency: int,
             r = await client.post(f"{url}/completions", json={
                 "model": model, "prompt": prompt, "max_tokens": max_tokens,
                 "temperature": 0})
-            r.raise_for_status()
+            if r.status_code != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
             latencies.append(time.perf_counter() - t0)
             tokens += int(r.json()["usage"]["completion_tokens"])
 

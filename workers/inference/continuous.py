@@ -287,6 +287,7 @@ class PrefixCache:
             for key in entry.keys:
                 if key not in self.index and other.tokens[: len(key)] == key:
                     self.index[key] = other_id
+                    other.keys.append(key)  # so its own eviction drops the key too
 
 
 @dataclass
@@ -457,19 +458,35 @@ class ContinuousBatcher:
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor, first: int) -> None:
         """Sample one token for seqs, the running rows first..first+len-1, from logits (N,V);
-        then retire the rows that finished."""
-        by_job: dict[int, list[int]] = {}
-        for i, s in enumerate(seqs):
-            by_job.setdefault(id(s.job), []).append(i)
+        then retire the rows that finished. Plain greedy rows (no repetition penalty) of all
+        requests are decided together; the others per request, with its own generator."""
         raw_all = logits.float().cpu()  # sampling runs on the CPU with each job's generator
+        plain = [i for i, s in enumerate(seqs)
+                 if s.job.params.temperature == 0.0 and s.job.params.repetition_penalty == 1.0]
+        if plain:
+            sub = raw_all if len(plain) == len(seqs) else raw_all[plain]
+            logp = torch.log_softmax(sub, dim=-1)  # greedy: the model's own logprobs
+            nxt = sub.argmax(-1)
+            self._record([seqs[i] for i in plain], nxt, logp)
+        by_job: dict[int, list[int]] = {}
+        taken = set(plain)
+        for i, s in enumerate(seqs):
+            if i not in taken:
+                by_job.setdefault(id(s.job), []).append(i)
         for rows in by_job.values():
+            # The request's rows in its own order: moving rows between slots reorders them,
+            # and its generator must meet them in the same order whatever else runs.
+            rows.sort(key=lambda i: seqs[i].row)
             job = seqs[rows[0]].job
-            self._sample_job(job, [seqs[i] for i in rows], raw_all[rows])
+            nxt, logp = self._draw(job, [seqs[i] for i in rows], raw_all[rows])
+            self._record([seqs[i] for i in rows], nxt, logp)
         finished = [first + i for i, s in enumerate(seqs) if self._finished(s)]
         for slot in sorted(finished, reverse=True):
             self._retire(slot)
 
-    def _sample_job(self, job: Any, seqs: list[_Seq], raw: torch.Tensor) -> None:
+    def _draw(self, job: Any, seqs: list[_Seq], raw: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One request's next tokens (N,) and the logprobs of its sampling distribution."""
         params = job.params
         state = self._state[id(job)]
         if params.repetition_penalty != 1.0:
@@ -478,34 +495,35 @@ class ContinuousBatcher:
                 seen[r, s.prompt + s.tokens] = True
             raw = repetition_penalty(raw, seen, params.repetition_penalty)
         if params.temperature == 0.0:  # greedy: the model's own logprobs (temperature 1)
-            logp = torch.log_softmax(raw, dim=-1)
-            nxt = raw.argmax(-1)
-        else:
-            logp = torch.log_softmax(raw / params.temperature, dim=-1)
-            probs = logp.exp()
-            probs = top_k_filter(probs, params.top_k)
-            probs = top_p_filter(probs, params.top_p)
-            probs = min_p_filter(probs, params.min_p)
-            nxt = torch.multinomial(probs, 1, generator=state.generator).squeeze(-1)
-        chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
-        picked = nxt.tolist()
-        alts: list[list[tuple[int, float]]] = [[] for _ in seqs]
-        if params.top_logprobs:
-            vals, idx = logp.topk(params.top_logprobs, dim=-1)
-            alts = [list(zip(i, v, strict=True))
-                    for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+            return raw.argmax(-1), torch.log_softmax(raw, dim=-1)
+        logp = torch.log_softmax(raw / params.temperature, dim=-1)
+        probs = logp.exp()
+        probs = top_k_filter(probs, params.top_k)
+        probs = top_p_filter(probs, params.top_p)
+        probs = min_p_filter(probs, params.min_p)
+        return torch.multinomial(probs, 1, generator=state.generator).squeeze(-1), logp
+
+    def _record(self, seqs: list[_Seq], nxt: torch.Tensor, logp: torch.Tensor) -> None:
+        """Append each row's token, its logprob and (when its request asks) the top
+        alternatives; check stop strings; stream the token."""
         from workers.inference.engine import TokenEvent
 
+        chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
+        picked = nxt.tolist()
         for r, s in enumerate(seqs):
+            params = s.job.params
             s.tokens.append(picked[r])
             s.logprobs.append(chosen[r])
+            alts: list[tuple[int, float]] = []
             if params.top_logprobs:
-                s.tops.append(alts[r])
+                vals, idx = logp[r].topk(params.top_logprobs)
+                alts = list(zip(idx.tolist(), vals.tolist(), strict=True))
+                s.tops.append(alts)
             if params.stop and picked[r] != self.eos:
                 text: str = self.policy.tok.decode(s.tokens, skip_special_tokens=True)  # type: ignore[assignment]
                 s.hit_stop = cut_at_stop(text, list(params.stop))[1]
-            if job.on_token is not None:
-                job.on_token(TokenEvent(s.row, picked[r], chosen[r], alts[r]))
+            if s.job.on_token is not None:
+                s.job.on_token(TokenEvent(s.row, picked[r], chosen[r], alts))
 
     def _finished(self, s: _Seq) -> bool:
         return (s.tokens[-1] == self.eos or s.hit_stop

@@ -237,3 +237,42 @@ def test_rope_scaling_serves_past_the_checkpoint_context(model_dir, capsys):
     with pytest.raises(SystemExit):
         cli_main(["serve", "--model", str(model_dir), "--rope-scaling", "[1]"])
     assert "expected a JSON object" in capsys.readouterr().err
+
+
+def test_prefix_cache_evicts_least_recent_and_never_points_at_evicted_entries():
+    """A prompt Y, then its conversation W = Y + more: evicting Y leaves Y's own key pointing
+    at W (which starts with it); evicting W later must drop that key too."""
+    from workers.inference.continuous import PrefixCache
+
+    cache = PrefixCache(budget_tokens=64)
+    kv = [(torch.zeros(1, 40, 1), torch.zeros(1, 40, 1))]
+    y = list(range(20))
+    w = y + list(range(100, 120))
+    cache.insert(y, lambda: kv)
+    cache.insert(w, lambda: kv)
+    cache.insert(list(range(200, 220)), lambda: kv)  # evicts y: its key now finds w
+    assert cache.entries[cache.index[tuple(y)]].tokens == tuple(w)
+    cache.insert(list(range(300, 320)), lambda: kv)  # evicts w
+    assert cache.tokens == 40 and len(cache.entries) == 2
+    for key, eid in cache.index.items():
+        assert eid in cache.entries and cache.entries[eid].tokens[: len(key)] == key
+    assert cache.lookup(y) == (0, None)
+    assert cache.lookup(list(range(200, 220)) + [5])[0] == 16  # its last full block
+
+
+def test_a_seeded_request_samples_the_same_whatever_runs_beside_it(policy, prompts):
+    """Rows move between slots as other requests finish; a seeded request's generator still
+    meets its rows in its own order, so its samples are those it draws alone."""
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=20)
+    alone, busy = engine(policy), engine(policy)
+    try:
+        want = tokens(alone.submit([prompts[0]], 4, params, 21))
+        others = [busy.submit([p], 1, SamplingParams(0.0, 1.0, 1 + 2 * i), None)
+                  for i, p in enumerate(prompts[1:])]
+        got = tokens(busy.submit([prompts[0]], 4, params, 21))
+        for f in others:
+            f.result(60)
+    finally:
+        alone.close()
+        busy.close()
+    assert got == want
