@@ -205,6 +205,7 @@ def main() -> None:
     parser.add_argument("--rollout-prompt", type=int, default=120,
                         help="words per rollout prompt (a few hundred tokens)")
     parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--skip-rollout", action="store_true")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -264,12 +265,13 @@ def main() -> None:
                     lines.append(line(f"serve_latency_{q}_s_c{c}", med("crucible", c, q),
                                       "transformers", med("transformers", c, q), "<=1",
                                       ".3f"))
-        roll = rollout_figures(ckpt, args.groups, args.group_size, args.rollout_prompt,
-                               max(1, args.rounds))
-        lines.append(line("rollout_group_tokens_per_s", roll["hf_shared"], "unshared",
-                          roll["hf_unshared"], ">=1"))
-        lines.append(line("serve_group_tokens_per_s", roll["cb_shared"], "unshared",
-                          roll["cb_unshared"], ">=1"))
+        if not args.skip_rollout:
+            roll = rollout_figures(ckpt, args.groups, args.group_size, args.rollout_prompt,
+                                   max(1, args.rounds))
+            lines.append(line("rollout_group_tokens_per_s", roll["hf_shared"], "unshared",
+                              roll["hf_unshared"], ">=1"))
+            lines.append(line("serve_group_tokens_per_s", roll["cb_shared"], "unshared",
+                              roll["cb_unshared"], ">=1"))
         print(f"load average: {os.getloadavg()}")
         for text in lines:
             print(text)
