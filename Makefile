@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora clean
+.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora bench-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +54,7 @@ bench-ingest: $(STAMP)
 bench-filter: $(STAMP)
 	nice $(PY) -m tests.benchmarks.bench_filtering
 
-bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora
+bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora bench-serve
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
@@ -89,6 +89,12 @@ bench-grad-compress: $(STAMP)
 # trainable parameters, AdamW state and learner bytes, update and whole-loop step time.
 bench-lora: $(STAMP)
 	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_lora
+
+# The OpenAI-compatible server (continuous batching, prefix cache) against `transformers serve`
+# on the same checkpoint: tokens/s and p50/p95 latency at concurrency 1, 8, 32 for 256 requests
+# (BENCH_SERVE_REQUESTS=N for fewer), and GRPO group sampling with and without prefix sharing.
+bench-serve: $(STAMP)
+	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_serve
 
 clean:
 	rm -rf var/

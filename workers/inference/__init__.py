@@ -4,7 +4,10 @@ Serves a Hugging Face checkpoint directory (e.g. `<run>/final` or `<run>/step-00
 written by the RL engine) so `verifiers`, the data-synthesis generators and evaluation can call
 "our inference" like any OpenAI endpoint: `POST /v1/chat/completions`, `POST /v1/completions`
 (n, temperature, top_p, max_tokens, stop, seed, logprobs, stream), `GET /v1/models`, with token
-usage. Sampling goes through the RL engine's own rollout path (`workers.rl.rollout.HFRollout`).
+usage. Sampling is the RL engine's own: for the Qwen3-MoE policies it trains, a continuous
+scheduler over its lean forward (`workers.inference.continuous`: requests join and leave the
+running batch between decode steps, prefix caching, chunked prefill); for any other model its
+rollout path (`workers.rl.rollout.HFRollout`). See docs/serving.md.
 
 Prompts for chat requests (`chat_format`, default "auto"): the format the checkpoint records in
 `prompt_format.json` (written by the RL engine beside every model it saves: "raw", the plain

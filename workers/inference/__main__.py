@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
 from workers import threads
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +36,22 @@ def main(argv: list[str] | None = None) -> int:
                        "Crucible trained), else the tokenizer's template, else 'role: text'")
     serve.add_argument("--max-batch", type=int, default=64,
                        help="sequences sampled together at most")
+    serve.add_argument("--engine", choices=["auto", "continuous", "static"], default="auto",
+                       help="continuous: requests join and leave the running batch between "
+                       "decode steps (a plain fp32 Qwen3-MoE, what Crucible trains); static: "
+                       "batches of requests with equal settings; auto: continuous where it fits")
+    serve.add_argument("--prefill-chunk", type=int, default=512,
+                       help="prompt tokens prefilled between two decode steps at most "
+                       "(chunked prefill of long prompts)")
+    serve.add_argument("--no-prefix-caching", action="store_true",
+                       help="do not reuse the keys/values of prompts seen before")
+    serve.add_argument("--prefix-cache-tokens", type=int, default=16384,
+                       help="tokens of cached prefixes kept (least recently used go first)")
+    serve.add_argument("--rope-scaling", type=_json_object, metavar="JSON",
+                       help='long context, e.g. \'{"rope_type": "yarn", "factor": 4.0}\' '
+                       "(as vLLM's hf_overrides take it)")
+    serve.add_argument("--max-model-len", type=int,
+                       help="context served (default: the checkpoint's, times the RoPE factor)")
     serve.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if present)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     serve.add_argument("--output-filter", choices=["off", "flag", "redact", "block"],
@@ -44,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    from workers.inference.engine import EngineOptions
     from workers.inference.server import serve_forever
     from workers.rl.model import ModelDirError
 
@@ -52,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             args.model, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
             chat_format=args.chat_format, max_rows=args.max_batch, device=args.device,
             dtype=args.dtype, output_filter=args.output_filter,
+            rope_scaling=args.rope_scaling, max_model_len=args.max_model_len,
+            engine=EngineOptions(engine=args.engine, prefill_chunk=args.prefill_chunk,
+                                 prefix_caching=not args.no_prefix_caching,
+                                 prefix_cache_tokens=args.prefix_cache_tokens),
             on_ready=lambda url: print(f"serving {args.model} at {url}; {allot.describe()}",
                                        flush=True),
         )

@@ -1,7 +1,11 @@
 """The served policy: a Hugging Face checkpoint directory sampled through the RL engine's own
-rollout path (`HFRollout`), so "our inference" samples exactly as training does.
+rollout path, so "our inference" samples exactly as training does.
 
-One thread owns the model. Requests that arrive while it is busy and share their sampling
+One thread owns the model. For the models the RL engine trains (a plain fp32 Qwen3-MoE, see
+`workers.rl.lean`) that thread is the continuous scheduler (`workers.inference.continuous`):
+requests join and leave the running batch between decode steps, shared prompts prefill once,
+cached prefixes are reused, long prompts prefill in chunks. Any other model samples through
+`HFRollout` with `Batcher`: requests that arrive while it is busy and share their sampling
 settings are merged into one batch (a request with a `seed` runs alone, so the same request
 always gives the same completions). Every decode step reports each row's token, its logprob and
 the top alternatives from that step's logits (`TokenEvent`); a streaming request receives them
@@ -17,11 +21,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from workers.inference.continuous import ContinuousBatcher, can_serve
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
 from workers.rl.prompt_format import Layout
@@ -109,6 +114,31 @@ def raw_chat(messages: list[tuple[str, str]], layout: Layout = "single_turn",
         raise ChatFormatError(f"chat format 'raw': {exc}") from None
 
 
+ROPE_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+def long_context_config(config: Any, rope_scaling: dict[str, Any],
+                        max_model_len: int | None) -> Any:
+    """The checkpoint's config with its RoPE parameters replaced for a longer context:
+    `rope_scaling` as vLLM's `hf_overrides` and Qwen's model cards give it (`rope_type`,
+    `factor`, and for yarn optionally `original_max_position_embeddings`)."""
+    kind = rope_scaling.get("rope_type") or rope_scaling.get("type")
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling.rope_type must be one of {', '.join(ROPE_TYPES)}; "
+                         f"got {kind!r}")
+    factor = rope_scaling.get("factor")
+    if not isinstance(factor, int | float) or factor < 1.0:
+        raise ValueError("rope_scaling.factor must be a number >= 1")
+    base = dict(getattr(config, "rope_parameters", None) or {})
+    original = int(getattr(config, "max_position_embeddings", 0) or 0)
+    params = {**base, **{k: v for k, v in rope_scaling.items() if k != "type"},
+              "rope_type": kind}
+    params.setdefault("original_max_position_embeddings", original)
+    config.rope_parameters = params
+    config.max_position_embeddings = max_model_len or int(original * float(factor))
+    return config
+
+
 class Policy:
     """A causal LM and its tokenizer loaded from a checkpoint directory."""
 
@@ -119,7 +149,12 @@ class Policy:
         device: str | None = None,
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
         chat_format: ChatFormat = "auto",
+        rope_scaling: dict[str, Any] | None = None,
+        max_model_len: int | None = None,
     ) -> None:
+        """`rope_scaling` (e.g. `{"rope_type": "yarn", "factor": 4.0}`) replaces the
+        checkpoint's RoPE parameters for long contexts; `max_model_len` sets the context served
+        (default: the checkpoint's, times a scaling factor)."""
         path = check_model_dir(model_dir)
         self.path = path
         self.tok = load_tokenizer(path)
@@ -127,8 +162,12 @@ class Policy:
         if dtype == "auto":
             bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
             dtype = "bfloat16" if bf16 else "float32"
+        overrides: dict[str, Any] = {}
+        if rope_scaling is not None:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            overrides["config"] = long_context_config(config, rope_scaling, max_model_len)
         model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=getattr(torch, dtype)
+            path, local_files_only=True, dtype=getattr(torch, dtype), **overrides
         )
         # transformers types `to` (a wrapped method) as taking the model again.
         self.model = model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
@@ -137,6 +176,12 @@ class Policy:
         # borrowed"): the batcher thread samples with `tok`, request handlers use their own.
         self.request_tok = copy.deepcopy(self.tok)
         self.context: int | None = getattr(model.config, "max_position_embeddings", None)
+        if max_model_len is not None:
+            if self.context is not None and rope_scaling is None and max_model_len > self.context:
+                raise ValueError(f"max_model_len {max_model_len} exceeds the checkpoint's "
+                                 f"context of {self.context} tokens; give rope_scaling to "
+                                 "stretch it")
+            self.context = max_model_len
         has_template = bool(getattr(self.tok, "chat_template", None))
         # How the checkpoint was trained (prompt_format.json), when the RL engine wrote it.
         self.recorded = prompt_formats.read(path)
@@ -237,6 +282,33 @@ class Policy:
             out.append(Sample(ids, lps[i][: len(ids)], tops[i][: len(ids)] if k else [], text,
                               "stop" if ended or hit_stop else "length", eos=ended))
         return out
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the served policy schedules its sequences (the serve command's flags)."""
+
+    engine: Literal["auto", "continuous", "static"] = "auto"
+    prefill_chunk: int = 512  # prompt tokens prefilled per scheduler iteration at most
+    prefix_caching: bool = True
+    prefix_cache_tokens: int = 16384  # tokens of cached prefixes kept (LRU)
+
+
+def make_batcher(policy: Policy, max_rows: int, options: EngineOptions | None = None
+                 ) -> Batcher | ContinuousBatcher:
+    """The continuous scheduler where it is exact for the model, else the merging `Batcher`."""
+    opts = options or EngineOptions()
+    if opts.prefill_chunk < 1 or opts.prefix_cache_tokens < 0 or max_rows < 1:
+        raise ValueError("prefill_chunk and max_rows must be >= 1, prefix_cache_tokens >= 0")
+    fits = can_serve(policy.model)
+    if opts.engine == "continuous" and not fits:
+        raise ValueError("the continuous engine serves a plain fp32 Qwen3-MoE with default "
+                         "RoPE (see workers/rl/lean.py); use engine 'static' for this model")
+    if opts.engine == "static" or not fits:
+        return Batcher(policy, max_rows)
+    return ContinuousBatcher(policy, max_rows, prefill_chunk=opts.prefill_chunk,
+                             prefix_cache_tokens=opts.prefix_cache_tokens,
+                             prefix_caching=opts.prefix_caching)
 
 
 class Batcher:

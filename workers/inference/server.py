@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP routes (Starlette) over a `Batcher`, and ways to run them.
+"""OpenAI-compatible HTTP routes (Starlette) over the policy's scheduler (`make_batcher`: the
+continuous one for the models the RL engine trains), and ways to run them.
 
 Routes: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`,
 `POST /v1/completions`, `GET /health`. Streaming (`stream: true`) is answered in the SSE
@@ -22,6 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,14 @@ from starlette.routing import Route
 
 from workers import threads
 from workers.filtering import Mode, screen_text
-from workers.inference.engine import Batcher, Policy, Sample, SamplingParams, TokenEvent
+from workers.inference.engine import (
+    EngineOptions,
+    Policy,
+    Sample,
+    SamplingParams,
+    TokenEvent,
+    make_batcher,
+)
 from workers.inference.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -58,6 +67,7 @@ class ServerConfig:
     # redact and block a stream is sent once each choice is complete, and a choice with a
     # finding loses its logprobs and token ids (they would spell the secret out).
     output_filter: Mode = Mode.OFF
+    engine: EngineOptions = EngineOptions()
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -69,7 +79,7 @@ class OpenAIApp:
 
     def __init__(self, policy: Policy, config: ServerConfig) -> None:
         self.policy, self.config = policy, config
-        self.batcher = Batcher(policy, config.max_rows)
+        self.batcher = make_batcher(policy, config.max_rows, config.engine)
         self.created = int(time.time())
         self.app = Starlette(
             routes=[
@@ -146,6 +156,13 @@ class OpenAIApp:
                                                     else req.repetition_penalty))
         return params, lengths
 
+    def _check_n(self, n: int) -> None:
+        """The continuous scheduler runs a prompt's n samples side by side: they must fit."""
+        limit = getattr(self.batcher, "max_n", None)
+        if limit is not None and n > limit:
+            raise ApiError(f"n={n} exceeds this server's batch of {limit} sequences "
+                           "(serve --max-batch)", param="n")
+
     def _check_token_ids(self, prompts: list[Prompt]) -> None:
         vocab = self.policy.vocab_size
         for i, p in enumerate(prompts):
@@ -158,8 +175,15 @@ class OpenAIApp:
 
     async def _run(self, prompts: list[Prompt], n: int, params: SamplingParams,
                    seed: int | None) -> list[list[Sample]]:
-        fut = self.batcher.submit(prompts, n, params, seed)
+        fut = self._submit(prompts, n, params, seed)
         return await asyncio.wrap_future(fut)
+
+    def _submit(self, prompts: list[Prompt], n: int, params: SamplingParams, seed: int | None,
+                on_token: Callable[[TokenEvent], None] | None = None) -> Future:
+        try:
+            return self.batcher.submit(prompts, n, params, seed, on_token=on_token)
+        except ValueError as exc:  # more rows than the batch holds
+            raise ApiError(str(exc), param="n") from None
 
     def _start_stream(self, prompts: list[Prompt], n: int, params: SamplingParams,
                       seed: int | None) -> asyncio.Queue[tuple[str, Any]]:
@@ -174,8 +198,7 @@ class OpenAIApp:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        fut = self.batcher.submit(prompts, n, params, seed,
-                                  on_token=lambda ev: put(("token", ev)))
+        fut = self._submit(prompts, n, params, seed, on_token=lambda ev: put(("token", ev)))
         fut.add_done_callback(lambda f: put(("done", f)))
         return queue
 
@@ -232,6 +255,7 @@ class OpenAIApp:
             if req.top_logprobs and not req.logprobs:
                 raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
             params, lengths = self._params(req, [prompt], req.limit(), top)
+            self._check_n(req.n)
             if req.stream and not self._holds_streams:
                 return self._stream(self._chat_stream(req, prompt, params, lengths))
             results = await self._run([prompt], req.n, params, req.seed)
@@ -294,6 +318,7 @@ class OpenAIApp:
             prompts = req.prompts()
             self._check_token_ids(prompts)
             params, lengths = self._params(req, prompts, req.max_tokens, req.logprobs or 0)
+            self._check_n(req.n)
             if req.stream and not self._holds_streams:
                 return self._stream(self._completion_stream(req, prompts, params, lengths))
             results = await self._run(prompts, req.n, params, req.seed)
@@ -598,11 +623,16 @@ class TextStream:
 
 def build_app(model_dir: str | Path, *, name: str | None = None, api_key: str | None = None,
               max_rows: int = 64, chat_format: str = "auto", device: str | None = None,
-              dtype: str = "auto", output_filter: Mode | str = Mode.OFF) -> OpenAIApp:
+              dtype: str = "auto", engine: EngineOptions | None = None,
+              rope_scaling: dict[str, Any] | None = None,
+              max_model_len: int | None = None,
+              output_filter: Mode | str = Mode.OFF) -> OpenAIApp:
     policy = Policy(model_dir, device=device, dtype=dtype,  # type: ignore[arg-type]
-                    chat_format=chat_format)  # type: ignore[arg-type]
+                    chat_format=chat_format,  # type: ignore[arg-type]
+                    rope_scaling=rope_scaling, max_model_len=max_model_len)
     config = ServerConfig(model_name=name or Path(model_dir).resolve().name, api_key=api_key,
-                          max_rows=max_rows, output_filter=Mode(output_filter))
+                          max_rows=max_rows, engine=engine or EngineOptions(),
+                          output_filter=Mode(output_filter))
     return OpenAIApp(policy, config)
 
 
@@ -652,7 +682,7 @@ def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     """Load the policy and serve it on a background thread; port 0 picks a free port.
 
     Returns once the server accepts connections. `options` go to `build_app` (name, api_key,
-    max_rows, chat_format, device, dtype, output_filter).
+    max_rows, chat_format, device, dtype, engine, rope_scaling, max_model_len, output_filter).
     """
     oa = build_app(model_dir, **options)
     sock = _bind(host, port)

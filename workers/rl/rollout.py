@@ -123,10 +123,13 @@ class HFRollout:
     ranks gather parameters collectively in each forward, so all ranks must run equally many.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, lockstep: bool = False):
+    def __init__(self, model: torch.nn.Module, tokenizer, lockstep: bool = False,
+                 share_prefix: bool = True):
         self.model = model
         self.tok = tokenizer
         self.lockstep = lockstep
+        # A group's copies of one prompt prefill once (off only to measure what that saves).
+        self.share_prefix = share_prefix
         self._modules: tuple[torch.nn.Module | None, list[torch.nn.Module]] = (None, [])
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -189,14 +192,14 @@ class HFRollout:
         """Left-padded ids and mask of the distinct prompts, and the (B,) row of each prompt
         in them: a group repeats its prompt `group_size` times, tokenized and prefilled once.
         A prompt may also be given as token ids (used as they are)."""
-        if all(isinstance(p, str) for p in prompts):
+        if self.share_prefix and all(isinstance(p, str) for p in prompts):
             uniq = list(dict.fromkeys(prompts))
             enc = self.tok(uniq, return_tensors="pt", padding=True, add_special_tokens=False)
             row = {p: i for i, p in enumerate(uniq)}
             idx = torch.tensor([row[p] for p in prompts], dtype=torch.long)
             return enc["input_ids"], enc["attention_mask"], idx
         keys = [p if isinstance(p, str) else tuple(int(t) for t in p) for p in prompts]
-        uniq_keys = list(dict.fromkeys(keys))
+        uniq_keys = list(dict.fromkeys(keys)) if self.share_prefix else keys
         seqs = [list(self.tok(k, add_special_tokens=False)["input_ids"]) if isinstance(k, str)
                 else list(k) for k in uniq_keys]
         width = max(len(s) for s in seqs)
@@ -206,6 +209,8 @@ class HFRollout:
             if s:
                 ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
                 mask[i, width - len(s):] = 1
+        if not self.share_prefix:  # every row its own prompt
+            return ids, mask, torch.arange(len(keys), dtype=torch.long)
         at = {k: i for i, k in enumerate(uniq_keys)}
         return ids, mask, torch.tensor([at[k] for k in keys], dtype=torch.long)
 

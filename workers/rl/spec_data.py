@@ -47,6 +47,28 @@ class DataCacheSpec(_Strict):
         return self
 
 
+class RopeScalingSpec(_Strict):
+    """Long context by RoPE scaling: the checkpoint's `rope_parameters` with these replaced,
+    as vLLM's `hf_overrides` and Qwen's model cards give them (e.g. yarn, factor 4 over 32k)."""
+
+    rope_type: Literal["linear", "dynamic", "yarn", "longrope", "llama3"] = "yarn"
+    factor: Annotated[float, Field(ge=1.0)] = 4.0
+    original_max_position_embeddings: PosInt | None = None  # default: the checkpoint's
+
+    def overrides(self, config: dict) -> dict:
+        """`hf_overrides` for a checkpoint whose config.json is `config`: its RoPE parameters
+        (rope_theta kept) with these set, and the stretched context."""
+        base = dict(config.get("rope_parameters") or {})
+        if "rope_theta" in config:
+            base.setdefault("rope_theta", config["rope_theta"])
+        original = self.original_max_position_embeddings or config.get(
+            "max_position_embeddings")
+        params = {**base, "rope_type": self.rope_type, "factor": self.factor}
+        if original:
+            params["original_max_position_embeddings"] = original
+        return {"rope_parameters": params}
+
+
 class VllmSpec(_Strict):
     """The vLLM rollout engine (`rollout.backend = "vllm"`, GPU pools; `pip install .[gpu]`).
 
@@ -62,6 +84,8 @@ class VllmSpec(_Strict):
     enable_chunked_prefill: bool = True  # long prompts prefill in chunks beside decodes
     max_num_batched_tokens: PosInt | None = None  # chunk budget per engine step
     max_num_seqs: PosInt | None = None
+    # Long context: RoPE scaling (set max_model_len to the stretched length, e.g. 4 x 32k).
+    rope_scaling: RopeScalingSpec | None = None
     enforce_eager: bool = False  # skip CUDA graph capture (faster start, slower decode)
     sleep_between_steps: bool = False  # free vLLM's KV cache while the trainer runs
     sync_timeout_s: PosFloat = 300.0  # a weight push slower than this fails loudly

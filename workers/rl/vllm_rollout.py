@@ -23,6 +23,7 @@ to `pip install .[gpu]`. Needs vLLM >= 0.11 (`logprobs_mode`, V1 engine).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -238,6 +239,9 @@ class VllmRollout:
         for key in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(spec, key) is not None:
                 kwargs[key] = getattr(spec, key)
+        if spec.rope_scaling is not None:
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            kwargs["hf_overrides"] = spec.rope_scaling.overrides(config)
         self.llm = vllm.LLM(**kwargs)
         self._asleep = False
 

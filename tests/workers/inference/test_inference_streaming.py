@@ -9,36 +9,36 @@ import threading
 import pytest
 import torch
 
-from workers.inference.engine import Policy
 from workers.rl.rollout import min_p_filter, repetition_penalty, top_k_filter
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "2+5="}], "max_tokens": 8,
         "seed": 3, "n": 2, "temperature": 1.0}
 
 
-def test_chunks_arrive_while_the_batch_is_still_sampling(client, policy, monkeypatch):
+def test_chunks_arrive_while_the_batch_is_still_sampling(client, server, monkeypatch):
     """The sampler is held after its first token until the client has read that token's
     chunk: the chunk cannot have come from a finished generation."""
     read_one, released = threading.Event(), threading.Event()
     held: list[bool] = []
-    generate = Policy.generate
+    batcher = server.openai_app.batcher
+    submit = batcher.submit
 
-    def gated(self, prompts, params, seed, on_token=None):
+    def gated(prompts, n, params, seed, on_token=None):
         seen = [0]
 
         def relay(ev):
             on_token(ev)
             seen[0] += 1
-            if seen[0] == 1:  # the batcher's thread waits here, mid-generation
+            if seen[0] == 1:  # the scheduler's thread waits here, mid-generation
                 held.append(read_one.wait(timeout=60))
                 released.set()
 
-        return generate(self, prompts, params, seed, relay if on_token else None)
+        return submit(prompts, n, params, seed, on_token=relay if on_token else None)
 
     body = {**CHAT, "n": 1, "max_tokens": 12, "temperature": 0, "logprobs": True}
     full = client.chat.completions.create(**body).choices[0]
     assert len(full.logprobs.content) >= 2  # more to sample after the first token
-    monkeypatch.setattr(Policy, "generate", gated)
+    monkeypatch.setattr(batcher, "submit", gated)
     stream = client.chat.completions.create(**body, stream=True)
     for chunk in stream:
         if chunk.choices and chunk.choices[0].logprobs:  # the first token's own chunk

@@ -217,3 +217,19 @@ def test_vllm_weight_push_is_versioned_and_takes_effect(engine, tokenizer):
     assert torch.allclose(lp, torch.full_like(lp, -math.log(len(tokenizer))), atol=1e-3)
     with pytest.raises(ValueError, match="not newer"):
         backend.load_state(model.state_dict(), before + 1)
+
+
+def test_rope_scaling_becomes_vllm_hf_overrides():
+    """vLLM's long-context recipe: `hf_overrides={"rope_parameters": ...}` keeping the
+    checkpoint's rope_theta, with the original context defaulting to the checkpoint's."""
+    spec = VllmSpec(max_model_len=131072, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    config = {"max_position_embeddings": 32768,
+              "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}
+    assert spec.rope_scaling is not None
+    assert spec.rope_scaling.overrides(config) == {"rope_parameters": {
+        "rope_theta": 1000000.0, "rope_type": "yarn", "factor": 4.0,
+        "original_max_position_embeddings": 32768}}
+    with pytest.raises(ValidationError, match="factor"):
+        VllmSpec(rope_scaling={"factor": 0.5})
+    with pytest.raises(ValidationError, match="rope_type"):
+        VllmSpec(rope_scaling={"rope_type": "ntk-magic"})
