@@ -42,7 +42,8 @@ BENCH_WRITERS (4), BENCH_BATCHES (10), BENCH_REPEATS (3), BENCH_READS (50),
 BENCH_READ_POINTS (1000000), BENCH_PG, BENCH_REDIS_URL (redis://127.0.0.1:6379/13; "" for none),
 BENCH_CRUCIBLE_DB / BENCH_MLFLOW_DB (crucible_bench / mlflow_bench), BENCH_MLFLOW_SPEC
 (mlflow==3.17.2), BENCH_SERVER_WORKERS (2), BENCH_KEEP_DB (0: drop both databases at the end),
-BENCH_SECTIONS (ingest,read,concurrent: which parts to run), BENCH_LOAD_PROCS (0: this many
+BENCH_SECTIONS (ingest,read,concurrent: which parts to run), BENCH_DB_POOL (10: each Crucible
+web process's database pool, DATABASE_POOL_SIZE; 0 for none), BENCH_LOAD_PROCS (0: this many
 `nice -n 19` busy loops in the background, to hold the figures at a known load).
 """
 
@@ -111,6 +112,9 @@ CONCURRENT_POINTS = _env_int("BENCH_CONCURRENT_POINTS", 10_000_000)
 CONCURRENT_CLIENTS = _env_int("BENCH_CONCURRENT_CLIENTS", 16)
 CONCURRENT_WEBS = _env_int("BENCH_CONCURRENT_WEBS", 2)
 CONCURRENT_BATCH = _env_int("BENCH_CONCURRENT_BATCH", BATCH_SIZE)
+# Each Crucible web process's database pool (DATABASE_POOL_SIZE); 0: Django's persistent
+# connections, which under ASGI pile up with many concurrent clients (see config/settings.py).
+DB_POOL = _env_int("BENCH_DB_POOL", 10)
 # Which parts to run: ingest (with raw COPY), read, concurrent.
 SECTIONS = set(os.environ.get("BENCH_SECTIONS", "ingest,read,concurrent").split(","))
 # Background load: this many `nice -n 19` busy loops for the whole run, so the figures are
@@ -299,10 +303,12 @@ class Crucible:
             "CRUCIBLE_PUBLIC_URL": self.url,
             "PYTHONUNBUFFERED": "1",
         }
-        for var in ("REDIS_URL", "OBJECT_STORE_URL", "CONN_MAX_AGE"):
+        for var in ("REDIS_URL", "OBJECT_STORE_URL", "CONN_MAX_AGE", "DATABASE_POOL_SIZE"):
             self.env.pop(var, None)
         if redis_answers(REDIS):
             self.env["REDIS_URL"] = REDIS  # channel layer, as in production
+        if DB_POOL:  # see config/settings.py: persistent connections leak under ASGI
+            self.env["DATABASE_POOL_SIZE"] = str(DB_POOL)
         self.personal = self.worker = ""
         self.client: CrucibleClient | None = None
 

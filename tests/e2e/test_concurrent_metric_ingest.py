@@ -67,7 +67,9 @@ def test_no_point_lost_or_stored_twice_across_web_restarts(processes: Processes,
     run_ids = [str(make_run(project).pk) for _ in range(CLIENTS)]
     _, token = worker_token_create(actor=Actor.system(), team=None, name="pool")
     web_a = processes
-    web_a.start_web()
+    # With a bounded database pool per web process, as bench_ingest runs them
+    # (config/settings.py, DATABASE_POOL_SIZE; ignored on SQLite).
+    web_a.start_web(DATABASE_POOL_SIZE="4")
     web_b = web_a.another_web()
 
     writers = _start_writers(processes, [web_a.url, web_b.url], token, run_ids, tmp_path)
