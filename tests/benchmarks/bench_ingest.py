@@ -42,9 +42,9 @@ BENCH_WRITERS (4), BENCH_BATCHES (10), BENCH_REPEATS (3), BENCH_READS (50),
 BENCH_READ_POINTS (1000000), BENCH_PG, BENCH_REDIS_URL (redis://127.0.0.1:6379/13; "" for none),
 BENCH_CRUCIBLE_DB / BENCH_MLFLOW_DB (crucible_bench / mlflow_bench), BENCH_MLFLOW_SPEC
 (mlflow==3.17.2), BENCH_SERVER_WORKERS (2), BENCH_KEEP_DB (0: drop both databases at the end),
-BENCH_SECTIONS (ingest,read,concurrent: which parts to run), BENCH_DB_POOL (10: each Crucible
-web process's database pool, DATABASE_POOL_SIZE; 0 for none), BENCH_LOAD_PROCS (0: this many
-`nice -n 19` busy loops in the background, to hold the figures at a known load).
+BENCH_SECTIONS (ingest,read,concurrent,restart: which parts to run), BENCH_DB_POOL (10: each
+Crucible web process's database pool, DATABASE_POOL_SIZE; 0 for none), BENCH_LOAD_PROCS (0:
+this many `nice -n 19` busy loops in the background, to hold the figures at a known load).
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ CONCURRENT_BATCH = _env_int("BENCH_CONCURRENT_BATCH", BATCH_SIZE)
 # Each Crucible web process's database pool (DATABASE_POOL_SIZE); 0: Django's persistent
 # connections, which under ASGI pile up with many concurrent clients (see config/settings.py).
 DB_POOL = _env_int("BENCH_DB_POOL", 10)
-# Which parts to run: ingest (with raw COPY), read, concurrent.
-SECTIONS = set(os.environ.get("BENCH_SECTIONS", "ingest,read,concurrent").split(","))
+# Which parts to run: ingest (with raw COPY), read, concurrent, restart (the concurrent round
+# with the web processes restarted mid-load).
+SECTIONS = set(os.environ.get("BENCH_SECTIONS", "ingest,read,concurrent,restart").split(","))
 # Background load: this many `nice -n 19` busy loops for the whole run, so the figures are
 # taken at a known floor of load (the targets are set at a load average of 4).
 LOAD_PROCS = _env_int("BENCH_LOAD_PROCS", 0)
@@ -774,13 +775,14 @@ def main() -> int:
             say(f"read {WIDE_SERIES} x {WIDE_POINTS:,} points: median "
                 f"{statistics.median(wide):.1f} ms, p95 {_pct(wide, 0.95):.1f} ms over "
                 f"{len(wide)} GETs")
-        if "concurrent" in SECTIONS:
+        if SECTIONS & {"concurrent", "restart"}:
             concurrent = Concurrent(crucible, procs)
             concurrent.setup()
-            for label, restart in (("ingest_concurrent_10m", False),
-                                   ("ingest_concurrent_restart", True)):
-                rounds[label] = concurrent.round(label, restart=restart)
-                rounds[label]["load"] = os.getloadavg()[0]
+            for section, label, restart in (("concurrent", "ingest_concurrent_10m", False),
+                                            ("restart", "ingest_concurrent_restart", True)):
+                if section in SECTIONS:
+                    rounds[label] = concurrent.round(label, restart=restart)
+                    rounds[label]["load"] = os.getloadavg()[0]
     finally:
         procs.stop_all()
         if not KEEP_DB:
