@@ -142,6 +142,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # threads read and write together, where a WAL file simply waits.
     # One file per test process, so concurrent pytest runs never share one.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
+elif env.int("DATABASE_POOL_SIZE", default=0) > 0:
+    # A bounded psycopg pool per process. Under ASGI each request runs in a thread context of
+    # its own, so persistent connections (CONN_MAX_AGE) are not reused but left open until
+    # garbage collection: 16 metric writers over 2 web processes held 60-80 connections and
+    # ran PostgreSQL out of them ("too many clients"; bench_ingest's concurrent section). A
+    # pool caps them at DATABASE_POOL_SIZE a process (a request waits up to 30 s for one)
+    # and skips the connection set-up per request. Django requires CONN_MAX_AGE 0 with it.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1, "max_size": env.int("DATABASE_POOL_SIZE"), "timeout": 30}
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

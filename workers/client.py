@@ -692,9 +692,13 @@ class WorkerSession:
         LeaseLost when it stopped because the lease ran out or was lost."""
         if self._outbox is None:
             return
-        limit = deadline if deadline is not None else self._retry_until()
+        # The lease's end is looked at again each second: heartbeats move it on while a long
+        # backlog drains (10M points with the web restarted mid-way left a writer's outbox
+        # minutes long; a deadline fixed at the start gave up on a lease still alive).
         while self._outbox.pending() and self._outbox.error is None \
-                and not self._lost.is_set() and time.monotonic() < limit:
+                and not self._lost.is_set() \
+                and time.monotonic() < (deadline if deadline is not None
+                                        else self._retry_until()):
             self._outbox.wait_empty(timeout=1.0)
         if self._outbox.pending() or self._outbox.error is not None:
             raise LeaseLost(409, "lease_invalid", f"reports of run {self.run_id} could not be "

@@ -206,19 +206,26 @@ def _send_stored(run_id: Any, team_id: int, names: set[str]) -> None:
 
 
 def _store_postgres(run: models.Model, seq: int, columns: Columns) -> int | None:
-    """Two statements (``writers.claim_postgres``, ``writers.store_postgres``); the batch's
-    stream position, or None for a batch already stored."""
-    claimed = writers.claim_postgres(run.pk, type(run)._meta.db_table, seq,
-                                     len(columns.names))
-    if claimed is None:
-        return None
-    batch_id, stream_seq = claimed
-    writers.store_postgres(run.pk, batch_id, stream_seq, rollups.WIDTHS, *columns)
-    return stream_seq
+    """One statement (``writers.store_postgres``); the batch's stream position, or None for
+    a batch already stored."""
+    return writers.store_postgres(run.pk, type(run)._meta.db_table, seq, rollups.WIDTHS,
+                                  *columns)
+
+
+# A batch past this many points goes on the channel layer as a summary (its stream position
+# and size); a run-stream consumer reads such a batch from the database, only when someone
+# watches (``apps.runs.consumers``). Every batch was published whole before: a large batch
+# cost each listener's channel a copy of every point, and the writer the encoding of it.
+INLINE_POINTS = 256
 
 
 def metrics_message(stream_seq: int, columns: Columns) -> dict[str, Any]:
-    """The live-stream message for one batch: columns, not objects, to keep it small."""
+    """The live-stream message for one batch: columns, not objects, to keep it small; for
+    a batch of more than ``INLINE_POINTS`` points, ``{"type": "metrics", "seq", "count"}``
+    without the points (``summary``)."""
+    if len(columns.names) > INLINE_POINTS:
+        return {"type": "metrics", "seq": stream_seq, "count": len(columns.names),
+                "summary": True}
     return {"type": "metrics", "seq": stream_seq, "names": columns.names,
             "steps": columns.steps, "values": columns.values, "walls": columns.walls}
 

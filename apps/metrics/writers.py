@@ -1,12 +1,12 @@
 """Set-based storage of one metric batch.
 
-PostgreSQL: two statements per batch, whatever its size. The first claims the batch — inserts
-its ``MetricBatch`` row unless ``(run, seq)`` is already there, and only then takes the next
-stream position — so a retried batch is detected and spends nothing. The second sends the
-batch as four binary arrays and, in one statement, inserts the points, folds them into the
-series and rollup tables (``rollups.WIDTHS``) and records the batch's point ids and stream
-position. Doing the fold in SQL removed a per-point Python loop and two round trips; binary
-arrays cost less to send and parse than a text COPY plus the separate id reservation it needed.
+PostgreSQL: one statement per batch, whatever its size. It checks ``(run, seq)`` is not stored
+yet, and only then takes the next stream position, inserts the points (sent as four arrays),
+folds them into the series and rollup tables (``rollups.WIDTHS``) and inserts the batch's row
+with its point ids and stream position — so a retried batch is detected and spends nothing.
+Doing the fold in SQL removed a per-point Python loop and two round trips; the arrays cost
+less to send and parse than a text COPY plus the separate id reservation it needed; claiming
+in the same statement saved one more round trip a batch.
 
 Other databases (SQLite): one multi-row INSERT, and the fold in Python (``rollups.upsert``).
 """
@@ -34,59 +34,62 @@ def insert_points(run_id: object, rows: list[Row]) -> list[int]:
     return [p.pk for p in created]
 
 
-def claim_postgres(run_id: Any, run_table: str, seq: int, count: int) -> tuple[int, int] | None:
-    """Insert the batch's row and take its stream position; None when ``(run, seq)`` is
-    already stored (or being stored by a concurrent retry, which this waits for). Returns
-    (batch row id, stream position). The caller holds the run's row lock."""
-    batch = MetricBatch._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH b AS (INSERT INTO {batch} (run_id, seq, stream_seq, first_id, last_id, "
-            f"point_count, received_at) VALUES (%s, %s, 0, 0, 0, %s, now()) "
-            f"ON CONFLICT (run_id, seq) DO NOTHING RETURNING id), "
-            f"s AS (UPDATE {run_table} SET event_seq = event_seq + 1 "
-            f"WHERE id = %s AND EXISTS (SELECT 1 FROM b) RETURNING event_seq) "
-            f"SELECT b.id, s.event_seq FROM b, s",
-            [run_id, seq, count, run_id],
-        )
-        found = cursor.fetchone()
-    return (found[0], found[1]) if found else None
-
-
-def store_postgres(run_id: Any, batch_id: int, stream_seq: int, widths: tuple[int, ...],
+def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...],
                    names: list[str], steps: list[int], values: list[float],
-                   walls: list[float]) -> None:
-    """Insert the points and fold them into series and rollups, in one statement (see the
-    module docstring). Within a batch the later of two points at one step is a bucket's last,
-    as in ``rollups.aggregate``."""
+                   walls: list[float]) -> int | None:
+    """Claim and store a batch in one statement (see the module docstring); returns its
+    stream position, or None when ``(run, seq)`` is already stored (nothing is written then,
+    and no stream position is spent). The caller holds the run's row lock, which serialises
+    the run's batches: the duplicate check below sees every batch committed before it, so the
+    unique ``(run, seq)`` constraint is only the backstop (a violation fails the whole
+    statement: nothing half-stored). Within a batch the later of two points at one step is a
+    bucket's last, as in ``rollups.aggregate``.
+
+    Measured with EXPLAIN ANALYZE (1000 points, 8 series): grouping the rollups by text name
+    and taking each bucket's last value with ``array_agg(... ORDER BY ...)`` cost 15 of the
+    statement's 21 ms (collation-aware sorts of 4000 rows, a sort and an array per bucket).
+    Here series are grouped by their integer key (hashing, no sort), and a bucket's last point
+    is found as ``max(ARRAY[step, ord])`` (exact int8 comparison) and joined back by ``ord``."""
     points = MetricPoint._meta.db_table
     series = MetricSeries._meta.db_table
     rollup = MetricRollup._meta.db_table
     batch = MetricBatch._meta.db_table
     sql = f"""
-WITH pts AS (
-    SELECT (%(names)s::text[])[k] AS name, step, value, wall, ord
+WITH dup AS (SELECT 1 FROM {batch} WHERE run_id = %(run)s AND seq = %(seq)s),
+pos AS (
+    UPDATE {run_table} SET event_seq = event_seq + 1
+    WHERE id = %(run)s AND NOT EXISTS (SELECT 1 FROM dup) RETURNING event_seq
+),
+nm AS (SELECT %(names)s::text[] AS names),
+pts AS (
+    SELECT k, step, value, wall, ord
     FROM unnest(%(keys)s::int4[], %(steps)s::int8[], %(values)s::float8[], %(walls)s::float8[])
          WITH ORDINALITY AS p(k, step, value, wall, ord)
+    WHERE EXISTS (SELECT 1 FROM pos)
 ),
 ins AS (
     INSERT INTO {points} (run_id, name, step, value, wall_time)
-    SELECT %(run)s, name, step, value, wall FROM pts ORDER BY ord RETURNING id
+    SELECT %(run)s, nm.names[k], step, value, wall FROM pts, nm ORDER BY ord RETURNING id
 ),
 ser AS (
     INSERT INTO {series} AS t (run_id, name, count, first_step, last_step)
-    SELECT %(run)s, name, count(*), min(step), max(step) FROM pts GROUP BY name
+    SELECT %(run)s, nm.names[g.k], g.n, g.lo, g.hi
+    FROM (SELECT k, count(*) AS n, min(step) AS lo, max(step) AS hi FROM pts GROUP BY k) g, nm
     ON CONFLICT (run_id, name) DO UPDATE SET count = t.count + excluded.count,
         first_step = LEAST(t.first_step, excluded.first_step),
         last_step = GREATEST(t.last_step, excluded.last_step)
 ),
+agg AS (
+    SELECT k, w, step / w AS bucket, min(value) AS vmin, max(value) AS vmax,
+           max(ARRAY[step, ord]) AS last, count(*) AS n
+    FROM pts CROSS JOIN unnest(%(widths)s::int8[]) AS w GROUP BY k, w, step / w
+),
 rol AS (
     INSERT INTO {rollup} AS t (run_id, name, width, bucket, vmin, vmax, last_step, last_value,
                                last_wall, count)
-    SELECT %(run)s, name, w, step / w, min(value), max(value), max(step),
-           (array_agg(value ORDER BY step DESC, ord DESC))[1],
-           (array_agg(wall ORDER BY step DESC, ord DESC))[1], count(*)
-    FROM pts CROSS JOIN unnest(%(widths)s::int8[]) AS w GROUP BY name, w, step / w
+    SELECT %(run)s, nm.names[a.k], a.w, a.bucket, a.vmin, a.vmax, a.last[1], p.value, p.wall,
+           a.n
+    FROM agg a JOIN pts p ON p.ord = a.last[2] CROSS JOIN nm
     ON CONFLICT (run_id, name, width, bucket) DO UPDATE SET
         vmin = LEAST(t.vmin, excluded.vmin), vmax = GREATEST(t.vmax, excluded.vmax),
         last_value = CASE WHEN excluded.last_step >= t.last_step
@@ -96,9 +99,11 @@ rol AS (
         last_step = GREATEST(t.last_step, excluded.last_step),
         count = t.count + excluded.count
 )
-UPDATE {batch} SET stream_seq = %(stream)s,
-    first_id = (SELECT min(id) FROM ins), last_id = (SELECT max(id) FROM ins)
-WHERE id = %(batch)s
+INSERT INTO {batch} (run_id, seq, stream_seq, first_id, last_id, point_count, received_at)
+SELECT %(run)s, %(seq)s, pos.event_seq, (SELECT min(id) FROM ins), (SELECT max(id) FROM ins),
+       %(count)s, now()
+FROM pos
+RETURNING stream_seq
 """
     # Names go once each, points refer to them by position (1-based, as SQL arrays are).
     # Each numeric column is one array literal written by orjson ("[1,2.5]" -> "{1,2.5}"):
@@ -111,8 +116,10 @@ WHERE id = %(batch)s
     with Cursor(connection.connection) as cursor:
         cursor.execute(sql, {"names": list(index), "keys": _array(keys),
                              "steps": _array(steps), "values": _array(values),
-                             "walls": _array(walls), "run": run_id, "widths": _array(widths),
-                             "stream": stream_seq, "batch": batch_id})
+                             "walls": _array(walls), "run": run_id, "seq": seq,
+                             "count": len(names), "widths": _array(widths)})
+        found = cursor.fetchone()
+    return found[0] if found else None
 
 
 def _array(items: object) -> str:

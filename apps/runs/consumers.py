@@ -4,7 +4,8 @@ Run stream protocol (JSON messages, server → client):
 ``{"type": "event"|"metrics", "seq": n, ...}`` with n increasing by exactly 1. Connect with
 ``?after=<last seq seen>`` to receive what was missed first; no gaps, no duplicates. The
 consumer joins the channel group before replaying, drops live messages it already sent,
-and goes back to the database when a live message skips ahead.
+and goes back to the database when a live message skips ahead or announces a large metric
+batch without its points (a summary: the client always gets the points).
 """
 
 from __future__ import annotations
@@ -107,11 +108,13 @@ class RunStreamConsumer(JsonFramesConsumer):
         seq = payload.get("seq")
         if seq is None or seq <= self.last_seq:
             return  # already sent during a replay
-        if seq == self.last_seq + 1:
+        if seq == self.last_seq + 1 and not payload.get("summary"):
             await self.send_json(payload)
             self.last_seq = seq
             return
-        await self._catch_up()  # we skipped ahead: fill the hole from the database
+        # We skipped ahead (fill the hole from the database), or a large metric batch was
+        # announced without its points (``apps.metrics.services.INLINE_POINTS``): read it.
+        await self._catch_up()
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients only listen; a ping gets the current position back."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 import secrets
+import uuid
 
 from django.utils import timezone
 
-from apps.core.exceptions import Conflict, LeaseError
+from apps.core.exceptions import Conflict, LeaseError, NotFound
 from apps.runs.models import ACTIVE_STATUSES, Run
 
 
@@ -32,6 +33,26 @@ def leased(run: Run, lease_id: str) -> Run:
     lease; LeaseError (409) otherwise. Call it inside ``transaction.atomic()`` (Django
 refuses a row lock outside one)."""
     locked = Run.objects.select_for_update().get(pk=run.pk)
+    check_lease(locked, lease_id)
+    return locked
+
+
+def leased_for_worker(team_id: int | None, run: str, lease_id: str) -> Run:
+    """:func:`leased` for a run a worker token names in its URL, in one query where the
+    view's ``run_for_worker`` then ``leased`` took two: a team token locks only its team's
+    runs (an operator token, team_id None, any); a malformed id and a foreign run are the
+    same 404, as in ``selectors.run_for_worker``. For the hottest worker call, a metric
+    batch."""
+    try:
+        run_id = uuid.UUID(run)
+    except ValueError as exc:
+        raise NotFound(f"No run '{run}'.") from exc
+    queryset = Run.objects.select_for_update().filter(pk=run_id)
+    if team_id is not None:
+        queryset = queryset.filter(team_id=team_id)
+    locked = queryset.first()
+    if locked is None:
+        raise NotFound(f"No run '{run}'.")
     check_lease(locked, lease_id)
     return locked
 

@@ -29,7 +29,7 @@ from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
 from apps.runs import dispatch, hooks, objects, scheduler, selectors
-from apps.runs.leases import check_epoch, leased
+from apps.runs.leases import check_epoch, leased, leased_for_worker
 from apps.runs.models import (
     ACTIVE_STATUSES,
     AttemptOutcome,
@@ -357,15 +357,18 @@ def _skip_locked() -> bool:
     return connection.features.has_select_for_update_skip_locked
 
 
-def ingest_metrics(*, run: Run, lease_id: str, seq: Any, points: Any = None,
-                   columns: Any = None) -> tuple[int, bool]:
+def ingest_metrics(*, run: Run | str, lease_id: str, seq: Any, points: Any = None,
+                   columns: Any = None, team_id: int | None = None) -> tuple[int, bool]:
     """A worker's metric batch (rows in ``points`` or parallel arrays in ``columns``), under
     the run's lease; returns (points stored, duplicate). The lock gives the run's batches
-    consecutive stream positions."""
+    consecutive stream positions. ``run`` as the id from a worker's URL (with the token's
+    ``team_id``): found and locked in one query (``leased_for_worker``), after the batch
+    is validated."""
     batch = metric_services.validate_batch(seq, points, columns)
     with transaction.atomic():
-        run = leased(run, lease_id)
-        return metric_services.store_batch(run=run, seq=seq, columns=batch)
+        locked = leased_for_worker(team_id, run, lease_id) if isinstance(run, str) \
+            else leased(run, lease_id)
+        return metric_services.store_batch(run=locked, seq=seq, columns=batch)
 
 
 def report_qc(*, actor: Actor, run: Run, lease_id: str, report: dict[str, Any],

@@ -100,14 +100,15 @@ class WorkerRunViewSet(WorkerViewSet):
         """A batch is ``{"seq", "points": [{"name", "step", "value", "wall_time"?}]}`` or,
         cheaper to send and check, ``{"seq", "columns": {"name": [...], "step": [...],
         "value": [...], "wall_time"?: [...]}}``; as JSON or msgpack (``Content-Type:
-        application/msgpack``). The metric service validates it before it takes the lock."""
+        application/msgpack``). The metric service validates it before it takes the lock;
+        the run is found and locked in one query."""
         body = request.data if isinstance(request.data, dict) else {}
         if "seq" not in body or ("points" not in body and "columns" not in body):
             raise InvalidInput("A metric batch is {\"seq\": int, \"points\": [...]} or "
                                "{\"seq\": int, \"columns\": {\"name\": [...], \"step\": "
                                "[...], \"value\": [...], \"wall_time\"?: [...]}}.")
         stored, duplicate = services.ingest_metrics(
-            run=self._run(run, related=False), lease_id=self.lease_id, seq=body["seq"],
+            run=run, team_id=self.principal.team_id, lease_id=self.lease_id, seq=body["seq"],
             points=body.get("points"), columns=body.get("columns"),
         )
         return Response({"stored": stored, "duplicate": duplicate})

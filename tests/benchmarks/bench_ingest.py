@@ -27,7 +27,13 @@ Ends with (DESIGN.md "Benchmarks"):
     ingest_vs_copy: crucible=<pts/s> copy=<pts/s> ratio=<c/copy> target=>=0.5
     read_1m_p95_ms: crucible=<ms> target=<=50
     read_100x100k_ms: crucible=<median ms> target=<=300
+    ingest_concurrent_10m: crucible=<pts/s> lost=<n> duplicated=<n> target=lost==0,duplicated==0
+    ingest_concurrent_restart: (the same, every web process restarted once mid-load)
 Each line also says the body encoding and the load average it was measured at (load=).
+The concurrent figures: BENCH_CONCURRENT_POINTS (10,000,000) from BENCH_CONCURRENT_CLIENTS (16)
+writer processes (tests/e2e/metric_writer.py, one run each) over BENCH_CONCURRENT_WEBS (2) web
+processes of their own, BENCH_CONCURRENT_BATCH (1000) points a batch, counted in the database
+afterwards (lost, duplicated, wrong values); the run exits 1 if any is not 0.
 Progress goes to stderr; logs of every process it starts go to var/bench/logs/.
 
 Knobs (environment): BENCH_BODY (msgpack | json-columns | json-rows: how writers encode
@@ -35,7 +41,10 @@ batches), BENCH_WIDE_SERIES (100), BENCH_WIDE_POINTS (100000), BENCH_WIDE_READS 
 BENCH_WRITERS (4), BENCH_BATCHES (10), BENCH_REPEATS (3), BENCH_READS (50),
 BENCH_READ_POINTS (1000000), BENCH_PG, BENCH_REDIS_URL (redis://127.0.0.1:6379/13; "" for none),
 BENCH_CRUCIBLE_DB / BENCH_MLFLOW_DB (crucible_bench / mlflow_bench), BENCH_MLFLOW_SPEC
-(mlflow==3.17.2), BENCH_SERVER_WORKERS (2), BENCH_KEEP_DB (0: drop both databases at the end).
+(mlflow==3.17.2), BENCH_SERVER_WORKERS (2), BENCH_KEEP_DB (0: drop both databases at the end),
+BENCH_SECTIONS (ingest,read,concurrent,restart: which parts to run), BENCH_DB_POOL (10: each
+Crucible web process's database pool, DATABASE_POOL_SIZE; 0 for none), BENCH_LOAD_PROCS (0:
+this many `nice -n 19` busy loops in the background, to hold the figures at a known load).
 """
 
 from __future__ import annotations
@@ -96,6 +105,22 @@ MLFLOW_SPEC = os.environ.get("BENCH_MLFLOW_SPEC", "mlflow==3.17.2")
 # can, which kills its in-flight request. Both servers get the same longer allowance.
 HEALTHCHECK_S = 60
 KEEP_DB = os.environ.get("BENCH_KEEP_DB", "0") not in ("", "0", "false")
+# Concurrency and volume (issue 25, item 3): CONCURRENT_POINTS from CONCURRENT_CLIENTS writer
+# processes spread over CONCURRENT_WEBS web processes (one uvicorn each, own port), counted
+# back in the database; then again with every web process restarted once mid-load.
+CONCURRENT_POINTS = _env_int("BENCH_CONCURRENT_POINTS", 10_000_000)
+CONCURRENT_CLIENTS = _env_int("BENCH_CONCURRENT_CLIENTS", 16)
+CONCURRENT_WEBS = _env_int("BENCH_CONCURRENT_WEBS", 2)
+CONCURRENT_BATCH = _env_int("BENCH_CONCURRENT_BATCH", BATCH_SIZE)
+# Each Crucible web process's database pool (DATABASE_POOL_SIZE); 0: Django's persistent
+# connections, which under ASGI pile up with many concurrent clients (see config/settings.py).
+DB_POOL = _env_int("BENCH_DB_POOL", 10)
+# Which parts to run: ingest (with raw COPY), read, concurrent, restart (the concurrent round
+# with the web processes restarted mid-load).
+SECTIONS = set(os.environ.get("BENCH_SECTIONS", "ingest,read,concurrent,restart").split(","))
+# Background load: this many `nice -n 19` busy loops for the whole run, so the figures are
+# taken at a known floor of load (the targets are set at a load average of 4).
+LOAD_PROCS = _env_int("BENCH_LOAD_PROCS", 0)
 
 
 def say(message: str) -> None:
@@ -279,10 +304,12 @@ class Crucible:
             "CRUCIBLE_PUBLIC_URL": self.url,
             "PYTHONUNBUFFERED": "1",
         }
-        for var in ("REDIS_URL", "OBJECT_STORE_URL", "CONN_MAX_AGE"):
+        for var in ("REDIS_URL", "OBJECT_STORE_URL", "CONN_MAX_AGE", "DATABASE_POOL_SIZE"):
             self.env.pop(var, None)
         if redis_answers(REDIS):
             self.env["REDIS_URL"] = REDIS  # channel layer, as in production
+        if DB_POOL:  # see config/settings.py: persistent connections leak under ASGI
+            self.env["DATABASE_POOL_SIZE"] = str(DB_POOL)
         self.personal = self.worker = ""
         self.client: CrucibleClient | None = None
 
@@ -464,6 +491,157 @@ def crucible_writer() -> None:
     print("BENCH " + json.dumps({"points": stored, "elapsed": elapsed}), flush=True)
 
 
+# --- concurrency and volume ---------------------------------------------------------------
+class Concurrent:
+    """CONCURRENT_POINTS points from CONCURRENT_CLIENTS writer processes
+    (``tests.e2e.metric_writer``: the real client, one claimed run each) spread round-robin
+    over CONCURRENT_WEBS web processes of their own (uvicorn, one worker each, own port),
+    then counted in the database: lost (a (run, name, step) missing), duplicated (stored
+    more than once) and wrong values. With ``restart``, once 40% of the batches are stored
+    every web process is restarted: the first killed (SIGKILL: requests cut mid-transaction),
+    the others stopped (SIGTERM), then all started again on their ports; the clients keep
+    retrying each batch with its ``seq`` (their outbox) until a web answers."""
+
+    def __init__(self, crucible: Crucible, procs: Processes) -> None:
+        self.crucible, self.procs = crucible, procs
+        self.ports = [free_port() for _ in range(CONCURRENT_WEBS)]
+        self.webs: list[subprocess.Popen | None] = [None] * CONCURRENT_WEBS
+        self.starts = 0
+
+    def start_web(self, i: int) -> None:
+        self.starts += 1
+        self.webs[i] = self.procs.start(f"crucible-web{i}-{self.starts}", [
+            sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+            "--port", str(self.ports[i]), "--log-level", "warning", "--no-access-log",
+        ], self.crucible.env)
+
+    def wait_webs(self) -> None:
+        for i, port in enumerate(self.ports):
+            proc = self.webs[i]
+            assert proc is not None
+            wait_http(f"http://127.0.0.1:{port}/healthz", proc, f"crucible-web{i}")
+
+    def setup(self) -> None:
+        say(f"concurrent: starting {CONCURRENT_WEBS} web processes on ports {self.ports}")
+        for i in range(CONCURRENT_WEBS):
+            self.start_web(i)
+        self.wait_webs()
+
+    def restart(self) -> float:
+        """Restart every web process; returns the seconds no web answered."""
+        began = time.perf_counter()
+        for i, proc in enumerate(self.webs):
+            assert proc is not None
+            if i == 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            else:
+                self.procs.stop(proc)
+        for i in range(CONCURRENT_WEBS):
+            self.start_web(i)
+        self.wait_webs()
+        return time.perf_counter() - began
+
+    def round(self, label: str, *, restart: bool) -> dict[str, Any]:
+        names = NAMES
+        per_client = CONCURRENT_POINTS // CONCURRENT_CLIENTS // len(names)  # steps
+        points = per_client * len(names) * CONCURRENT_CLIENTS
+        per_batch = max(1, CONCURRENT_BATCH // len(names))
+        batches = CONCURRENT_CLIENTS * math.ceil(per_client / per_batch)
+        run_ids = [self.crucible.launch(f"{label} c{i}") for i in range(CONCURRENT_CLIENTS)]
+        configs = [{"url": f"http://127.0.0.1:{self.ports[i % CONCURRENT_WEBS]}",
+                    "token": self.crucible.worker, "run_id": rid, "names": names,
+                    "steps": per_client, "batch_size": CONCURRENT_BATCH, "body": BODY}
+                   for i, rid in enumerate(run_ids)]
+        say(f"{label}: {points:,} points ({batches:,} batches) from {CONCURRENT_CLIENTS} "
+            f"clients over {CONCURRENT_WEBS} web processes" + (", restarting them once at 40%"
+                                                               if restart else ""))
+        env = {**self.crucible.env, "CRUCIBLE_VAR_DIR": str(BENCH_DIR / "writers")}
+        env.pop("DATABASE_URL", None)  # clients hold no database credentials
+        procs, logs = [], []
+        downtime = None
+        try:
+            for i, cfg in enumerate(configs):
+                log = open(LOGS / f"{label}-writer-{i}.log", "w")  # noqa: SIM115
+                logs.append(log)
+                proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.metric_writer"],
+                                        env=env, cwd=ROOT, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=log, text=True,
+                                        start_new_session=True)
+                procs.append(proc)
+                proc.stdin.write(json.dumps(cfg) + "\n")
+                proc.stdin.flush()
+            for i, proc in enumerate(procs):
+                if _read_protocol(proc) != "ready":
+                    raise RuntimeError(f"{label} writer {i} failed to start; see "
+                                       f"{LOGS / f'{label}-writer-{i}.log'}")
+            start = time.perf_counter()
+            for proc in procs:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            if restart:
+                with psycopg.connect(f"{PG}/{CRUCIBLE_DB}", autocommit=True) as conn:
+                    uuids = [uuid.UUID(r) for r in run_ids]
+                    while True:
+                        done = conn.execute("SELECT count(*) FROM metrics_metricbatch "
+                                            "WHERE run_id = ANY(%s)", (uuids,)).fetchone()[0]
+                        if done >= 0.4 * batches or any(p.poll() is not None for p in procs):
+                            break
+                        time.sleep(0.5)
+                say(f"{label}: {done:,} of {batches:,} batches stored; restarting the web "
+                    "processes")
+                downtime = self.restart()
+                say(f"{label}: web processes answer again after {downtime:.1f} s")
+            results = []
+            for i, proc in enumerate(procs):
+                line = _read_protocol(proc)
+                if not line or not line.startswith("{"):
+                    raise RuntimeError(f"{label} writer {i} failed; see "
+                                       f"{LOGS / f'{label}-writer-{i}.log'}")
+                results.append(json.loads(line))
+            elapsed = time.perf_counter() - start
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+            for log in logs:
+                log.close()
+        sent = sum(r["points"] for r in results)
+        if sent != points:
+            raise RuntimeError(f"{label}: writers sent {sent} points, expected {points}")
+        counted = count_points(run_ids, names, per_client)
+        say(f"{label}: {points:,} points in {elapsed:.1f} s ({points / elapsed:,.0f} points/s); "
+            f"in the database: {counted}; batches buffered by clients: "
+            f"{sum(r['buffered'] for r in results)}")
+        return {"rate": points / elapsed, "points": points, "elapsed": elapsed,
+                "downtime": downtime, **counted}
+
+
+def count_points(run_ids: list[str], names: list[str], steps: int) -> dict[str, int]:
+    """What the database holds for these runs, against what was sent (every name at steps
+    0..steps-1 in each run, value ``step + k / 1000`` for the k-th name): lost, duplicated,
+    wrong values, and whether the series and batch bookkeeping agrees."""
+    uuids = [uuid.UUID(r) for r in run_ids]
+    expected = len(run_ids) * len(names) * steps
+    with psycopg.connect(f"{PG}/{CRUCIBLE_DB}", autocommit=True) as conn:
+        total, distinct, wrong = conn.execute(
+            "SELECT count(*), count(DISTINCT (run_id, name, step)), count(*) FILTER (WHERE "
+            "value <> step::float8 + (array_position(%(names)s::text[], name) - 1)::float8 "
+            "/ 1000::float8 OR step >= %(steps)s) FROM metrics_metricpoint "
+            "WHERE run_id = ANY(%(runs)s)",
+            {"names": names, "steps": steps, "runs": uuids}).fetchone()
+        series = conn.execute("SELECT coalesce(sum(count), 0) FROM metrics_metricseries "
+                              "WHERE run_id = ANY(%s)", (uuids,)).fetchone()[0]
+        batch_points = conn.execute("SELECT coalesce(sum(point_count), 0) FROM "
+                                    "metrics_metricbatch WHERE run_id = ANY(%s)",
+                                    (uuids,)).fetchone()[0]
+    return {"lost": expected - distinct, "duplicated": total - distinct, "wrong": wrong,
+            "series_off": int(series) - total, "batches_off": int(batch_points) - total}
+
+
 # --- MLflow ---------------------------------------------------------------------------------
 class MLflow:
     def __init__(self, procs: Processes) -> None:
@@ -537,66 +715,110 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # so the finally below stops the servers
 
 
+def start_load(procs: Processes) -> None:
+    """LOAD_PROCS busy loops at the lowest priority, for the whole run."""
+    for i in range(LOAD_PROCS):
+        procs.start(f"load-{i}", ["nice", "-n", "19", sys.executable, "-c",
+                                  "while True: pass"], dict(os.environ))
+    if LOAD_PROCS:
+        say(f"background load: {LOAD_PROCS} nice -n 19 busy loops")
+
+
 def main() -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    say(f"writers={WRITERS} batches={BATCHES} x {BATCH_SIZE} points repeats={REPEATS} "
-        f"reads={READS} read_points={READ_POINTS} server_workers={SERVER_WORKERS}; "
-        f"logs in {LOGS}")
+    say(f"sections={','.join(sorted(SECTIONS))} writers={WRITERS} batches={BATCHES} x "
+        f"{BATCH_SIZE} points repeats={REPEATS} reads={READS} read_points={READ_POINTS} "
+        f"server_workers={SERVER_WORKERS} concurrent={CONCURRENT_POINTS:,} points from "
+        f"{CONCURRENT_CLIENTS} clients over {CONCURRENT_WEBS} webs; logs in {LOGS}")
     procs = Processes()
     ours: list[float] = []
     theirs: list[float] = []
     copies: list[float] = []
     loads: list[float] = []
+    reads: list[float] = []
+    wide: list[float] = []
+    read_load = wide_load = 0.0
+    rounds: dict[str, dict[str, Any]] = {}
     try:
-        crucible, mlflow = Crucible(procs), MLflow(procs)
+        start_load(procs)
+        crucible = Crucible(procs)
         crucible.setup()
-        mlflow.setup()
-        # A short warm-up on each side (lazy imports, connections in both server workers).
-        say("warm-up: one batch per writer on each side, not counted")
-        crucible.ingest_round(-1, batches=1)
-        mlflow.ingest_round(-1, batches=1)
-        sides = {"crucible": (crucible, ours), "mlflow": (mlflow, theirs)}
-        for r in range(REPEATS):
-            order = ["crucible", "mlflow"] if r % 2 == 0 else ["mlflow", "crucible"]
-            for side in order:
-                server, rates = sides[side]
-                rate = server.ingest_round(r)
-                rates.append(rate)
-                say(f"repeat {r + 1}/{REPEATS} {side}: {rate:,.0f} points/s "
-                    f"({WRITERS * BATCHES * BATCH_SIZE:,} points)")
-            copies.append(crucible.copy_round(r))
-            loads.append(os.getloadavg()[0])
-            say(f"repeat {r + 1}/{REPEATS} raw COPY: {copies[-1]:,.0f} points/s "
-                f"(load average {loads[-1]:.1f})")
-        reads = crucible.read_1m()
-        read_load = os.getloadavg()[0]
-        say(f"read {READ_POINTS:,} points: median {statistics.median(reads):.1f} ms, "
-            f"p95 {_pct(reads, 0.95):.1f} ms, max {max(reads):.1f} ms over {len(reads)} GETs")
-        wide = crucible.read_wide()
-        wide_load = os.getloadavg()[0]
-        say(f"read {WIDE_SERIES} x {WIDE_POINTS:,} points: median "
-            f"{statistics.median(wide):.1f} ms, p95 {_pct(wide, 0.95):.1f} ms over "
-            f"{len(wide)} GETs")
+        if "ingest" in SECTIONS:
+            mlflow = MLflow(procs)
+            mlflow.setup()
+            # A short warm-up on each side (lazy imports, connections in both server workers).
+            say("warm-up: one batch per writer on each side, not counted")
+            crucible.ingest_round(-1, batches=1)
+            mlflow.ingest_round(-1, batches=1)
+            sides = {"crucible": (crucible, ours), "mlflow": (mlflow, theirs)}
+            for r in range(REPEATS):
+                order = ["crucible", "mlflow"] if r % 2 == 0 else ["mlflow", "crucible"]
+                for side in order:
+                    server, rates = sides[side]
+                    rate = server.ingest_round(r)
+                    rates.append(rate)
+                    say(f"repeat {r + 1}/{REPEATS} {side}: {rate:,.0f} points/s "
+                        f"({WRITERS * BATCHES * BATCH_SIZE:,} points)")
+                copies.append(crucible.copy_round(r))
+                loads.append(os.getloadavg()[0])
+                say(f"repeat {r + 1}/{REPEATS} raw COPY: {copies[-1]:,.0f} points/s "
+                    f"(load average {loads[-1]:.1f})")
+        if "read" in SECTIONS:
+            reads = crucible.read_1m()
+            read_load = os.getloadavg()[0]
+            say(f"read {READ_POINTS:,} points: median {statistics.median(reads):.1f} ms, "
+                f"p95 {_pct(reads, 0.95):.1f} ms, max {max(reads):.1f} ms over "
+                f"{len(reads)} GETs")
+            wide = crucible.read_wide()
+            wide_load = os.getloadavg()[0]
+            say(f"read {WIDE_SERIES} x {WIDE_POINTS:,} points: median "
+                f"{statistics.median(wide):.1f} ms, p95 {_pct(wide, 0.95):.1f} ms over "
+                f"{len(wide)} GETs")
+        if SECTIONS & {"concurrent", "restart"}:
+            concurrent = Concurrent(crucible, procs)
+            concurrent.setup()
+            for section, label, restart in (("concurrent", "ingest_concurrent_10m", False),
+                                            ("restart", "ingest_concurrent_restart", True)):
+                if section in SECTIONS:
+                    rounds[label] = concurrent.round(label, restart=restart)
+                    rounds[label]["load"] = os.getloadavg()[0]
     finally:
         procs.stop_all()
         if not KEEP_DB:
             drop_db(CRUCIBLE_DB)
-            drop_db(MLFLOW_DB)
-    c, m = statistics.median(ours), statistics.median(theirs)
-    limit = statistics.median(copies)
-    load = statistics.median(loads)
+            if "ingest" in SECTIONS:
+                drop_db(MLFLOW_DB)
     # load= is the 1-minute load average the figure was measured at (median over repeats):
     # the machine is shared, and the targets are set at a load average of 4.
-    print(f"ingest: crucible={c:.0f} mlflow={m:.0f} ratio={c / m:.2f} target=>=10 "
-          f"body={BODY} load={load:.1f}", flush=True)
-    print(f"ingest_vs_copy: crucible={c:.0f} copy={limit:.0f} ratio={c / limit:.2f} "
-          f"target=>=0.5 body={BODY} load={load:.1f}", flush=True)
-    print(f"read_1m_p95_ms: crucible={_pct(reads, 0.95):.1f} target=<=50 "
-          f"load={read_load:.1f}", flush=True)
-    print(f"read_100x100k_ms: crucible={statistics.median(wide):.1f} target=<=300 "
-          f"p95={_pct(wide, 0.95):.1f} series={WIDE_SERIES} points={WIDE_POINTS} "
-          f"load={wide_load:.1f}", flush=True)
+    if ours:
+        c, m = statistics.median(ours), statistics.median(theirs)
+        limit = statistics.median(copies)
+        load = statistics.median(loads)
+        print(f"ingest: crucible={c:.0f} mlflow={m:.0f} ratio={c / m:.2f} target=>=10 "
+              f"body={BODY} load={load:.1f}", flush=True)
+        print(f"ingest_vs_copy: crucible={c:.0f} copy={limit:.0f} ratio={c / limit:.2f} "
+              f"target=>=0.5 body={BODY} load={load:.1f}", flush=True)
+    if reads:
+        print(f"read_1m_p95_ms: crucible={_pct(reads, 0.95):.1f} target=<=50 "
+              f"load={read_load:.1f}", flush=True)
+        print(f"read_100x100k_ms: crucible={statistics.median(wide):.1f} target=<=300 "
+              f"p95={_pct(wide, 0.95):.1f} series={WIDE_SERIES} points={WIDE_POINTS} "
+              f"load={wide_load:.1f}", flush=True)
+    for label, res in rounds.items():
+        extra = f" web_down_s={res['downtime']:.1f}" if res["downtime"] is not None else ""
+        print(f"{label}: crucible={res['rate']:.0f} lost={res['lost']} "
+              f"duplicated={res['duplicated']} target=lost==0,duplicated==0 "
+              f"points={res['points']} clients={CONCURRENT_CLIENTS} webs={CONCURRENT_WEBS} "
+              f"batch={CONCURRENT_BATCH} wrong={res['wrong']} body={BODY}{extra} "
+              f"load={res['load']:.1f}", flush=True)
+    bad = [label for label, res in rounds.items()
+           if res["lost"] or res["duplicated"] or res["wrong"] or res["series_off"]
+           or res["batches_off"]]
+    if bad:
+        say(f"FAILED: {', '.join(bad)} lost, duplicated or miscounted points: "
+            f"{ {label: rounds[label] for label in bad} }")
+        return 1
     return 0
 
 

@@ -97,6 +97,47 @@ def test_reports_made_during_an_outage_are_delivered_in_order_once(api, wsgi, wo
     assert Run.objects.get(pk=run["id"]).status == "succeeded"
 
 
+class Slow(httpx.BaseTransport):
+    """The real app, each metric batch taking ``delay`` seconds longer to answer."""
+
+    def __init__(self, inner: httpx.BaseTransport, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/metrics"):
+            time.sleep(self.delay)
+        return self.inner.handle_request(request)
+
+
+def test_flush_waits_for_a_backlog_longer_than_the_lease_while_heartbeats_renew_it(
+        api, wsgi, worker_token, qa, monkeypatch):
+    """A backlog that takes longer to deliver than one lease period is delivered whole, as
+    long as heartbeats keep the lease: flush's deadline follows the renewed lease."""
+    import workers.client as client_module
+
+    monkeypatch.setattr(client_module, "MIN_RETRY_S", 0.2)
+    run = api.launch_run("acme", project="main", kind="profile", datasets=["qa"], config={})
+    outage = Outage(Slow(wsgi, delay=0.1))
+    with CrucibleClient("http://testserver", worker_token, transport=outage,
+                        backoff=0.05) as pool:
+        session = pool.claim("cpu", "w-backlog", run_id=run["id"])
+        assert isinstance(session, WorkerSession)
+        session.lease_s = 1.5  # as the client sees it; heartbeats every 0.2 s renew it
+        outage.down.set()
+        batches = 30  # >= 3 s of delivery at 0.1 s each: twice the lease period
+        for step in range(batches):
+            assert session.log_metrics([{"name": "loss", "step": step, "value": 1.0}]) \
+                == {"buffered": True}
+        session.start_heartbeat(interval=0.2)
+        outage.down.clear()
+        started = time.monotonic()
+        session.flush()  # raised LeaseLost after one lease period before
+        assert time.monotonic() - started > session.lease_s
+        assert not session.buffering and not session.lease_lost
+        session.stop_heartbeat()
+    assert MetricPoint.objects.filter(run_id=run["id"]).count() == batches
+
+
 def test_a_dead_workers_lease_reported_by_its_node_agent_requeues_the_run(
         api, pool, wsgi, member, qa):
     run = api.launch_run("acme", project="main", kind="profile", datasets=["qa"], config={})

@@ -91,6 +91,36 @@ def test_stream_replays_then_pushes_live_and_resumes_without_gaps(member, projec
     async_to_sync(scenario)()
 
 
+def test_a_large_batch_is_announced_then_sent_whole_from_the_database(member, project,
+                                                                     worker):
+    """A batch over ``INLINE_POINTS`` crosses the channel layer as a summary; the listener
+    still gets every point, in order, live, once."""
+    from apps.metrics.services import INLINE_POINTS
+
+    run = make_run(project, DatasetFactory(project=project, team=project.team, slug="d"))
+    lease = _claim(worker, run)  # events: queued (1), claimed (2)
+    size = INLINE_POINTS * 2 + 3
+    columns = {"name": [f"m{i % 3}" for i in range(size)], "step": list(range(size)),
+               "value": [i / 7 for i in range(size)]}
+
+    async def scenario():
+        comm = _connect(f"/ws/teams/acme/runs/{run.pk}/stream", member.token)
+        assert (await comm.connect())[0]
+        assert [m["seq"] for m in await _receive(comm, 2)] == [1, 2]
+        r = await sync_to_async(worker.post)(f"/api/v1/worker/runs/{run.pk}/metrics",
+                                             {"seq": 1, "columns": columns}, **lease)
+        assert r.status_code == 200, r.content
+        await sync_to_async(_post_batch)(worker, run, lease, 2, size)  # small: inline
+        big, small = await _receive(comm, 2)
+        assert big["seq"] == 3 and "summary" not in big
+        assert big["names"] == columns["name"] and big["steps"] == columns["step"]
+        assert big["values"] == columns["value"]
+        assert small["seq"] == 4 and small["steps"] == list(range(size, size + 5))
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+
+
 def test_non_members_and_anonymous_are_refused(outsider, viewer, project):
     run = make_run(project, DatasetFactory(project=project, team=project.team, slug="d"))
     path = f"/ws/teams/acme/runs/{run.pk}/stream"

@@ -154,6 +154,16 @@ def test_team_worker_tokens_only_see_their_team(run, team, other_team):
     lease = {"HTTP_X_CRUCIBLE_LEASE": got.json()["lease_id"]}
     assert rival.post(f"{W}/runs/{run.pk}/heartbeat", **lease).status_code == 404
     assert own.post(f"{W}/runs/{run.pk}/heartbeat", **lease).status_code == 200
+    # A metric batch finds and locks the run in one query: the same 404 for a foreign run
+    # (even with its lease), a malformed id and no run; nothing stored.
+    batch = {"seq": 1, "points": [{"name": "loss", "step": 0, "value": 1.0}]}
+    for path in (f"{W}/runs/{run.pk}/metrics", f"{W}/runs/not-a-uuid/metrics",
+                 f"{W}/runs/{uuid.uuid4()}/metrics"):
+        answer = rival.post(path, batch, **lease)
+        assert answer.status_code == 404, (path, answer.content)
+    assert not MetricPoint.objects.filter(run=run).exists()
+    assert own.post(f"{W}/runs/{run.pk}/metrics", batch, **lease).json() == \
+        {"stored": 1, "duplicate": False}
 
 
 # --- lease -----------------------------------------------------------------------------------
