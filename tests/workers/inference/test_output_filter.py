@@ -112,7 +112,16 @@ def test_clean_text_passes_every_mode_unchanged(http, mode):
     for value in ("flag", "redact", "block"):
         mode(value)
         choice = http.post("/chat/completions", json=chat).json()["choices"][0]
-        assert choice == plain  # no finding: same text, logprobs, finish; no filter field
+        # No finding: same text, tokens and finish, no filter field. Logprobs agree to float
+        # rounding only: the continuous engine serves a repeated prompt from its prefix cache,
+        # whose keys were computed in another batch shape.
+        assert choice.keys() == plain.keys()
+        assert (choice["message"], choice["finish_reason"]) == \
+            (plain["message"], plain["finish_reason"])
+        got, want = choice["logprobs"]["content"], plain["logprobs"]["content"]
+        assert [t["token"] for t in got] == [t["token"] for t in want]
+        assert [t["logprob"] for t in got] == pytest.approx([t["logprob"] for t in want],
+                                                            abs=1e-4)
         chunks = events(http.post("/chat/completions", json={**chat, "stream": True}))
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == \
             plain["message"]["content"]
