@@ -18,9 +18,10 @@ What it does, acting as an outside client (this process never imports Django):
    Raw COPY: the same points into the same table from one client (no HTTP, no validation),
    one COPY and commit per batch, each repeat: the database's own limit on this workload.
 4. Read: one series of 1,000,000 points loaded into a run with SQL, then N GETs of
-   `runs/<id>/metrics?name=<series>&max_points=1000` (downsampled in the database); p95.
-   Then 100 series x 100,000 points in one run, all read in one GET (1000 buckets each,
-   from the rollups); median.
+   `runs/<id>/metrics?name=<series>&max_points=1000&layout=columns` (the run page's read:
+   merged from the rollups); p95. Then 100 series x 100,000 points in one run, all read in
+   one GET (1000 buckets each, from the rollups); median. Each GET's time includes the
+   client's parse of the JSON.
 
 Ends with (DESIGN.md "Benchmarks"):
     ingest: crucible=<pts/s> mlflow=<pts/s> ratio=<c/m> target=>=10
@@ -35,7 +36,8 @@ batches), BENCH_WIDE_SERIES (100), BENCH_WIDE_POINTS (100000), BENCH_WIDE_READS 
 BENCH_WRITERS (4), BENCH_BATCHES (10), BENCH_REPEATS (3), BENCH_READS (50),
 BENCH_READ_POINTS (1000000), BENCH_PG, BENCH_REDIS_URL (redis://127.0.0.1:6379/13; "" for none),
 BENCH_CRUCIBLE_DB / BENCH_MLFLOW_DB (crucible_bench / mlflow_bench), BENCH_MLFLOW_SPEC
-(mlflow==3.17.2), BENCH_SERVER_WORKERS (2), BENCH_KEEP_DB (0: drop both databases at the end).
+(mlflow==3.17.2), BENCH_SERVER_WORKERS (2), BENCH_KEEP_DB (0: drop both databases at the end),
+BENCH_ONLY (reads: only the two read figures, no MLflow and no ingest rounds).
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ MLFLOW_SPEC = os.environ.get("BENCH_MLFLOW_SPEC", "mlflow==3.17.2")
 # can, which kills its in-flight request. Both servers get the same longer allowance.
 HEALTHCHECK_S = 60
 KEEP_DB = os.environ.get("BENCH_KEEP_DB", "0") not in ("", "0", "false")
+# "reads": only the two read figures (no MLflow, no ingest rounds): minutes instead of tens.
+ONLY = os.environ.get("BENCH_ONLY", "")
 
 
 def say(message: str) -> None:
@@ -382,13 +386,14 @@ class Crucible:
         times = []
         for i in range(3 + READS):
             t = time.perf_counter()
-            body = self.client.run_metrics(TEAM, run_id, names=["loss"], max_points=1000)
+            body = self.client.run_metrics(TEAM, run_id, names=["loss"], max_points=1000,
+                                           layout="columns")
             ms = (time.perf_counter() - t) * 1000
-            points = body["series"][0]["points"]
-            if len(points) != min(1000, READ_POINTS) or \
-                    sum(p["count"] for p in points) != READ_POINTS:
-                raise RuntimeError(f"read returned {len(points)} buckets covering "
-                                   f"{sum(p['count'] for p in points)} points")
+            columns = body["series"][0]["columns"]
+            if len(columns["step"]) != min(1000, READ_POINTS) or \
+                    sum(columns["count"]) != READ_POINTS:
+                raise RuntimeError(f"read returned {len(columns['step'])} buckets covering "
+                                   f"{sum(columns['count'])} points")
             if i >= 3:  # the first calls warm caches and connections
                 times.append(ms)
         return times
@@ -418,12 +423,12 @@ class Crucible:
         times = []
         for i in range(2 + WIDE_READS):
             t = time.perf_counter()
-            body = self.client.run_metrics(TEAM, run_id, max_points=1000)
+            body = self.client.run_metrics(TEAM, run_id, max_points=1000, layout="columns")
             ms = (time.perf_counter() - t) * 1000
             series = body["series"]
-            counts = {sum(p["count"] for p in s["points"]) for s in series}
+            counts = {sum(s["columns"]["count"]) for s in series}
             if len(series) != WIDE_SERIES or counts != {WIDE_POINTS} or \
-                    any(len(s["points"]) != min(1000, WIDE_POINTS) for s in series):
+                    any(len(s["columns"]["step"]) != min(1000, WIDE_POINTS) for s in series):
                 raise RuntimeError(f"wide read returned {len(series)} series covering "
                                    f"{sorted(counts)[:3]} points each")
             if i >= 2:
@@ -537,6 +542,29 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # so the finally below stops the servers
 
 
+def _read_figures(reads: list[float], read_load: float, wide: list[float],
+                  wide_load: float) -> None:
+    print(f"read_1m_p95_ms: crucible={_pct(reads, 0.95):.1f} target=<=50 "
+          f"median={statistics.median(reads):.1f} load={read_load:.1f}", flush=True)
+    print(f"read_100x100k_ms: crucible={statistics.median(wide):.1f} target=<=300 "
+          f"p95={_pct(wide, 0.95):.1f} series={WIDE_SERIES} points={WIDE_POINTS} "
+          f"load={wide_load:.1f}", flush=True)
+
+
+def _reads_only(crucible: Crucible, procs: Processes) -> int:
+    try:
+        reads = crucible.read_1m()
+        read_load = os.getloadavg()[0]
+        wide = crucible.read_wide()
+        wide_load = os.getloadavg()[0]
+    finally:
+        procs.stop_all()
+        if not KEEP_DB:
+            drop_db(CRUCIBLE_DB)
+    _read_figures(reads, read_load, wide, wide_load)
+    return 0
+
+
 def main() -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -551,6 +579,8 @@ def main() -> int:
     try:
         crucible, mlflow = Crucible(procs), MLflow(procs)
         crucible.setup()
+        if ONLY == "reads":
+            return _reads_only(crucible, procs)
         mlflow.setup()
         # A short warm-up on each side (lazy imports, connections in both server workers).
         say("warm-up: one batch per writer on each side, not counted")
@@ -592,11 +622,7 @@ def main() -> int:
           f"body={BODY} load={load:.1f}", flush=True)
     print(f"ingest_vs_copy: crucible={c:.0f} copy={limit:.0f} ratio={c / limit:.2f} "
           f"target=>=0.5 body={BODY} load={load:.1f}", flush=True)
-    print(f"read_1m_p95_ms: crucible={_pct(reads, 0.95):.1f} target=<=50 "
-          f"load={read_load:.1f}", flush=True)
-    print(f"read_100x100k_ms: crucible={statistics.median(wide):.1f} target=<=300 "
-          f"p95={_pct(wide, 0.95):.1f} series={WIDE_SERIES} points={WIDE_POINTS} "
-          f"load={wide_load:.1f}", flush=True)
+    _read_figures(reads, read_load, wide, wide_load)
     return 0
 
 
