@@ -64,38 +64,50 @@ CROSS JOIN LATERAL (
 """
 _ROLLUP_ONE = ("SELECT last_step, vmin, vmax, last_value, count, last_wall FROM {table} "
                "WHERE run_id = %s AND name = %s AND width = %s ORDER BY bucket")
-# One rollup row as the merge sees it: the series' place in the request (from 1), then the
-# row's columns.
-_ROW_FIELDS = (("i", "i8"), ("step", "i8"), ("min", "f8"), ("max", "f8"), ("last", "f8"),
-               ("count", "i8"), ("wall", "f8"))
-_ROW = np.dtype(list(_ROW_FIELDS))
-_ARRAY_OIDS = (1016, 1022)  # int8[], float8[]
+# The rollup rows a merge takes, as columns: the series' place in the request (from 1),
+# then each row's last step, min, max, last value, count and last wall time.
+ROW_FIELDS = (("i", "i8"), ("step", "i8"), ("min", "f8"), ("max", "f8"), ("last", "f8"),
+              ("count", "i8"), ("wall", "f8"))
+Rows = dict[str, np.ndarray]
 
 
-class _RawArray(Loader):
-    """Leaves a binary int8[] / float8[] as its bytes, for :func:`_from_binary_array`."""
-
-    format = Format.BINARY
-
-    def load(self, data: Buffer) -> bytes:
-        return bytes(data)
-
-
-def _from_binary_array(data: bytes | None, kind: str) -> np.ndarray:
+def _from_binary_array(data: Buffer | None, kind: str) -> np.ndarray:
     """A one-dimensional array without NULLs in PostgreSQL's binary format (a 12-byte
     header, then a 8-byte dimension, then each element as a 4-byte length and its
-    big-endian value) as a native numpy array. Hand-written: psycopg's own array loader
-    makes a Python number of every element, the cost this avoids."""
-    if data is None or int.from_bytes(data[:4], "big") == 0:
+    big-endian value) as a native numpy array (a copy: ``data`` may be reused after).
+    Hand-written: psycopg's own array loader makes a Python number of every element, the
+    cost this avoids."""
+    if data is None:
         return np.empty(0, dtype=kind)
-    if int.from_bytes(data[:4], "big") != 1 or int.from_bytes(data[4:8], "big") != 0:
+    head = bytes(data[:20])
+    ndim = int.from_bytes(head[:4], "big")
+    if ndim == 0:
+        return np.empty(0, dtype=kind)
+    if ndim != 1 or int.from_bytes(head[4:8], "big") != 0:
         raise ValueError("expected a one-dimensional array without NULLs")
-    size = int.from_bytes(data[12:16], "big")
+    size = int.from_bytes(head[12:16], "big")
     elements = np.frombuffer(data, dtype=np.dtype([("len", ">i4"), ("v", ">" + kind)]),
                              count=size, offset=20)
     if np.any(elements["len"] != 8):
         raise ValueError("unexpected element size in a binary array")
     return elements["v"].astype(kind)
+
+
+class _Int8Array(Loader):
+    """A binary int8[] straight into numpy (see :func:`_from_binary_array`)."""
+
+    format = Format.BINARY
+    kind = "i8"
+
+    def load(self, data: Buffer) -> np.ndarray:
+        return _from_binary_array(data, self.kind)
+
+
+class _Float8Array(_Int8Array):
+    kind = "f8"
+
+
+_ARRAY_LOADERS = ((1016, _Int8Array), (1022, _Float8Array))  # int8[], float8[] type oids
 
 
 def metric_names(run_id: object) -> list[str]:
@@ -155,58 +167,63 @@ def _from_points(run_param: object, name: str, max_points: int) -> list[dict[str
                  "wall": wall} for step, vmin, vmax, last, count, wall in cursor.fetchall()]
 
 
-def _rollup_rows(run_param: object, requests: list[tuple[str, int]]) -> np.ndarray:
-    """The rollup rows of each (name, width), as ``_ROW``s ordered by series then step."""
+def _rollup_rows(run_param: object, requests: list[tuple[str, int]]) -> Rows:
+    """The rollup rows of each (name, width), ordered by series then step."""
     table = MetricRollup._meta.db_table
+    names = [name for name, _ in ROW_FIELDS]
     if connection.vendor == "postgresql":
-        names, widths = (list(c) for c in zip(*requests, strict=True))
         connection.ensure_connection()
         raw = psycopg.Cursor(connection.connection)  # server-side binding: binary results
         raw.format = Format.BINARY
-        for oid in _ARRAY_OIDS:
-            raw.adapters.register_loader(oid, _RawArray)
+        for oid, loader in _ARRAY_LOADERS:
+            raw.adapters.register_loader(oid, loader)
         # Wrapped as Django wraps its own cursors: errors translated, queries logged/counted.
         dbapi = cast(Any, raw)  # the stubs type the argument as Django's own wrapper
         cursor = (connection.make_debug_cursor(dbapi) if connection.queries_logged
                   else connection.make_cursor(dbapi))
         with cursor:
             cursor.execute(_ROLLUP_ARRAYS_PG.format(table=table),
-                           {"run": run_param, "names": names, "widths": widths})
+                           {"run": run_param, "names": [name for name, _ in requests],
+                            "widths": [width for _, width in requests]})
             fetched = cursor.fetchall()
-        parts = []
-        for i, *arrays in fetched:
-            columns = [_from_binary_array(a, kind) for a, kind in
-                       zip(arrays, ("i8", "f8", "f8", "f8", "i8", "f8"), strict=True)]
-            part = np.empty(len(columns[0]), dtype=_ROW)
-            part["i"] = i
-            for (name, _), column in zip(_ROW_FIELDS[1:], columns, strict=True):
-                part[name] = column
-            parts.append(part)
-        rows = np.concatenate(parts) if parts else np.empty(0, dtype=_ROW)
+        parts = [[_from_binary_array(None, kind) if a is None else a
+                  for a, (_, kind) in zip(arrays, ROW_FIELDS[1:], strict=True)]
+                 for _, *arrays in fetched]
+        rows = {name: np.concatenate([part[k] for part in parts]) if parts
+                else np.empty(0, dtype=kind)
+                for k, (name, kind) in enumerate(ROW_FIELDS[1:])}
+        rows["i"] = np.repeat(np.array([i for i, *_ in fetched], dtype=np.int64),
+                              [len(part[0]) for part in parts]).astype(np.int64)
     else:
         fetched = []
         with connection.cursor() as cursor:
             for i, (name, width) in enumerate(requests, start=1):
                 cursor.execute(_ROLLUP_ONE.format(table=table), [run_param, name, width])
                 fetched += [(i, *row) for row in cursor.fetchall()]
-        rows = np.array(fetched, dtype=_ROW)
+        rows = {name: np.array([row[k] for row in fetched], dtype=kind)
+                for k, (name, kind) in enumerate(ROW_FIELDS)}
     # The statements ask for this order; the merge relies on it, so it is checked (cheap)
     # rather than assumed of a plan, and restored if a plan ever returned another.
-    if len(rows) > 1:
+    if len(rows["i"]) > 1:
         di, ds = np.diff(rows["i"]), np.diff(rows["step"])
         if not np.all((di > 0) | ((di == 0) & (ds > 0))):
-            rows = rows[np.lexsort((rows["step"], rows["i"]))]
+            order = np.lexsort((rows["step"], rows["i"]))
+            rows = {name: rows[name][order] for name in names}
     return rows
 
 
-def merge_rollups(rows: np.ndarray, bounds: list[tuple[int, int]], max_points: int
+def merge_rollups(rows: Rows, bounds: list[tuple[int, int]], max_points: int
                   ) -> list[dict[str, np.ndarray]]:
-    """Group each series' rollup rows (``_ROW``s ordered by series ``i`` (1-based) then
-    step) into at most ``max_points`` equal step ranges of its ``(lo, hi)``: a row belongs
-    to the range holding its last step (computed in double precision, as the point-level
-    SQL does). A range keeps the min, max, summed count, and the step, value and wall time
-    of its last row. One set of columns per series, in the order of ``bounds``."""
+    """Group each series' rollup rows (``ROW_FIELDS`` columns, ordered by series ``i``
+    (1-based) then step) into at most ``max_points`` equal step ranges of its ``(lo, hi)``:
+    a row belongs to the range holding its last step (computed in double precision, as the
+    point-level SQL does). A range keeps the min, max, summed count, and the step, value
+    and wall time of its last row. One set of columns per series, in the order of
+    ``bounds``."""
     series_index = rows["i"] - 1
+    if not len(series_index):
+        return [{key: np.empty(0, dtype=kind) for key, kind in ROW_FIELDS[1:]}
+                for _ in bounds]
     lo = np.array([b[0] for b in bounds], dtype=np.int64)[series_index]
     # The span in Python integers: hi - lo + 1 can be 2**63, past int64.
     span = np.array([float(hi - lo + 1) for lo, hi in bounds], dtype=np.float64)
@@ -215,13 +232,10 @@ def merge_rollups(rows: np.ndarray, bounds: list[tuple[int, int]], max_points: i
     # the top of a huge span from opening a range past the last.
     group = np.minimum(np.floor((steps - lo).astype(np.float64) * max_points
                                 / span[series_index]), max_points - 1).astype(np.int64)
-    first = np.ones(len(rows), dtype=bool)
+    first = np.ones(len(steps), dtype=bool)
     first[1:] = (series_index[1:] != series_index[:-1]) | (group[1:] != group[:-1])
     starts = np.flatnonzero(first)
-    if not len(starts):
-        return [{key: np.empty(0, dtype=kind) for key, kind in _ROW_FIELDS[1:]}
-                for _ in bounds]
-    ends = np.append(starts[1:], len(rows)) - 1
+    ends = np.append(starts[1:], len(steps)) - 1
     vmin = np.minimum.reduceat(rows["min"], starts)
     vmax = np.maximum.reduceat(rows["max"], starts)
     count = np.add.reduceat(rows["count"], starts)

@@ -149,15 +149,16 @@ def test_rollup_reads_equal_a_downsample_by_hand(member, worker, project):
 
 def test_merge_of_rollup_rows_by_hand():
     """The merge alone: two series, each row in the range of its last step."""
-    rows = np.array([
-        # (series, last step, min, max, last, count, wall)
-        (2, 9, -1.0, 4.0, 3.0, 2, 19.0),
+    table = [
+        # (series, last step, min, max, last, count, wall), ordered by series then step
         (1, 3, 0.0, 1.0, 0.5, 4, 13.0),
         (1, 7, 2.0, 6.0, 2.5, 4, 17.0),
         (1, 11, -3.0, 0.0, -1.0, 4, 21.0),
         (2, 1, 5.0, 5.0, 5.0, 1, 11.0),
-    ], dtype=selectors._ROW)
-    rows = rows[np.lexsort((rows["step"], rows["i"]))]
+        (2, 9, -1.0, 4.0, 3.0, 2, 19.0),
+    ]
+    rows = {name: np.array([r[k] for r in table], dtype=kind)
+            for k, (name, kind) in enumerate(selectors.ROW_FIELDS)}
     # Series 1 spans steps 0..11 in 2 ranges, [0, 6) and [6, 12); series 2 spans 1..9,
     # so step 1 is in range floor(0 * 2 / 9) = 0 and step 9 in floor(8 * 2 / 9) = 1.
     got = selectors.merge_rollups(rows, [(0, 11), (1, 9)], 2)
@@ -167,7 +168,8 @@ def test_merge_of_rollup_rows_by_hand():
     assert {k: v.tolist() for k, v in got[1].items()} == {
         "step": [1, 9], "min": [5.0, -1.0], "max": [5.0, 4.0], "last": [5.0, 3.0],
         "count": [1, 2], "wall": [11.0, 19.0]}
-    empty = selectors.merge_rollups(np.empty(0, dtype=selectors._ROW), [(0, 5)], 10)
+    empty = selectors.merge_rollups({name: np.empty(0, dtype=kind)
+                                     for name, kind in selectors.ROW_FIELDS}, [(0, 5)], 10)
     assert [len(v) for v in empty[0].values()] == [0] * 6
 
 
@@ -175,6 +177,7 @@ def test_binary_array_reader():
     body = (struct.pack(">iiiii", 1, 0, 701, 3, 1)
             + b"".join(struct.pack(">id", 8, v) for v in (1.5, -2.0, 1e300)))
     assert selectors._from_binary_array(body, "f8").tolist() == [1.5, -2.0, 1e300]
+    assert selectors._from_binary_array(memoryview(body), "f8").tolist() == [1.5, -2.0, 1e300]
     assert selectors._from_binary_array(None, "i8").tolist() == []
     with_null = struct.pack(">iiiii", 1, 1, 701, 1, 1) + struct.pack(">i", -1)
     with pytest.raises(ValueError):
