@@ -117,6 +117,12 @@ def metric_names(run_id: object) -> list[str]:
     )
 
 
+def run_series(run_id: object) -> dict[str, MetricSeries]:
+    """Every series of a run by name, in name order: its names and what a read of any of
+    them needs, in one query (pass to :func:`series_columns` as ``infos``)."""
+    return {s.name: s for s in MetricSeries.objects.filter(run_id=run_id).order_by("name")}
+
+
 def series(run_id: object, name: str, *, max_points: int) -> list[dict[str, Any]]:
     """``[{"step", "min", "max", "last", "count", "wall"}]`` with at most ``max_points``
     rows; the step and wall time (unix seconds) of a bucket are those of its last point."""
@@ -130,15 +136,17 @@ def series_many(run_id: object, names: list[str], *, max_points: int
             in series_columns(run_id, names, max_points=max_points).items()}
 
 
-def series_columns(run_id: object, names: list[str], *, max_points: int
-                   ) -> dict[str, dict[str, Any]]:
+def series_columns(run_id: object, names: list[str], *, max_points: int,
+                   infos: dict[str, MetricSeries] | None = None) -> dict[str, dict[str, Any]]:
     """:func:`series_many` as parallel columns (``COLUMNS``; numpy arrays or lists, both
     rendered as JSON arrays by ``FastJSONRenderer``). Series large enough to read from
     rollups are read together (one statement on PostgreSQL: 100 series of 100k points each
     merge ~160k rollup rows, not 10M points); small ones point by point; the rest bucketed
-    from points."""
+    from points. ``infos``: the run's series from :func:`run_series`, if already read."""
     run_param = run_id.hex if connection.vendor == "sqlite" else run_id  # type: ignore[attr-defined]
-    infos = {s.name: s for s in MetricSeries.objects.filter(run_id=run_id, name__in=names)}
+    if infos is None:
+        infos = {s.name: s for s in MetricSeries.objects.filter(run_id=run_id,
+                                                                name__in=names)}
     out: dict[str, dict[str, Any]] = {}
     from_rollups: list[tuple[str, int, int, int]] = []  # (name, width, lo, hi)
     for name in names:

@@ -162,7 +162,8 @@ class RunViewSet(TeamScopedViewSet):
         if layout not in ("points", "columns"):
             raise InvalidInput("layout must be 'points' or 'columns'.",
                                details={"layout": [layout[:40]]})
-        available = metric_selectors.metric_names(obj.pk)
+        infos = metric_selectors.run_series(obj.pk)
+        available = list(infos)
         names = request.query_params.getlist("name") or available
         unknown = [n for n in names if n not in available]
         if unknown:
@@ -180,7 +181,8 @@ class RunViewSet(TeamScopedViewSet):
             return Response({"names": available, "max_points": max_points,
                              "after_step": after, "more": more, "series": series})
         if layout == "columns":
-            columns = metric_selectors.series_columns(obj.pk, names, max_points=max_points)
+            columns = metric_selectors.series_columns(obj.pk, names, max_points=max_points,
+                                                      infos=infos)
             series = [{"name": n, "columns": columns[n]} for n in names]
         else:
             by_name = metric_selectors.series_many(obj.pk, names, max_points=max_points)
