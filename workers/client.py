@@ -205,7 +205,8 @@ class CrucibleClient:
         if response.status_code == 204:
             return None
         try:
-            body = response.json()
+            # orjson: a 100-series metrics read (600k numbers) parses ~5x faster than stdlib.
+            body = orjson.loads(response.content)
         except ValueError:
             body = response.text
         if response.status_code >= 400:
@@ -323,11 +324,16 @@ class CrucibleClient:
         return self.get(f"teams/{team}/runs/{run_id}/events", after=after)
 
     def run_metrics(self, team: str, run_id: str, names: list[str] | None = None,
-                    max_points: int = 1000, *, after_step: int | None = None) -> dict[str, Any]:
+                    max_points: int = 1000, *, after_step: int | None = None,
+                    layout: str = "points") -> dict[str, Any]:
         """Series downsampled to ``max_points`` buckets; with ``after_step``, the raw points
         after that step instead (at most ``max_points`` per series, oldest first): poll
-        cheaply by passing each series' ``last_step`` back (``more`` says others follow)."""
+        cheaply by passing each series' ``last_step`` back (``more`` says others follow).
+        ``layout="columns"``: each series as parallel arrays (``columns``: step, min, max,
+        last, count, wall) instead of a list of ``points``, a third of the bytes."""
         params: dict[str, Any] = {"max_points": max_points}
+        if layout != "points":
+            params["layout"] = layout
         if names:
             params["name"] = names
         if after_step is not None:

@@ -89,6 +89,9 @@ class MetricRollup(models.Model):
     count = models.BigIntegerField()
 
     class Meta:
+        # On PostgreSQL migration 0006 makes this index cover the other columns (INCLUDE),
+        # so reads are index-only scans; Django cannot say INCLUDE for PostgreSQL alone
+        # (it would drop the constraint on SQLite, where ingest's ON CONFLICT needs it).
         constraints = [
             models.UniqueConstraint(fields=["run", "name", "width", "bucket"],
                                     name="uniq_rollup_bucket")

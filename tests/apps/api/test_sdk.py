@@ -234,6 +234,14 @@ def test_the_metrics_cursor_returns_only_points_after_a_step(sdk, worker, runnin
     assert idle["points"] == [] and idle["last_step"] == 11
     with pytest.raises(ApiError, match="after_step must be an integer"):
         sdk.run_metrics("acme", str(run.pk), after_step="x")  # type: ignore[arg-type]
+    # The downsampled read as parallel columns: the same buckets as the points layout.
+    points = sdk.run_metrics("acme", str(run.pk), names=["loss"], max_points=5)
+    columns = sdk.run_metrics("acme", str(run.pk), names=["loss"], max_points=5,
+                              layout="columns")
+    cols = columns["series"][0]["columns"]
+    assert columns["layout"] == "columns" and sum(cols["count"]) == 12
+    assert [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)] \
+        == points["series"][0]["points"]
 
 
 def test_compare_overlays_series_and_diffs_configs(sdk, worker, project, other_team) -> None:

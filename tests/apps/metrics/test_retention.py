@@ -40,7 +40,7 @@ def _claim(worker, project, slug):
     return run, {"HTTP_X_CRUCIBLE_LEASE": claim["lease_id"]}
 
 
-def test_reads_above_rollup_resolution_survive_dropping_raw_points(worker, project):
+def test_reads_above_rollup_resolution_survive_dropping_raw_points(member, worker, project):
     run, lease = _claim(worker, project, "d")
     names = ["loss", "reward"]
     _ingest(worker, run, lease, names, STEPS)
@@ -49,6 +49,10 @@ def test_reads_above_rollup_resolution_survive_dropping_raw_points(worker, proje
     sizes = (5, 50, 100, 500)
     before = {n: series_many(run.pk, names, max_points=n) for n in sizes}
     assert all(len(before[n]["loss"]) == n for n in sizes)
+    # The run page's read, over HTTP in both layouts.
+    url = f"/api/v1/teams/{project.team.slug}/runs/{run.pk}/metrics?max_points=500"
+    http_before = [member.client.get(url + layout).json() for layout in ("", "&layout=columns")]
+    assert len(http_before[1]["series"][0]["columns"]["step"]) == 500
 
     team_update(actor=Actor.system(), team=project.team, metric_retention_days=30)
     # Nothing is old enough yet: nothing dropped.
@@ -60,6 +64,8 @@ def test_reads_above_rollup_resolution_survive_dropping_raw_points(worker, proje
 
     after = {n: series_many(run.pk, names, max_points=n) for n in sizes}
     assert after == before
+    assert [member.client.get(url + layout).json()
+            for layout in ("", "&layout=columns")] == http_before
     # A retried batch is still a no-op: its batch row outlives its points.
     r = worker.post(f"/api/v1/worker/runs/{run.pk}/metrics",
                     {"seq": 1, "columns": {"name": ["loss"], "step": [0], "value": [9.0]}},
