@@ -386,6 +386,10 @@ class Session:
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
+        # poll, not select: select() refuses a descriptor numbered 1024 or more, which a
+        # long-lived host process (the web, a test run) reaches.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
 
         def exact(n: int) -> bytes:
             buf = b""
@@ -393,8 +397,7 @@ class Session:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SessionError("the session's agent did not answer in time")
-                ready, _, _ = select.select([fd], [], [], left)
-                if not ready:
+                if not poller.poll(left * 1000):
                     continue
                 chunk = os.read(fd, n - len(buf))
                 if not chunk:

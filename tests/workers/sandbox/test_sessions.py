@@ -325,3 +325,28 @@ def test_orphans_of_a_dead_host_are_swept(manager: S.SessionManager) -> None:
         assert live.dir.exists() and live.exec("echo ok").stdout == b"ok\n"  # ours stay
     finally:
         live.close()
+
+
+def test_a_host_with_over_1024_open_descriptors_still_talks_to_its_agents(
+        manager: S.SessionManager) -> None:
+    """A long-lived host (the web, a test run) holds many descriptors; select() refuses one
+    numbered 1024 or more, so the agent's pipe is polled instead (found by the PG test pass)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"host: RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:  # fill every low number: new pipes land above 1024
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        s = manager.create(SMALL)
+        try:
+            assert s.exec("echo high").stdout == b"high\n"
+        finally:
+            s.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
