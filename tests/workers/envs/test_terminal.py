@@ -29,7 +29,7 @@ from workers.sandbox.sessions import SessionManager
 from workers.sandbox.spec import SessionLimits
 
 FIXTURES = Path(__file__).parent / "terminal_bench"
-LIMITS = {"memory_mb": 256, "disk_mb": 32, "pids": 64, "cpu_s": 120, "wall_s": 600,
+LIMITS = {"memory_mb": 256, "disk_mb": 32, "pids": 64, "cpu_s": 120, "wall_s": 900,
           "idle_s": 300}
 
 ANSWER_TEST = '''
@@ -285,6 +285,7 @@ def test_task_records_are_checked() -> None:
         ({"hidden_tests": {"test_a.py": "def f(:"}}, "does not parse"),
         ({"files": {"../escape": "x"}}, "file '../escape'"),
         ({"max_turns": 0}, "max_turns"),
+        ({"time_budget_s": 900}, "must be shorter than the session's lifetime"),
         ({"unknown": 1}, "unknown: Extra inputs are not permitted"),
     ]
     for fields, expected in bad:

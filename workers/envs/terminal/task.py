@@ -15,7 +15,7 @@ import io
 import tarfile
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.sandbox.spec import SessionLimits
 from workers.sandbox.wspath import PathRefused, components
@@ -78,6 +78,13 @@ class TerminalTask(BaseModel):
             except PathRefused as exc:
                 raise ValueError(f"file {path!r}: {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> TerminalTask:
+        if self.time_budget_s >= self.limits.wall_s:
+            raise ValueError(f"time_budget_s ({self.time_budget_s:g}) must be shorter than the "
+                             f"session's lifetime limits.wall_s ({self.limits.wall_s})")
+        return self
 
     def workspace(self) -> dict[str, bytes]:
         """Every initial file (archive first, then `files` over it), checked and sized."""
