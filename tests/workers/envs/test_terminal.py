@@ -360,6 +360,8 @@ def _task_dir(root: Path, dockerfile: str = "FROM python:3.12-slim\nWORKDIR /app
     (None, {"tests/test_outputs.py": "import pytest\n\n@pytest.mark.slow\ndef test_a():\n"
                                      "    pass\n"}, "uses pytest helpers"),
     (None, {"task.yaml": "author: x\n"}, "no instruction"),
+    (None, {"task.yaml": "- a list\n"}, "task.yaml is not a mapping"),
+    (None, {"tests/test_outputs.py": "def test_a(:\n"}, "tests/test_outputs.py does not parse"),
     (None, {"docker-compose.yaml": "services:\n  client:\n    build: .\n    ports: ['80:80']\n"},
      "the service needs ports"),
 ])
@@ -369,6 +371,16 @@ def test_import_refusals_name_the_reason(tmp_path: Path, dockerfile: str | None,
     with pytest.raises(TaskRefused, match=None) as refused:
         import_task_dir(task)
     assert expected in str(refused.value), str(refused.value)
+
+
+def test_an_unreadable_task_is_refused_and_the_others_imported(tmp_path: Path) -> None:
+    good = _task_dir(tmp_path)
+    bad = tmp_path / "bad"
+    (bad / "tests").mkdir(parents=True)
+    (bad / "task.yaml").write_bytes(b"instruction: \xff\xfe\n")
+    report = import_tasks(tmp_path)
+    assert [t.id for t in report.accepted] == [good.name]
+    assert report.refused[0][0] == "bad" and "could not read the task" in report.refused[0][1]
 
 
 def test_solution_yaml_is_refused(tmp_path: Path) -> None:

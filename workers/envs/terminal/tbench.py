@@ -219,7 +219,11 @@ def _check_run_tests(task_dir: Path) -> None:
 
 def _plain_tests(name: str, source: str) -> str:
     """The test source with an unused `import pytest` dropped; refused if it uses pytest."""
-    tree = ast.parse(source)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TaskRefused(f"tests/{name} does not parse: {exc.msg} (line {exc.lineno})") \
+            from None
     uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "pytest"
             or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "pytest"]
     if uses:
@@ -267,6 +271,8 @@ def import_task_dir(task_dir: Path, task_id: str | None = None,
         meta = yaml.safe_load(meta_path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise TaskRefused(f"task.yaml does not parse: {exc}") from None
+    if not isinstance(meta, dict):
+        raise TaskRefused("task.yaml is not a mapping")
     instruction = meta.get("instruction")
     if not instruction and isinstance(meta.get("descriptions"), list):
         instruction = next((d.get("description") for d in meta["descriptions"]
@@ -319,4 +325,6 @@ def import_tasks(root: Path) -> ImportReport:
             report.accepted.append(import_task_dir(task_dir))
         except TaskRefused as exc:
             report.refused.append((task_dir.name, str(exc)))
+        except (OSError, UnicodeDecodeError) as exc:  # one unreadable task spoils no other
+            report.refused.append((task_dir.name, f"could not read the task: {exc}"))
     return report
