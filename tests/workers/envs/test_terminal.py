@@ -201,6 +201,18 @@ def test_reference_scores_one_and_a_scripted_agent_solves_it(manager: SessionMan
     assert result.grade.reward == 1.0 and result.grade.passed == 1
 
 
+def test_a_session_reclaimed_before_grading_is_an_infrastructure_failure(
+        manager: SessionManager) -> None:
+    episode = TerminalEpisode.start(manager, answer_task())
+    episode.session.close("idle for 300 s")  # what the watchdog does to an idle session
+    grade = episode.grade()
+    assert grade.reward == 0.0 and grade.infra and "idle for 300 s" in str(grade.error)
+    spent = TerminalEpisode.start(manager, answer_task())
+    spent.session.close("cpu quota of 120 s spent")
+    grade = spent.grade()
+    assert grade.reward == 0.0 and not grade.infra
+
+
 def test_tool_executor_errors_in_a_session(manager: SessionManager) -> None:
     task = answer_task(command_timeout_s=1.0, visible_tests={})
     episode = TerminalEpisode.start(manager, task)

@@ -109,8 +109,11 @@ def grade_session(session: Session, tests: dict[str, str], timeout_s: float,
     try:
         snap = session.snapshot()
     except SessionClosed as exc:
+        # lost (engine failure) or idle (reclaimed while the policy was still generating) is
+        # the platform's doing; a spent CPU quota or lifetime is the episode's own
         return GradeResult(0.0, error=f"the episode's session closed before grading: "
-                                      f"{exc.reason}", infra=exc.reason.startswith("lost"))
+                                      f"{exc.reason}",
+                           infra=exc.reason.startswith(("lost", "idle", "manager closed")))
     except (SessionError, OSError) as exc:
         return GradeResult(0.0, error=f"could not snapshot the final workspace: {exc}",
                            infra=True)
