@@ -12,6 +12,9 @@ import pytest
 from tests.skips import sandbox_unavailable
 from workers.envs.checkers import Sandbox
 
+# Terminal-Bench task fixtures: their tests/ are data for the importer, not tests of this suite.
+collect_ignore = ["terminal_bench"]
+
 _shared: Sandbox | None = None
 
 

@@ -1,0 +1,2 @@
+def test_out(tmp_path):
+    assert (tmp_path / "x").exists() is False

@@ -1,0 +1,1 @@
+"""Source shipped into sandbox sessions (never imported by the host)."""
