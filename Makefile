@@ -39,8 +39,9 @@ test: $(STAMP)
 	CRUCIBLE_VAR_DIR=$(CURDIR)/var/test $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Schemathesis against a freshly seeded web process (fixed seed, bounded examples): 0 server
-# errors and 0 schema violations, or it fails. DATABASE_URL/REDIS_URL pick the configuration.
+# errors and 0 schema violations, or it fails. A real session host serves the session routes. DATABASE_URL/REDIS_URL pick the configuration.
 api-fuzz: $(STAMP)
+	bash scripts/install_sandbox_deps.sh
 	nice $(PY) scripts/api_fuzz.py
 
 bench-sandbox: $(STAMP)

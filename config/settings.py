@@ -315,6 +315,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["apps.core.permissions.AuthenticatedOrThrottled"],
     "DEFAULT_PAGINATION_CLASS": "apps.core.pagination.CursorPagination",
+    "DEFAULT_METADATA_CLASS": "apps.core.metadata.BodyWhereKnownMetadata",
     "DEFAULT_PARSER_CLASSES": [
         "apps.core.parsers.FastJSONParser",
         "apps.core.parsers.MsgpackParser",

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -67,6 +69,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(proc: subprocess.Popen[bytes], address: tuple[str, int]) -> bool:
+    """Wait up to 60 s for ``proc`` to accept connections on ``address``."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(address, timeout=1).close()
+            return True
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.3)
+
+
 def _fresh_postgres(url: str) -> str:
     """A new, empty database next to the one DATABASE_URL names (dropped first)."""
     import psycopg
@@ -81,7 +96,13 @@ def _fresh_postgres(url: str) -> str:
 
 
 def _env(var: Path) -> dict[str, str]:
-    env = {**os.environ, "CRUCIBLE_VAR_DIR": str(var), "OMP_NUM_THREADS": "1",
+    # The sandbox-session routes call a session host: the fuzz runs a real one (started in
+    # main) rather than let every session call answer 503.
+    host = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "CRUCIBLE_SESSION_HOST_URL": f"http://{host}",
+           "CRUCIBLE_SESSION_HOST_BIND": host,
+           "CRUCIBLE_SESSION_HOST_TOKEN": secrets.token_hex(16),
+           "CRUCIBLE_VAR_DIR": str(var), "OMP_NUM_THREADS": "1",
            "DJANGO_SETTINGS_MODULE": "config.settings", "LOG_LEVEL": "WARNING",
            # Runs launched by the fuzzer queue in a spool nobody consumes.
            "CELERY_BROKER_URL": "filesystem://",
@@ -136,8 +157,12 @@ def _schemathesis(base: str, header: str, label: str, report: Path, extra: list[
 def main() -> int:
     var = Path(tempfile.mkdtemp(prefix="crucible-apifuzz-"))
     env = _env(var)
-    web = None
+    web: subprocess.Popen[bytes] | None = None
+    host: subprocess.Popen[bytes] | None = None
     try:
+        host = subprocess.Popen([sys.executable, "-m", "workers.sandbox.session_host",
+                                 "--bind", env["CRUCIBLE_SESSION_HOST_BIND"]], cwd=ROOT,
+                                env=env)
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
                        check=True)
         seeded = subprocess.run([sys.executable, "-c", SEED], cwd=ROOT, env=env, check=True,
@@ -147,16 +172,12 @@ def main() -> int:
         web = subprocess.Popen([sys.executable, "-m", "uvicorn", "config.asgi:application",
                                 "--port", str(port), "--log-level", "warning"], cwd=ROOT,
                                env=env)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if web.poll() is not None or time.monotonic() > deadline:
-                    print("the web process did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.3)
+        for proc, at, name in ((web, ("127.0.0.1", port), "the web process"),
+                               (host, env["CRUCIBLE_SESSION_HOST_BIND"].split(":"),
+                                "the session host")):
+            if not _listening(proc, (at[0], int(at[1]))):
+                print(f"{name} did not start", file=sys.stderr)
+                return 1
         base = f"http://127.0.0.1:{port}"
         report = ROOT / "var" / "api-fuzz"
         report.mkdir(parents=True, exist_ok=True)
@@ -173,12 +194,14 @@ def main() -> int:
                               else "0 server errors, 0 schema violations"))
         return 1 if failed else 0
     finally:
-        if web is not None:
-            web.terminate()
-            try:
-                web.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                web.kill()
+        # SIGINT for the host: it closes its sessions and unmounts their layers on the way out.
+        for proc, sig in ((web, signal.SIGTERM), (host, signal.SIGINT)):
+            if proc is not None:
+                proc.send_signal(sig)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         shutil.rmtree(var, ignore_errors=True)
 
 

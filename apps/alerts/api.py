@@ -26,7 +26,8 @@ MAX_COOLDOWN_S = 30 * 86400
 
 
 class AlertRuleSerializer(serializers.ModelSerializer):
-    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # null: the rule watches every project of the team (the API fuzz caught it undocumented).
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     has_webhook_secret = serializers.SerializerMethodField()
 
     class Meta:

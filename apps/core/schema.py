@@ -4,13 +4,16 @@ Views declare their success responses; the failures are the same everywhere (the
 error shape of ``apps.core.errors``), so they are added here once rather than on each view:
 400 bad input, 401 no or bad credentials, 403 role or token kind, 404 not found (or not
 yours), 405 method, 409 conflict, 413 too large, 415 media type, 429 throttled or over
-quota (with Retry-After). A schema that lists them is one clients and schemathesis can
+quota (with Retry-After); 503 where a view calls another service (``SERVICE_ERRORS``).
+A schema that lists them is one clients and schemathesis can
 hold the API to.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from drf_spectacular.openapi import AutoSchema
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -35,6 +38,14 @@ ERRORS = {
     "429": "Throttled or over a quota; Retry-After says when to try again.",
 }
 
+# Operations that call another service synchronously, by path fragment: their 503.
+SERVICE_ERRORS = {
+    "/sandbox-sessions/": "The session host is unreachable (code session_host_unavailable): "
+                          "the workspace is unchanged; retry when it is back.",
+    "/sandbox-snapshots/": "The session host is unreachable (code session_host_unavailable); "
+                           "retry when it is back.",
+}
+
 
 def add_error_responses(result: dict[str, Any], generator: Any, request: Any,
                         public: bool) -> dict[str, Any]:
@@ -44,12 +55,16 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any,
     ref = {"$ref": "#/components/schemas/Error"}
     retry_after = {"Retry-After": {"schema": {"type": "integer"},
                                    "description": "seconds to wait"}}
-    for operations in result.get("paths", {}).values():
+    for path, operations in result.get("paths", {}).items():
+        errors = dict(ERRORS)
+        for fragment, text in SERVICE_ERRORS.items():
+            if fragment in path:
+                errors["503"] = text
         for method, operation in operations.items():
             if method not in ("get", "post", "put", "patch", "delete", "head", "options"):
                 continue
             responses = operation.setdefault("responses", {})
-            for status, description in ERRORS.items():
+            for status, description in errors.items():
                 if status in responses:
                     continue
                 body: dict[str, Any] = {"description": description,
@@ -91,3 +106,11 @@ def protocol_schemas(result: dict[str, Any], generator: Any, request: Any,
     for name, schema in schemas.items():
         schemas[name] = _as_openapi_30(schema)
     return result
+
+
+class OneDocumentSchema(AutoSchema):
+    """For a viewset whose ``list`` route answers one document, not a list of objects
+    (e.g. a team's usage): drf-spectacular would describe it as an array."""
+
+    def _is_list_view(self, serializer: Any = None) -> bool:
+        return False

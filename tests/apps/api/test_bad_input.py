@@ -295,3 +295,38 @@ def test_oversize_body_through_the_asgi_server_is_a_json_413(web_server, member,
     assert r.status_code == 413, r.text[:300]
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["code"] == "payload_too_large"
+
+
+def test_options_on_every_documented_path_is_never_a_500(owner, project):
+    """Found by the API fuzz run on ``…/checkpoints/<id>/promote``: DRF's OPTIONS metadata
+    asks a view for the serializer of its POST, and views whose actions parse their own
+    bodies have none. Every path in the OpenAPI document, as the team's owner."""
+    schema = owner.client.get("/api/v1/schema?format=json")
+    assert schema.status_code == 200, schema.content[:200]
+    paths = list(json.loads(schema.content)["paths"])
+    assert len(paths) > 100
+    failures = []
+    for path in paths:
+        if path.startswith("/api/v1/worker/"):
+            continue
+        concrete = path.replace("{team}", "acme")
+        while "{" in concrete:  # any other id: one that does not exist
+            start, end = concrete.index("{"), concrete.index("}")
+            concrete = concrete[:start] + "0" + concrete[end + 1:]
+        r = owner.client.options(concrete)
+        if r.status_code >= 500:
+            failures.append((path, r.status_code, r.content[:120]))
+    assert failures == []
+
+
+def test_the_openapi_document_describes_what_the_fuzz_run_caught_it_misdescribing(owner):
+    """The usage document is one object, not an array; an alert rule's project is null when
+    it watches every project; session calls document the 503 of an unreachable host."""
+    doc = json.loads(owner.client.get("/api/v1/schema?format=json").content)
+    usage = doc["paths"]["/api/v1/teams/{team}/usage/"]["get"]["responses"]["200"]
+    assert usage["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/TeamUsage"}
+    assert doc["components"]["schemas"]["AlertRule"]["properties"]["project"]["nullable"]
+    create = doc["paths"]["/api/v1/teams/{team}/sandbox-sessions/"]["post"]["responses"]
+    assert "503" in create and "503" not in doc["paths"]["/api/v1/teams/{team}/usage/"]["get"][
+        "responses"]

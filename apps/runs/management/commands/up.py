@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -73,6 +74,12 @@ def worker_queues(node: str) -> str:
     """The queues this host's worker consumes: every pool's, and its node's own (where the
     scheduler sends runs it placed on this node)."""
     return ",".join([*QUEUES, node_queue(node)])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -133,6 +140,15 @@ class Command(BaseCommand):
         env = {**os.environ, "CRUCIBLE_API_URL": base_url, "CRUCIBLE_WORKER_TOKEN": worker_token,
                "CRUCIBLE_VAR_DIR": str(settings.VAR_DIR), "CRUCIBLE_NODE_NAME": node,
                "OBJECT_STORE_URL": settings.OBJECT_STORE_URL, "PYTHONUNBUFFERED": "1"}
+        # Sandbox sessions (agent workspaces, /api/v1/teams/<team>/sandbox-sessions) are kept
+        # by a session host: `up` runs one here unless CRUCIBLE_SESSION_HOST_URL names another
+        # (without one every session call answers 503).
+        session_bind = ""
+        if not os.environ.get("CRUCIBLE_SESSION_HOST_URL"):
+            session_bind = f"127.0.0.1:{_free_port()}"
+            env["CRUCIBLE_SESSION_HOST_URL"] = f"http://{session_bind}"
+            env["CRUCIBLE_SESSION_HOST_TOKEN"] = (os.environ.get("CRUCIBLE_SESSION_HOST_TOKEN")
+                                                  or secrets.token_hex(16))
         logs = settings.VAR_DIR / "logs"
         logs.mkdir(exist_ok=True)
         # The web is critical (nothing works without it: `up` stops and says so); the
@@ -152,6 +168,10 @@ class Command(BaseCommand):
         # This host's node agent: its capacity in the inventory (the /cluster/ page), and the
         # dead-worker reports that requeue a killed worker's run at once.
         self._child(supervisor, "agent", [sys.executable, "-m", "workers.agent"], env, logs)
+        if session_bind:
+            self._child(supervisor, "session-host", [
+                sys.executable, "-m", "workers.sandbox.session_host", "--bind", session_bind],
+                env, logs)
         # Children run in sessions of their own (see workers.supervise), so SIGTERM (a
         # process manager stopping `up`) must stop them here, as Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
