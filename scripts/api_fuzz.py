@@ -195,13 +195,13 @@ def main() -> int:
         return 1 if failed else 0
     finally:
         # SIGINT for the host: it closes its sessions and unmounts their layers on the way out.
-        for proc, sig in ((web, signal.SIGTERM), (host, signal.SIGINT)):
-            if proc is not None:
-                proc.send_signal(sig)
+        for child, sig in ((web, signal.SIGTERM), (host, signal.SIGINT)):
+            if child is not None:
+                child.send_signal(sig)
                 try:
-                    proc.wait(timeout=20)
+                    child.wait(timeout=20)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    child.kill()
         shutil.rmtree(var, ignore_errors=True)
 
 
