@@ -32,7 +32,8 @@ def _free_port() -> int:
 
 def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "OBJECT_STORE_URL")}
+           if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "OBJECT_STORE_URL",
+                        "CRUCIBLE_SESSION_HOST_URL")}
     env["CRUCIBLE_VAR_DIR"] = str(tmp_path / "var")
     port = _free_port()
     result = subprocess.run(
@@ -70,6 +71,9 @@ def test_up_runs_the_demo_job_on_embedded_defaults(tmp_path):
     database = sqlite3.connect(tmp_path / "var" / "crucible.sqlite3")
     # This host's node agent registered it in the inventory (the /cluster/ page).
     assert database.execute("SELECT COUNT(*) FROM scheduling_node").fetchone() == (1,)
+    # The session host that serves sandbox sessions came up beside the web.
+    assert "starting session-host" in out
+    assert "session host on" in (tmp_path / "var" / "logs" / "session-host.log").read_text()
     assert f"cluster: http://127.0.0.1:{port}/cluster/" in out
     digest = hashlib.sha256(token.group(1).encode()).hexdigest()
     assert database.execute("SELECT COUNT(*) FROM teams_apitoken WHERE key_hash = ? AND "
