@@ -35,8 +35,13 @@ def broker_url() -> str:
 
 def broker_transport_options(url: str | None = None) -> dict[str, object]:
     """Options for the broker at ``url`` (default: the configured one): the filesystem
-    transport's spool folders, nothing for a server."""
-    if not (url or broker_url()).startswith("filesystem://"):
+    transport's spool folders; publisher confirms on AMQP, so a publish returns once RabbitMQ
+    has routed the message to its queue (a task sent just before the broker drops is not lost
+    silently, and a count taken after a publish sees it); nothing for Redis."""
+    url = url or broker_url()
+    if url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        return {"confirm_publish": True}
+    if not url.startswith("filesystem://"):
         return {}
     spool = var_dir() / "broker"
     for sub in ("queue", "processed", "control"):
