@@ -122,3 +122,14 @@ def test_cost_rates_come_from_the_environment_and_bad_ones_stop_the_start(tmp_pa
         result = _python(RATES, {"CRUCIBLE_COST_PER_GPU_HOUR": bad}, tmp_path)
         assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr, bad
         assert words in result.stderr, (bad, result.stderr[-500:])
+
+
+def test_amqp_brokers_publish_with_confirms_and_redis_needs_no_options(tmp_path):
+    """A publish to RabbitMQ returns only once the broker routed it: without confirms a task
+    sent just before the broker drops is lost silently (and a queue count taken right after
+    a publish missed messages in CI)."""
+    from config import env
+
+    for url in ("amqp://guest:guest@127.0.0.1:5672//", "pyamqp://rabbit:5672//"):
+        assert env.broker_transport_options(url) == {"confirm_publish": True}
+    assert env.broker_transport_options("redis://127.0.0.1:6379/0") == {}
