@@ -47,6 +47,7 @@ from workers.rl.lean import LeanQwen3Moe, supported
 from workers.rl.rollout import (
     Prompt,
     cut_at_stop,
+    logit_bias,
     min_p_filter,
     repetition_penalty,
     top_k_filter,
@@ -458,11 +459,12 @@ class ContinuousBatcher:
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor, first: int) -> None:
         """Sample one token for seqs, the running rows first..first+len-1, from logits (N,V);
-        then retire the rows that finished. Plain greedy rows (no repetition penalty) of all
+        then retire the rows that finished. Plain greedy rows (no penalty, no logit bias) of all
         requests are decided together; the others per request, with its own generator."""
         raw_all = logits.float().cpu()  # sampling runs on the CPU with each job's generator
         plain = [i for i, s in enumerate(seqs)
-                 if s.job.params.temperature == 0.0 and s.job.params.repetition_penalty == 1.0]
+                 if s.job.params.temperature == 0.0 and s.job.params.repetition_penalty == 1.0
+                 and not s.job.params.logit_bias]
         if plain:
             sub = raw_all if len(plain) == len(seqs) else raw_all[plain]
             logp = torch.log_softmax(sub, dim=-1)  # greedy: the model's own logprobs
@@ -489,6 +491,7 @@ class ContinuousBatcher:
         """One request's next tokens (N,) and the logprobs of its sampling distribution."""
         params = job.params
         state = self._state[id(job)]
+        raw = logit_bias(raw, params.logit_bias)
         if params.repetition_penalty != 1.0:
             seen = torch.zeros(raw.shape, dtype=torch.bool)
             for r, s in enumerate(seqs):

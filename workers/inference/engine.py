@@ -15,6 +15,7 @@ as they are sampled, the others in their finished `Sample`s.
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 import threading
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from workers.inference import tools as tool_format
 from workers.inference.continuous import ContinuousBatcher, can_serve
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
@@ -51,9 +53,11 @@ class SamplingParams:
     top_k: int = 0  # vLLM's controls (0 / 0.0 / 1.0: off)
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted
 
     def controls(self) -> SamplingControls:
-        return SamplingControls(self.top_k, self.min_p, self.repetition_penalty)
+        return SamplingControls(self.top_k, self.min_p, self.repetition_penalty,
+                                self.logit_bias)
 
 
 @dataclass
@@ -207,6 +211,27 @@ class Policy:
         if self.chat_format == "raw":
             return raw_chat(messages, self.layout, self.request_tok.eos_token or "")
         return plain_chat(messages)
+
+    def render_tool_chat(self, messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]] | None) -> str:
+        """A conversation with tools offered or tool calls in its history (OpenAI-shaped
+        dicts). A chat template that renders tools itself (Qwen's, Hermes') gets them as
+        structured messages, so the model sees exactly its training format; every other
+        format gets the text rendering of `workers.inference.tools`."""
+        if self.chat_format == "template":
+            template = str(getattr(self.request_tok, "chat_template", "") or "")
+            if "tool" in template:
+                structured = [
+                    {**m, "tool_calls": [
+                        {**c, "function": {**c["function"],
+                                           "arguments": json.loads(c["function"]["arguments"])}}
+                        for c in m["tool_calls"]]} if m.get("tool_calls") else m
+                    for m in messages]
+                return self.request_tok.apply_chat_template(  # type: ignore[return-value]
+                    structured, tools=list(tools) if tools else None, tokenize=False,
+                    add_generation_prompt=True)
+            return self.render_chat(tool_format.text_messages(messages, tools, tool_role="user"))
+        return self.render_chat(tool_format.text_messages(messages, tools))
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt exactly as sampling sees it (request threads only)."""

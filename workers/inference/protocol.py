@@ -3,13 +3,16 @@
 Fields follow the OpenAI API names so the official client, `verifiers` and other
 OpenAI-compatible callers work unchanged, plus the vLLM extensions RL clients send (token-id
 prompts, `return_token_ids`, `return_tokens_as_token_ids`, `top_k`, `min_p`,
-`repetition_penalty`). A field the server cannot honour (tools, presence/frequency penalties,
-logit bias...) is refused with a 400 that names it, instead of being silently ignored; purely
-informational fields (`user`, `metadata`, ...) are accepted and ignored, as OpenAI does.
+`repetition_penalty`), and tool calling (`tools`, `tool_choice`, assistant `tool_calls`,
+`tool` messages; the format is `workers.inference.tools`). A field the server cannot honour
+(presence/frequency penalties...) is refused with a 400 that names it, instead of
+being silently ignored; purely informational fields (`user`, `metadata`, ...) are accepted
+and ignored, as OpenAI does.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -59,11 +62,79 @@ class TextPart(_Req):
     text: str
 
 
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
+
+
+class CalledFunction(_Req):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)]
+    arguments: str  # a JSON text
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, v: str) -> str:
+        try:
+            obj = json.loads(v)
+        except ValueError as exc:
+            raise ValueError(f"arguments must be a JSON object encoded as a string: {exc}"
+                             ) from None
+        if not isinstance(obj, dict):
+            raise ValueError("arguments must be a JSON object encoded as a string")
+        return v
+
+
+class ToolCallIn(_Req):
+    """A call an earlier assistant turn made (conversation history)."""
+
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class FunctionDef(_Req):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        import jsonschema  # only requests with tools pay for it
+
+        try:
+            jsonschema.validators.validator_for(v).check_schema(v)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "the top level"
+            raise ValueError(f"not a valid JSON Schema ({exc.message}, at {where})") from None
+        if v.get("type", "object") != "object":
+            raise ValueError(f"a function's parameters must be a JSON Schema of type "
+                             f"'object', got type {v.get('type')!r}")
+        return v
+
+
+class ToolDef(_Req):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Req):
+    name: str
+
+
+class NamedToolChoice(_Req):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Req):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    refusal: str | None = None  # the official client echoes it back in history
 
     def text(self) -> str:
         if self.content is None:
@@ -142,10 +213,18 @@ class _Sampling(_Req):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported by this server; omit it")
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids (as strings), got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"a logit_bias value must be between -100 and 100, got "
+                                 f"{value} for token {key}")
         return v
+
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        return tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items()
+                            if b))
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -160,23 +239,13 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
     reasoning_effort: str | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError(
-                "tool calling is not supported by this server (the policy has no tool-call "
-                "format); run tool-use environments through Crucible's environment engine"
-            )
-        return v
 
     @field_validator("response_format")
     @classmethod
@@ -187,6 +256,48 @@ class ChatCompletionRequest(_Sampling):
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def chosen_tool(self) -> str | None:
+        """tool_choice as one string: "none", "auto", "required" or a function's name; None
+        when no tools are sent (OpenAI's default is then "none", with tools "auto")."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        if self.tool_choice is None:
+            return "auto" if self.tools else None
+        return self.tool_choice
+
+    def check_tools(self) -> None:
+        """What a field alone cannot say: tool names unique, tool_choice naming a sent tool,
+        tool calls only on assistant turns, every tool message answering an earlier call."""
+        names = [t.function.name for t in self.tools or []]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ApiError(f"tools hold two functions named '{name}'; names must be "
+                               "unique", param=f"tools.{i}.function.name")
+        choice = self.chosen_tool()
+        if choice not in (None, "none", "auto", "required") and choice not in names:
+            sent = ", ".join(repr(n) for n in names) or "none"
+            raise ApiError(f"tool_choice names the function '{choice}', which is not in "
+                           f"tools (sent: {sent})", param="tool_choice.function.name")
+        if choice == "required" and not names:
+            raise ApiError("tool_choice 'required' needs tools", param="tool_choice")
+        calls: set[str] = set()
+        for i, m in enumerate(self.messages):
+            if m.tool_calls and m.role != "assistant":
+                raise ApiError(f"only assistant messages carry tool_calls (message {i} is "
+                               f"'{m.role}')", param=f"messages.{i}.tool_calls")
+            for call in m.tool_calls or []:
+                calls.add(call.id)
+            if m.role == "tool":
+                if not m.tool_call_id:
+                    raise ApiError(f"message {i} has role 'tool' but no tool_call_id; give "
+                                   "the id of the call it answers",
+                                   param=f"messages.{i}.tool_call_id")
+                if m.tool_call_id not in calls:
+                    raise ApiError(f"message {i} answers tool call '{m.tool_call_id}', which "
+                                   "no earlier assistant message made (its tool_calls ids: "
+                                   f"{', '.join(sorted(calls)) or 'none'})",
+                                   param=f"messages.{i}.tool_call_id")
 
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]

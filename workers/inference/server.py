@@ -51,6 +51,13 @@ from workers.inference.protocol import (
     CompletionRequest,
     parse_request,
 )
+from workers.inference.tools import (
+    Delta,
+    ToolCall,
+    ToolCallStream,
+    forced_prefix,
+    parse_completion,
+)
 from workers.rl.rollout import Prompt, cut_at_stop
 
 DEFAULT_CHAT_MAX_TOKENS = 256  # when a chat request names no limit (also capped by context)
@@ -147,13 +154,20 @@ class OpenAIApp:
                            f"has {max(lengths)} and {limit} were requested for the completion. "
                            "Shorten the prompt or lower max_tokens.", param="max_tokens",
                            code="context_length_exceeded")
+        bias = req.biases()
+        vocab = self.policy.vocab_size
+        bad = next((t for t, _ in bias if t >= vocab), None)
+        if bad is not None:
+            raise ApiError(f"logit_bias names token id {bad}, outside this model's vocabulary "
+                           f"of {vocab} ids", param="logit_bias")
         temperature = 1.0 if req.temperature is None else req.temperature
         params = SamplingParams(temperature=temperature,
                                 top_p=1.0 if req.top_p is None else req.top_p,
                                 max_tokens=limit, stop=tuple(req.stops()), top_logprobs=top,
                                 top_k=max(0, req.top_k or 0), min_p=req.min_p or 0.0,
                                 repetition_penalty=(1.0 if req.repetition_penalty is None
-                                                    else req.repetition_penalty))
+                                                    else req.repetition_penalty),
+                                logit_bias=bias)
         return params, lengths
 
     def _check_n(self, n: int) -> None:
@@ -247,37 +261,44 @@ class OpenAIApp:
         try:
             req = parse_request(ChatCompletionRequest, await self._body(request))
             self._check_model(req.model)
+            req.check_tools()
+            calls = ToolPlan.of(req)
             try:
-                prompt = self.policy.render_chat([(m.role, m.text()) for m in req.messages])
+                if calls.renders:
+                    prompt = self.policy.render_tool_chat(calls.messages, calls.offered)
+                else:
+                    prompt = self.policy.render_chat([(m.role, m.text()) for m in req.messages])
             except ValueError as exc:
                 raise ApiError(str(exc), param="messages") from None
+            prompt += calls.prefix
             top = (req.top_logprobs or 0) if req.logprobs else 0
             if req.top_logprobs and not req.logprobs:
                 raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
             params, lengths = self._params(req, [prompt], req.limit(), top)
             self._check_n(req.n)
             if req.stream and not self._holds_streams:
-                return self._stream(self._chat_stream(req, prompt, params, lengths))
+                return self._stream(self._chat_stream(req, prompt, params, lengths, calls))
             results = await self._run([prompt], req.n, params, req.seed)
         except ApiError as err:
             return _error(err)
-        body = self._chat_body(req, prompt, results, lengths)
+        body = self._chat_body(req, prompt, results, lengths, calls)
         if req.stream:
             return self._stream(self._chat_chunks(req, body))
         return JSONResponse(body, headers=self._filter_header)
 
     def _chat_body(self, req: ChatCompletionRequest, prompt: str, results: list[list[Sample]],
-                   lengths: list[int]) -> dict[str, Any]:
+                   lengths: list[int], calls: ToolPlan) -> dict[str, Any]:
         as_ids = req.return_tokens_as_token_ids
         choices = []
         for i, s in enumerate(results[0]):
             shown = self._shown(s, as_ids)
+            message, finish = calls.message(s.text, s.finish_reason)
             choice: dict[str, Any] = {
-                "index": i, "message": {"role": "assistant", "content": s.text},
+                "index": i, "message": message,
                 "logprobs": ({"content": [self._chat_entry(t, lp, alts, as_ids) for t, lp, alts
                                           in self._positions(s, shown)]}
                              if req.logprobs else None),
-                "finish_reason": s.finish_reason,
+                "finish_reason": finish,
             }
             if req.return_token_ids:
                 choice["token_ids"] = s.token_ids
@@ -386,15 +407,23 @@ class OpenAIApp:
         if mode == Mode.OFF:
             return
         key = "content" if "content" in holder else "text"
-        screened = screen_text(holder[key], mode)
-        if not screened.kinds:
+        calls = holder.get("tool_calls") or []
+        screened = screen_text(holder[key] or "", mode)
+        args = [screen_text(c["function"]["arguments"], mode) for c in calls]
+        kinds = list(dict.fromkeys([*screened.kinds, *(k for a in args for k in a.kinds)]))
+        if not kinds:
             return
-        choice["filter"] = {"action": mode.value, "kinds": list(screened.kinds)}
+        choice["filter"] = {"action": mode.value, "kinds": kinds}
         if mode == Mode.FLAG:
             return
-        holder[key] = "" if mode == Mode.BLOCK else screened.value
+        holder[key] = "" if mode == Mode.BLOCK else (
+            screened.value if holder[key] is not None else None)
         if mode == Mode.BLOCK:
             choice["finish_reason"] = "content_filter"
+            holder.pop("tool_calls", None)
+        else:  # redacted inside the JSON strings' values
+            for c, a in zip(calls, args, strict=True):
+                c["function"]["arguments"] = a.value
         choice["logprobs"] = None
         choice.pop("token_ids", None)
 
@@ -420,11 +449,18 @@ class OpenAIApp:
                 first["prompt_token_ids"] = body["prompt_token_ids"]
             yield first
             text: dict[str, Any] = {"index": c["index"],
-                                    "delta": {"content": c["message"]["content"]},
+                                    "delta": {"content": c["message"]["content"] or ""},
                                     "logprobs": c["logprobs"], "finish_reason": None}
             if "token_ids" in c:
                 text["token_ids"] = c["token_ids"]
             yield {**head, "choices": [text]}
+            for k, call in enumerate(c["message"].get("tool_calls") or []):
+                made = ToolCall(call["id"], call["function"]["name"],
+                                call["function"]["arguments"])
+                for part in (Delta(call=made, index=k), Delta(call=made, index=k,
+                                                              arguments=True)):
+                    yield {**head, "choices": [{"index": c["index"], "delta": part.as_openai(),
+                                                "logprobs": None, "finish_reason": None}]}
             last = {"index": c["index"], "delta": {}, "logprobs": None,
                     "finish_reason": c["finish_reason"]}
             if "filter" in c:
@@ -481,14 +517,31 @@ class OpenAIApp:
                         type="server_error").body()
 
     async def _chat_stream(self, req: ChatCompletionRequest, prompt: str,
-                           params: SamplingParams, lengths: list[int]
+                           params: SamplingParams, lengths: list[int], calls: ToolPlan
                            ) -> AsyncIterator[dict[str, Any]]:
         """Role first for every choice, then a chunk per sampled token as it comes (the n
-        choices interleaved), then each choice's finish, then usage if asked."""
+        choices interleaved), then each choice's finish, then usage if asked. With tools, a
+        token's text goes through the choice's tool-call parser: content as it becomes
+        certain, each call as two `tool_calls` deltas (id and name, then arguments) once
+        its block is complete."""
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": self.config.model_name}
         as_ids, eos = req.return_tokens_as_token_ids, self.policy.tok.eos_token_id
         texts = [TextStream(self.policy, list(params.stop)) for _ in range(req.n)]
+        parsers = [calls.stream() for _ in range(req.n)]
+
+        def pieces(i: int, text: str, last: bool = False) -> tuple[str, list[dict[str, Any]]]:
+            """Row i's new text as (content, tool_calls deltas)."""
+            parser = parsers[i]
+            if parser is None:
+                return text, []
+            deltas = parser.push(text) + (parser.finish() if last else [])
+            content = "".join(d.content or "" for d in deltas if d.call is None)
+            return content, [d.as_openai() for d in deltas if d.call is not None]
+
+        def call_chunks(i: int, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{**head, "choices": [{"index": i, "delta": d, "logprobs": None,
+                                          "finish_reason": None}]} for d in deltas]
         for i in range(req.n):
             first: dict[str, Any] = {**head, "choices": [{
                 "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -500,31 +553,37 @@ class OpenAIApp:
             async for item in self._tokens([prompt], req.n, params, req.seed):
                 if isinstance(item, TokenEvent):
                     is_eos = item.token_id == eos
-                    delta = "" if is_eos else texts[item.row].push(item.token_id)
+                    delta, tool_deltas = pieces(
+                        item.row, "" if is_eos else texts[item.row].push(item.token_id))
                     show = req.logprobs and (as_ids or not is_eos)
-                    if not (delta or show or req.return_token_ids):
-                        continue
-                    choice: dict[str, Any] = {
-                        "index": item.row, "delta": {"content": delta},
-                        "logprobs": ({"content": [self._chat_entry(
-                            item.token_id, item.logprob, item.top_logprobs, as_ids)]}
-                            if show else None),
-                        "finish_reason": None}
-                    if req.return_token_ids:
-                        choice["token_ids"] = [item.token_id]
-                    yield {**head, "choices": [choice]}
+                    if delta or show or req.return_token_ids:
+                        choice: dict[str, Any] = {
+                            "index": item.row, "delta": {"content": delta},
+                            "logprobs": ({"content": [self._chat_entry(
+                                item.token_id, item.logprob, item.top_logprobs, as_ids)]}
+                                if show else None),
+                            "finish_reason": None}
+                        if req.return_token_ids:
+                            choice["token_ids"] = [item.token_id]
+                        yield {**head, "choices": [choice]}
+                    for chunk in call_chunks(item.row, tool_deltas):
+                        yield chunk
                     continue
                 results = item
         except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
             yield self._failed(exc)
             return
         for i, s in enumerate(results[0]):
-            rest = texts[i].finish(s.text)
+            rest, tool_deltas = pieces(i, texts[i].finish(s.text), last=True)
             if rest:
                 yield {**head, "choices": [{"index": i, "delta": {"content": rest},
                                             "logprobs": None, "finish_reason": None}]}
+            for chunk in call_chunks(i, tool_deltas):
+                yield chunk
+            parser = parsers[i]
+            finish = "tool_calls" if parser is not None and parser.calls else s.finish_reason
             yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
-                                        "finish_reason": s.finish_reason, **self._flag(s.text)}]}
+                                        "finish_reason": finish, **self._flag(s.text)}]}
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": self._usage(lengths, results)}
 
@@ -584,6 +643,57 @@ class OpenAIApp:
                                             **self._flag(shown + s.text)}]}
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": self._usage(lengths, results)}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one chat request uses tools: what its prompt renders, the text its assistant turn
+    is forced to start with, and whether completions are parsed for calls."""
+
+    renders: bool  # tools offered or tool calls in the history: the tool-aware rendering
+    messages: list[dict[str, Any]]  # OpenAI-shaped, text content
+    offered: list[dict[str, Any]] | None  # the tools shown to the model
+    prefix: str  # appended to the prompt (tool_choice "required" or a named function)
+    max_calls: int | None  # 1 under parallel_tool_calls: false
+
+    @classmethod
+    def of(cls, req: ChatCompletionRequest) -> ToolPlan:
+        choice = req.chosen_tool()
+        offered = ([t.model_dump(exclude_none=True) for t in req.tools]
+                   if req.tools and choice != "none" else None)
+        messages = []
+        for m in req.messages:
+            d: dict[str, Any] = {"role": m.role, "content": m.text()}
+            if m.tool_calls:
+                d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+            if m.name is not None:
+                d["name"] = m.name
+            messages.append(d)
+        history = any(m.tool_calls or m.role == "tool" for m in req.messages)
+        return cls(renders=bool(offered) or history, messages=messages, offered=offered,
+                   prefix=forced_prefix(choice, bool(offered)),
+                   max_calls=1 if req.parallel_tool_calls is False else None)
+
+    def stream(self) -> ToolCallStream | None:
+        """A parser for one streamed choice (None when no tools are offered)."""
+        if not self.offered:
+            return None
+        parser = ToolCallStream(self.max_calls)
+        parser.push(self.prefix)  # the forced start is part of the turn
+        return parser
+
+    def message(self, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+        """A finished choice's message and finish reason: "tool_calls" once a call parsed."""
+        if not self.offered:
+            return {"role": "assistant", "content": text}, finish_reason
+        content, calls = parse_completion(self.prefix + text, self.max_calls)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if not calls:
+            return message, finish_reason
+        message["tool_calls"] = [c.as_openai() for c in calls]
+        return message, "tool_calls"
 
 
 class TextStream:

@@ -90,19 +90,31 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float)
     return torch.where(seen, scaled, logits)
 
 
+def logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> torch.Tensor:
+    """OpenAI's `logit_bias`: each (token id, bias) added to that token's logit in every row
+    (-100 / 100 in effect ban / force the token). (B,V) -> (B,V)."""
+    if not bias:
+        return logits
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=logits.device)
+    vals = torch.tensor([v for _, v in bias], dtype=logits.dtype, device=logits.device)
+    return logits.index_add(-1, ids, vals.expand(logits.shape[0], -1))
+
+
 @dataclass(frozen=True)
 class SamplingControls:
     """vLLM-style sampling controls beyond temperature and top-p, for the inference server:
-    applied as vLLM orders them (penalty, temperature, top-k, top-p, min-p). The RL engine's
-    own sampling leaves them off."""
+    applied as vLLM orders them (logit bias, penalty, temperature, top-k, top-p, min-p). The
+    RL engine's own sampling leaves them off."""
 
     top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
     @property
     def neutral(self) -> bool:
-        return self.top_k <= 0 and self.min_p <= 0.0 and self.repetition_penalty == 1.0
+        return (self.top_k <= 0 and self.min_p <= 0.0 and self.repetition_penalty == 1.0
+                and not self.logit_bias)
 
 
 # Called after every decode step with (step, sampled ids (B,), the step's logits (B,V) after any
@@ -303,6 +315,8 @@ class HFRollout:
         t = 0
         for t in range(n_new):
             raw = logits.float()
+            if controls is not None:
+                raw = logit_bias(raw, controls.logit_bias)
             if seen is not None:
                 raw = repetition_penalty(raw, seen, controls.repetition_penalty)  # type: ignore[union-attr]
             logp = torch.log_softmax(raw / spec.temperature, dim=-1)  # (B,V)

@@ -144,8 +144,8 @@ def test_streaming_chat_delivers_the_same_text_and_usage(client):
     [
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"frobnicate": 1}, "frobnicate", "Unrecognized request argument"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
-         "tool calling is not supported"),
+        ({"tool_choice": "required"}, "tool_choice", "'required' needs tools"),
+        ({"logit_bias": {"5": 300}}, "logit_bias", "between -100 and 100"),
         ({"max_tokens": 1000}, "max_tokens", "maximum context length is 128"),
         ({"messages": []}, "messages", "at least 1"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
