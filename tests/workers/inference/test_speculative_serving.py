@@ -139,3 +139,13 @@ def test_a_speculative_server_answers_chat_completions(model_dir):
         spec = health["speculative"]
         assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 4
         assert spec["proposed"] >= spec["accepted"] >= 0 and spec["target_forwards"] > 0
+
+
+def test_the_serve_command_reports_bad_speculative_flags(model_dir, tmp_path, capsys):
+    from workers.inference.__main__ import main as cli_main
+
+    base = ["serve", "--model", str(model_dir), "--port", "0"]
+    assert cli_main([*base, "--ngram-draft", "2", "--draft-checkpoint", str(model_dir)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert cli_main([*base, "--draft-checkpoint", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
