@@ -107,19 +107,24 @@ def accept_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[l
 
 
 def prompt_lookup(context: Sequence[int], n: int, k: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the context's last n
-    tokens (prompt lookup decoding). [] when the context is shorter than n+1 or the n-gram
-    occurs nowhere earlier."""
+    """Up to k tokens that followed an earlier occurrence of the context's last n tokens
+    (prompt lookup decoding): the most recent occurrence followed by k tokens, else the one
+    followed by the most (the earliest: in a repeating tail the latest match sits just behind
+    the tail and leaves few tokens to propose). [] when the context is shorter than n+1 or the
+    n-gram occurs nowhere earlier."""
     if n < 1 or k < 1:
         raise ValueError("n and k must be >= 1")
     size = len(context)
     if size <= n:
         return []
     tail = list(context[size - n:])
+    best: list[int] = []
     for start in range(size - n - 1, -1, -1):  # most recent first, never the tail itself
         if list(context[start:start + n]) == tail:
-            return [int(t) for t in context[start + n:start + n + k]]
-    return []
+            best = [int(t) for t in context[start + n:start + n + k]]
+            if len(best) == k:
+                break
+    return best
 
 
 class Filter(Protocol):

@@ -98,11 +98,14 @@ def test_speculative_sampling_output_follows_p_whatever_q():
     check(second, p[1])
 
 
-def test_prompt_lookup_proposes_what_followed_the_latest_earlier_match():
+def test_prompt_lookup_proposes_what_followed_the_latest_full_earlier_match():
     assert prompt_lookup([1, 2, 3, 4, 1, 2], n=2, k=3) == [3, 4, 1]
     assert prompt_lookup([5, 6, 9, 5, 6, 7, 5, 6], n=2, k=2) == [7, 5]  # latest match wins
     assert prompt_lookup([5, 6, 9, 5, 6, 7, 5, 6], n=3, k=2) == []  # "7 5 6" never earlier
     assert prompt_lookup([7, 7, 7], n=2, k=4) == [7]  # overlapping match, cut by the end
+    # In a repeating tail the latest match leaves 2 tokens; the earlier one gives all 3.
+    assert prompt_lookup([1, 2, 1, 2, 1, 2], n=2, k=3) == [1, 2, 1]
+    assert prompt_lookup([1, 2, 1, 2, 1, 2], n=2, k=2) == [1, 2]
     assert prompt_lookup([1, 2], n=2, k=3) == []  # nothing before the tail
     assert prompt_lookup([3, 1, 3], n=1, k=1) == [1]
     with pytest.raises(ValueError, match="n and k must be >= 1"):
