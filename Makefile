@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora bench-serve clean
+.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora bench-serve bench-variants clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,7 @@ bench-ingest: $(STAMP)
 bench-filter: $(STAMP)
 	nice $(PY) -m tests.benchmarks.bench_filtering
 
-bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora bench-serve
+bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora bench-serve bench-variants
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl
@@ -96,6 +96,11 @@ bench-lora: $(STAMP)
 # (BENCH_SERVE_REQUESTS=N for fewer), and GRPO group sampling with and without prefix sharing.
 bench-serve: $(STAMP)
 	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_serve
+
+# Speculative decoding (serve --ngram-draft / --draft-checkpoint) against plain greedy decoding
+# of the same briefly trained checkpoint: tokens/s of a single stream, acceptance rates.
+bench-variants: $(STAMP)
+	OMP_NUM_THREADS=1 nice $(PY) -m tests.benchmarks.bench_variants
 
 clean:
 	rm -rf var/

@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="do not reuse the keys/values of prompts seen before")
     serve.add_argument("--prefix-cache-tokens", type=int, default=16384,
                        help="tokens of cached prefixes kept (least recently used go first)")
+    serve.add_argument("--ngram-draft", type=int, default=0, metavar="N",
+                       help="speculative decoding with prompt lookup: guess the tokens that "
+                       "followed the last N tokens earlier in the context (0: off)")
+    serve.add_argument("--draft-checkpoint", metavar="DIR",
+                       help="speculative decoding with a small draft model (a Hugging Face "
+                       "checkpoint with the served model's tokenizer)")
+    serve.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
+                       help="tokens guessed per target forward under speculative decoding")
     serve.add_argument("--rope-scaling", type=_json_object, metavar="JSON",
                        help='long context, e.g. \'{"rope_type": "yarn", "factor": 4.0}\' '
                        "(as vLLM's hf_overrides take it)")
@@ -83,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             rope_scaling=args.rope_scaling, max_model_len=args.max_model_len,
             engine=EngineOptions(engine=args.engine, prefill_chunk=args.prefill_chunk,
                                  prefix_caching=not args.no_prefix_caching,
-                                 prefix_cache_tokens=args.prefix_cache_tokens),
+                                 prefix_cache_tokens=args.prefix_cache_tokens,
+                                 ngram_draft=args.ngram_draft,
+                                 draft_checkpoint=args.draft_checkpoint,
+                                 num_speculative_tokens=args.num_speculative_tokens),
             on_ready=lambda url: print(f"serving {args.model} at {url}; {allot.describe()}",
                                        flush=True),
         )

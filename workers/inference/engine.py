@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from workers.inference import tools as tool_format
 from workers.inference.continuous import ContinuousBatcher, can_serve
+from workers.inference.speculative import DraftModel, NgramProposer, SpeculativeDecoder
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
 from workers.rl.prompt_format import Layout
@@ -317,6 +318,15 @@ class EngineOptions:
     prefill_chunk: int = 512  # prompt tokens prefilled per scheduler iteration at most
     prefix_caching: bool = True
     prefix_cache_tokens: int = 16384  # tokens of cached prefixes kept (LRU)
+    # Speculative decoding (workers.inference.speculative): guesses from prompt lookup with
+    # n-grams of this length, or from a draft checkpoint sharing the tokenizer; K per step.
+    ngram_draft: int = 0
+    draft_checkpoint: str | None = None
+    num_speculative_tokens: int = 4
+
+    @property
+    def speculative(self) -> bool:
+        return self.ngram_draft > 0 or self.draft_checkpoint is not None
 
 
 def make_batcher(policy: Policy, max_rows: int, options: EngineOptions | None = None
@@ -325,6 +335,8 @@ def make_batcher(policy: Policy, max_rows: int, options: EngineOptions | None = 
     opts = options or EngineOptions()
     if opts.prefill_chunk < 1 or opts.prefix_cache_tokens < 0 or max_rows < 1:
         raise ValueError("prefill_chunk and max_rows must be >= 1, prefix_cache_tokens >= 0")
+    if opts.speculative:
+        return SpeculativeBatcher(policy, max_rows, speculative_decoder(policy, opts))
     fits = can_serve(policy.model)
     if opts.engine == "continuous" and not fits:
         raise ValueError("the continuous engine serves a plain fp32 Qwen3-MoE with default "
@@ -400,8 +412,8 @@ class Batcher:
 
             streaming = any(j.on_token is not None for j in group)
             try:
-                samples = self.policy.generate(prompts, group[0].params, group[0].seed,
-                                               route if streaming else None)
+                samples = self._generate(prompts, group[0].params, group[0].seed,
+                                         route if streaming else None)
             except Exception as exc:  # noqa: BLE001 - handed to every waiting request
                 for j in group:
                     j.future.set_exception(exc)
@@ -413,3 +425,77 @@ class Batcher:
                 at += j.rows
                 j.future.set_result([mine[i * j.n : (i + 1) * j.n]
                                      for i in range(len(j.prompts))])
+
+    def _generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None,
+                  on_token: Callable[[TokenEvent], None] | None) -> list[Sample]:
+        return self.policy.generate(prompts, params, seed, on_token)
+
+    def stats(self) -> dict[str, Any]:
+        """Engine counters for /health (none for the plain batcher)."""
+        return {}
+
+
+def speculative_decoder(policy: Policy, opts: EngineOptions) -> SpeculativeDecoder:
+    """The decoder the serve flags ask for: n-gram lookup or a draft checkpoint, not both."""
+    if opts.ngram_draft > 0 and opts.draft_checkpoint is not None:
+        raise ValueError("give either --ngram-draft or --draft-checkpoint, not both")
+    if opts.num_speculative_tokens < 1:
+        raise ValueError("--num-speculative-tokens must be >= 1")
+    proposer: NgramProposer | DraftModel
+    if opts.draft_checkpoint is not None:
+        dtype = next(policy.model.parameters()).dtype
+        proposer = DraftModel(opts.draft_checkpoint, policy.tok, policy.vocab_size,
+                              policy.device, dtype)
+    else:
+        proposer = NgramProposer(opts.ngram_draft)
+    return SpeculativeDecoder(policy.model, proposer, opts.num_speculative_tokens,
+                              policy.tok.eos_token_id,
+                              lambda ids: str(policy.tok.decode(ids, skip_special_tokens=True)))
+
+
+class SpeculativeBatcher(Batcher):
+    """The `Batcher` with each row decoded speculatively, one sequence at a time (a batch's
+    rows take turns: speculation pays most where a single stream is latency-bound). Requests
+    with a repetition penalty take the plain path: the penalty makes the target's distribution
+    depend on the guesses themselves."""
+
+    def __init__(self, policy: Policy, max_rows: int, decoder: SpeculativeDecoder) -> None:
+        self.decoder = decoder
+        self.method = ("draft-model" if isinstance(decoder.proposer, DraftModel)
+                       else "ngram")
+        super().__init__(policy, max_rows)
+
+    def _generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None,
+                  on_token: Callable[[TokenEvent], None] | None) -> list[Sample]:
+        if params.repetition_penalty != 1.0:
+            return self.policy.generate(prompts, params, seed, on_token)
+        gen = torch.Generator()
+        gen.manual_seed(seed if seed is not None else secrets.randbits(62))
+        tok, eos = self.policy.tok, self.policy.tok.eos_token_id
+        out = []
+        for row, prompt in enumerate(prompts):
+            ids = ([int(t) for t in prompt] if not isinstance(prompt, str)
+                   else list(tok(prompt, add_special_tokens=False)["input_ids"]))
+
+            def emit(t: int, lp: float, alts: list[tuple[int, float]], row: int = row) -> None:
+                if on_token is not None:
+                    on_token(TokenEvent(row, t, lp, alts))
+
+            got = self.decoder.generate(
+                ids, max_tokens=params.max_tokens, temperature=params.temperature,
+                top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+                stop=params.stop, top_logprobs=params.top_logprobs, gen=gen,
+                context_limit=self.policy.context, on_token=emit)
+            full: str = tok.decode(got.token_ids, skip_special_tokens=True)  # type: ignore[assignment]
+            text, hit = cut_at_stop(full, list(params.stop))
+            ended = bool(got.token_ids) and got.token_ids[-1] == eos
+            out.append(Sample(got.token_ids, got.logprobs, got.top_logprobs, text,
+                              "stop" if ended or hit else "length", eos=ended))
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        d = self.decoder
+        return {"speculative": {"method": self.method, "num_speculative_tokens": d.k,
+                                "proposed": d.proposed, "accepted": d.accepted,
+                                "acceptance_rate": round(d.acceptance_rate, 4),
+                                "target_forwards": d.steps}}

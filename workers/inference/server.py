@@ -234,8 +234,9 @@ class OpenAIApp:
     # ---- routes ----------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        stats: dict[str, Any] = getattr(self.batcher, "stats", dict)()  # e.g. acceptance
         return JSONResponse({"status": "ok", "model": self.config.model_name,
-                             "threads": threads.in_use()["torch_threads"]})
+                             "threads": threads.in_use()["torch_threads"], **stats})
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.config.model_name, "object": "model", "created": self.created,
