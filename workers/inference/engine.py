@@ -456,8 +456,9 @@ def speculative_decoder(policy: Policy, opts: EngineOptions) -> SpeculativeDecod
 class SpeculativeBatcher(Batcher):
     """The `Batcher` with each row decoded speculatively, one sequence at a time (a batch's
     rows take turns: speculation pays most where a single stream is latency-bound). Requests
-    with a repetition penalty take the plain path: the penalty makes the target's distribution
-    depend on the guesses themselves."""
+    with a repetition penalty take the plain path (the penalty makes the target's distribution
+    depend on the guesses themselves), and so do requests with a `logit_bias` (the proposers
+    would guess from unbiased logits; the plain sampler applies the bias exactly)."""
 
     def __init__(self, policy: Policy, max_rows: int, decoder: SpeculativeDecoder) -> None:
         self.decoder = decoder
@@ -467,7 +468,7 @@ class SpeculativeBatcher(Batcher):
 
     def _generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None,
                   on_token: Callable[[TokenEvent], None] | None) -> list[Sample]:
-        if params.repetition_penalty != 1.0:
+        if params.repetition_penalty != 1.0 or params.logit_bias:
             return self.policy.generate(prompts, params, seed, on_token)
         gen = torch.Generator()
         gen.manual_seed(seed if seed is not None else secrets.randbits(62))

@@ -149,3 +149,20 @@ def test_the_serve_command_reports_bad_speculative_flags(model_dir, tmp_path, ca
     assert "not both" in capsys.readouterr().err
     assert cli_main([*base, "--draft-checkpoint", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_logit_bias_request_is_decoded_plainly_with_its_bias(target, prompts):
+    """The proposers guess from unbiased logits, so a biased request takes the plain sampler:
+    a +100 bias on one token makes every sampled token that one, and no guess is proposed."""
+    batcher = make_batcher(target, 4, EngineOptions(ngram_draft=1, num_speculative_tokens=4))
+    assert isinstance(batcher, SpeculativeBatcher)
+    forced = next(i for i in range(len(target.tok))
+                  if i not in (target.tok.eos_token_id, target.tok.pad_token_id))
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=6,
+                            logit_bias=((forced, 100.0),))
+    try:
+        sample = batcher.submit([prompts[0]], 1, params, None).result(120)[0][0]
+    finally:
+        batcher.close()
+    assert sample.token_ids == [forced] * 6
+    assert batcher.decoder.proposed == 0
