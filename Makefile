@@ -36,7 +36,7 @@ test: $(STAMP)
 	bash scripts/install_sandbox_deps.sh
 	bash scripts/install_test_deps.sh
 	rm -rf var/test
-	CRUCIBLE_VAR_DIR=$(CURDIR)/var/test $(VENV)/bin/pytest $(PYTEST_ARGS)
+	CRUCIBLE_VAR_DIR=$(CURDIR)/var/test $(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
 
 # Schemathesis against a freshly seeded web process (fixed seed, bounded examples): 0 server
 # errors and 0 schema violations, or it fails. A real session host serves the session routes. DATABASE_URL/REDIS_URL pick the configuration.
