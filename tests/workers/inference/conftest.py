@@ -3,6 +3,9 @@ by the OpenAI-compatible server on a free port for each test module."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import openai
 import pytest
 import torch
@@ -16,15 +19,19 @@ from workers.rl.tokenizer import train_bpe
 KEY = "test-key"
 
 
+def save_tiny_policy(folder: Path, tok: Any, preset: TinyMoeSpec) -> Path:
+    """A randomly initialised tiny Qwen3-MoE for ``tok``, saved with it as a checkpoint."""
+    model = build_policy(ModelSpec(preset=preset), len(tok), tok.pad_token_id,
+                         tok.eos_token_id)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     tok = train_bpe(build_objective(ArithmeticSpec()).corpus(), vocab_size=96)
-    model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=2)), len(tok),
-                         tok.pad_token_id, tok.eos_token_id)
-    out = tmp_path_factory.mktemp("policy")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_policy(tmp_path_factory.mktemp("policy"), tok, TinyMoeSpec(num_layers=2))
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import string
 import openai
 import pytest
 
+from tests.workers.inference.conftest import save_tiny_policy
 from workers.inference.engine import Batcher, SamplingParams, plain_chat
 from workers.inference.tools import forced_prefix, text_messages, tools_prompt
-from workers.rl.model import build_policy
 from workers.rl.objectives import build_objective
-from workers.rl.spec import ArithmeticSpec, ModelSpec, TinyMoeSpec
+from workers.rl.spec import ArithmeticSpec, TinyMoeSpec
 from workers.rl.tokenizer import train_bpe
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -37,13 +37,8 @@ def model_dir(tmp_path_factory):
     tok = train_bpe(corpus, vocab_size=256)
     tok.add_tokens([CALL])
     # room for the tools block in the system prompt
-    preset = TinyMoeSpec(num_layers=2, max_position_embeddings=1024)
-    model = build_policy(ModelSpec(preset=preset), len(tok), tok.pad_token_id,
-                         tok.eos_token_id)
-    out = tmp_path_factory.mktemp("policy-tools")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_policy(tmp_path_factory.mktemp("policy-tools"), tok,
+                            TinyMoeSpec(num_layers=2, max_position_embeddings=1024))
 
 
 @pytest.fixture(scope="module")

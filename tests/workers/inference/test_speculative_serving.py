@@ -10,6 +10,7 @@ import openai
 import pytest
 import torch
 
+from tests.workers.inference.conftest import save_tiny_policy
 from tests.workers.inference.test_continuous import sequential
 from workers.inference import start_server
 from workers.inference.engine import (
@@ -37,13 +38,8 @@ def target(model_dir):
 def draft_dir(model_dir, target, tmp_path_factory):
     """A one-layer draft with the target's tokenizer (its own random weights)."""
     torch.manual_seed(7)
-    tok = target.tok
-    model = build_policy(ModelSpec(preset=TinyMoeSpec(num_layers=1)), len(tok),
-                         tok.pad_token_id, tok.eos_token_id)
-    out = tmp_path_factory.mktemp("draft")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_policy(tmp_path_factory.mktemp("draft"), target.tok,
+                            TinyMoeSpec(num_layers=1))
 
 
 @pytest.fixture(scope="module")
