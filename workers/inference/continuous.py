@@ -46,6 +46,8 @@ import torch.nn.functional as F
 from workers.rl.lean import LeanQwen3Moe, supported
 from workers.rl.rollout import (
     Prompt,
+    TokenConstraint,
+    constrain,
     cut_at_stop,
     logit_bias,
     min_p_filter,
@@ -302,6 +304,7 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     hit_stop: bool = False
+    rule: TokenConstraint | None = None  # structured output: this row's grammar state
 
     @property
     def length(self) -> int:
@@ -410,7 +413,9 @@ class ContinuousBatcher:
         gen.manual_seed(job.seed if job.seed is not None else secrets.randbits(62))
         self._state[id(job)] = _JobState(gen, [None] * job.rows, job.rows)
         for i, ids in enumerate(encoded):
-            seqs = [_Seq(job, i * job.n + j, ids) for j in range(job.n)]
+            make = job.params.constraint
+            seqs = [_Seq(job, i * job.n + j, ids, rule=make() if make else None)
+                    for j in range(job.n)]
             self._groups.append(_Group(job, ids, seqs))
 
     def _encode(self, prompt: Prompt) -> list[int]:
@@ -459,12 +464,13 @@ class ContinuousBatcher:
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor, first: int) -> None:
         """Sample one token for seqs, the running rows first..first+len-1, from logits (N,V);
-        then retire the rows that finished. Plain greedy rows (no penalty, no logit bias) of all
-        requests are decided together; the others per request, with its own generator."""
+        then retire the rows that finished. Plain greedy rows (no penalty, logit bias or
+        grammar) of all requests are decided together; the others per request, with its own
+        generator."""
         raw_all = logits.float().cpu()  # sampling runs on the CPU with each job's generator
         plain = [i for i, s in enumerate(seqs)
                  if s.job.params.temperature == 0.0 and s.job.params.repetition_penalty == 1.0
-                 and not s.job.params.logit_bias]
+                 and not s.job.params.logit_bias and s.rule is None]
         if plain:
             sub = raw_all if len(plain) == len(seqs) else raw_all[plain]
             logp = torch.log_softmax(sub, dim=-1)  # greedy: the model's own logprobs
@@ -492,6 +498,8 @@ class ContinuousBatcher:
         params = job.params
         state = self._state[id(job)]
         raw = logit_bias(raw, params.logit_bias)
+        if params.constraint is not None:
+            raw = constrain(raw, [s.rule for s in seqs if s.rule is not None])
         if params.repetition_penalty != 1.0:
             seen = torch.zeros(raw.shape, dtype=torch.bool)
             for r, s in enumerate(seqs):
@@ -517,6 +525,8 @@ class ContinuousBatcher:
             params = s.job.params
             s.tokens.append(picked[r])
             s.logprobs.append(chosen[r])
+            if s.rule is not None:
+                s.rule.advance(picked[r])
             alts: list[tuple[int, float]] = []
             if params.top_logprobs:
                 vals, idx = logp[r].topk(params.top_logprobs)

@@ -33,7 +33,13 @@ from workers.inference.speculative import DraftModel, NgramProposer, Speculative
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
 from workers.rl.prompt_format import Layout
-from workers.rl.rollout import HFRollout, Prompt, SamplingControls, cut_at_stop
+from workers.rl.rollout import (
+    HFRollout,
+    Prompt,
+    SamplingControls,
+    TokenConstraint,
+    cut_at_stop,
+)
 from workers.rl.spec import RolloutSpec
 from workers.rl.tokenizer import load_tokenizer
 
@@ -55,10 +61,12 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted
+    # structured output: builds each row's constraint (grammar.Grammar); None: free text
+    constraint: Callable[[], TokenConstraint] | None = None
 
     def controls(self) -> SamplingControls:
         return SamplingControls(self.top_k, self.min_p, self.repetition_penalty,
-                                self.logit_bias)
+                                self.logit_bias, self.constraint)
 
 
 @dataclass
@@ -457,8 +465,9 @@ class SpeculativeBatcher(Batcher):
     """The `Batcher` with each row decoded speculatively, one sequence at a time (a batch's
     rows take turns: speculation pays most where a single stream is latency-bound). Requests
     with a repetition penalty take the plain path (the penalty makes the target's distribution
-    depend on the guesses themselves), and so do requests with a `logit_bias` (the proposers
-    would guess from unbiased logits; the plain sampler applies the bias exactly)."""
+    depend on the guesses themselves), and so do requests with a `logit_bias` or a structured
+    output constraint (the proposers would guess from unbiased, unmasked logits; the plain
+    sampler applies the bias and the grammar mask exactly)."""
 
     def __init__(self, policy: Policy, max_rows: int, decoder: SpeculativeDecoder) -> None:
         self.decoder = decoder
@@ -468,7 +477,8 @@ class SpeculativeBatcher(Batcher):
 
     def _generate(self, prompts: list[Prompt], params: SamplingParams, seed: int | None,
                   on_token: Callable[[TokenEvent], None] | None) -> list[Sample]:
-        if params.repetition_penalty != 1.0 or params.logit_bias:
+        if (params.repetition_penalty != 1.0 or params.logit_bias
+                or params.constraint is not None):
             return self.policy.generate(prompts, params, seed, on_token)
         gen = torch.Generator()
         gen.manual_seed(seed if seed is not None else secrets.randbits(62))

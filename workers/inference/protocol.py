@@ -249,10 +249,33 @@ class ChatCompletionRequest(_Sampling):
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v and v.get("type") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
+    def _known_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        kind = v.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format type {kind!r} is not supported; send 'text', "
+                             "'json_object' or 'json_schema'")
+        if kind == "json_schema":
+            spec = v.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise ValueError("response_format 'json_schema' needs json_schema: {'name': "
+                                 "..., 'schema': {...}}")
+            if not isinstance(spec.get("schema", {}), dict):
+                raise ValueError("response_format json_schema.schema must be a JSON object "
+                                 "(a JSON schema)")
         return v
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the response must follow (json_object: any object); None for
+        free text."""
+        kind = (self.response_format or {}).get("type")
+        if kind == "json_object":
+            return {"type": "object"}
+        if kind == "json_schema":
+            schema: dict[str, Any] = self.response_format["json_schema"].get("schema", {})  # type: ignore[index]
+            return schema
+        return None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -45,6 +45,7 @@ from workers.inference.engine import (
     TokenEvent,
     make_batcher,
 )
+from workers.inference.grammar import Grammar, GrammarError, JsonGrammars
 from workers.inference.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -87,6 +88,7 @@ class OpenAIApp:
     def __init__(self, policy: Policy, config: ServerConfig) -> None:
         self.policy, self.config = policy, config
         self.batcher = make_batcher(policy, config.max_rows, config.engine)
+        self._grammars: JsonGrammars | None = None
         self.created = int(time.time())
         self.app = Starlette(
             routes=[
@@ -140,6 +142,7 @@ class OpenAIApp:
 
     def _params(self, req: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt],
                 limit: int | None, top: int) -> tuple[SamplingParams, list[int]]:
+        grammar = self._grammar(req) if isinstance(req, ChatCompletionRequest) else None
         lengths = [self.policy.count_tokens(p) for p in prompts]
         ctx = self.policy.context
         if limit is None:
@@ -167,8 +170,26 @@ class OpenAIApp:
                                 top_k=max(0, req.top_k or 0), min_p=req.min_p or 0.0,
                                 repetition_penalty=(1.0 if req.repetition_penalty is None
                                                     else req.repetition_penalty),
-                                logit_bias=bias)
+                                logit_bias=bias, constraint=grammar)
         return params, lengths
+
+    def _grammar(self, req: ChatCompletionRequest) -> Grammar | None:
+        """The compiled grammar of the request's response_format (None for free text); the
+        llguidance tokenizer is built on the first structured request."""
+        schema = req.json_schema()
+        if schema is None:
+            return None
+        if req.chosen_tool() not in (None, "none"):
+            raise ApiError("response_format json_object / json_schema cannot be combined with "
+                           "tools: the reply is either a tool call or JSON content. Send "
+                           "tool_choice 'none' or drop one of them", param="response_format")
+        if self._grammars is None:
+            self._grammars = JsonGrammars(self.policy.tok, self.policy.tok.eos_token_id)
+        try:
+            return self._grammars.compile(schema)
+        except GrammarError as exc:
+            raise ApiError(f"response_format.json_schema.schema is not a usable JSON schema: "
+                           f"{exc}", param="response_format") from None
 
     def _check_n(self, n: int) -> None:
         """The continuous scheduler runs a prompt's n samples side by side: they must fit."""

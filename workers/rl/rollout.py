@@ -100,6 +100,26 @@ def logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> tor
     return logits.index_add(-1, ids, vals.expand(logits.shape[0], -1))
 
 
+class TokenConstraint(Protocol):
+    """One row's constrained decoding state (the inference server's structured output): which
+    tokens may come next, and the token that came. The RL engine never builds one."""
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        """(vocab,) bool: the tokens the constraint admits next (eos once it accepts)."""
+        ...
+
+    def advance(self, token: int) -> None:
+        """Consume the sampled token."""
+        ...
+
+
+def constrain(logits: torch.Tensor, rows: Sequence[TokenConstraint]) -> torch.Tensor:
+    """Each row's disallowed tokens set to -inf, so no sampler or argmax can pick them.
+    (B,V) -> (B,V), one constraint per row."""
+    allowed = torch.stack([c.allowed(logits.shape[-1]) for c in rows]).to(logits.device)
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 @dataclass(frozen=True)
 class SamplingControls:
     """vLLM-style sampling controls beyond temperature and top-p, for the inference server:
@@ -110,11 +130,13 @@ class SamplingControls:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    # builds one row's constraint (structured output); None: unconstrained
+    constraint: Callable[[], TokenConstraint] | None = None
 
     @property
     def neutral(self) -> bool:
         return (self.top_k <= 0 and self.min_p <= 0.0 and self.repetition_penalty == 1.0
-                and not self.logit_bias)
+                and not self.logit_bias and self.constraint is None)
 
 
 # Called after every decode step with (step, sampled ids (B,), the step's logits (B,V) after any
@@ -312,11 +334,15 @@ class HFRollout:
             p_ids, p_mask = uniq_ids.to(device)[rows_d], uniq_mask.to(device)[rows_d]
             seen = torch.zeros((b, logits.shape[-1]), dtype=torch.long, device=device)
             seen = seen.scatter_add_(1, p_ids * p_mask, p_mask.long()) > 0
+        rules = ([controls.constraint() for _ in range(b)]
+                 if controls is not None and controls.constraint is not None else None)
         t = 0
         for t in range(n_new):
             raw = logits.float()
             if controls is not None:
                 raw = logit_bias(raw, controls.logit_bias)
+            if rules is not None:
+                raw = constrain(raw, rules)
             if seen is not None:
                 raw = repetition_penalty(raw, seen, controls.repetition_penalty)  # type: ignore[union-attr]
             logp = torch.log_softmax(raw / spec.temperature, dim=-1)  # (B,V)
@@ -331,6 +357,9 @@ class HFRollout:
             ids[:, t] = torch.where(done, tok.pad_token_id, nxt.squeeze(-1))
             lp[:, t] = torch.where(done, 0.0, logp.gather(-1, nxt).squeeze(-1))
             mask[:, t] = live
+            if rules is not None:
+                for i in torch.nonzero(live).flatten().tolist():
+                    rules[i].advance(int(ids[i, t]))
             if seen is not None:
                 seen[torch.arange(b, device=device), ids[:, t]] |= live
             if on_step is not None:
