@@ -30,6 +30,8 @@ import binascii
 import hmac
 import json
 import os
+import signal
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -184,11 +186,18 @@ def main() -> None:
     if not token:
         raise SystemExit("set CRUCIBLE_SESSION_HOST_TOKEN (the control plane sends it)")
     address, _, port = args.bind.rpartition(":")
+    # SIGTERM (a supervisor's stop) unwinds like SIGINT, so the manager closes its sessions
+    # and unmounts their layers on the way out instead of leaving them to the next sweep.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     S.sweep_orphans()
-    with S.SessionManager() as manager:
-        server = serve(SessionHost(manager, token), (address, int(port)))
-        print(f"session host on {server.server_address}", flush=True)
-        threading.Event().wait()
+    try:
+        with S.SessionManager() as manager:
+            server = serve(SessionHost(manager, token), (address, int(port)))
+            print(f"session host on {server.server_address}", flush=True)
+            threading.Event().wait()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    print("session host stopped: its sessions are closed", flush=True)
 
 
 if __name__ == "__main__":
