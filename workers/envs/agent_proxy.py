@@ -137,7 +137,8 @@ def guard_messages(messages: list[dict[str, Any]], rules: Sequence[ToolResultRul
     list content each), and per changed message (index, rule, action, original text). Pure:
     the same history gives the same rewrite on every call, so the policy's context stays a
     prefix of the next one."""
-    out, changed = [], []
+    out: list[dict[str, Any]] = []
+    changed: list[tuple[int, str, str, str]] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in {r for rule in rules
                                                             for r in rule.roles}:

@@ -14,20 +14,24 @@ from __future__ import annotations
 import hashlib
 import json
 import string
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import torch
 
 from tests.skips import sandbox_unavailable
 from tests.workers.inference.conftest import save_tiny_policy
 from workers.envs.agent_proxy import (
+    BASE_URL,
     BLOCKED,
     PYTHON_DIR,
     AgentProgram,
     ModelCall,
+    RecordingProxy,
     ToolResultRule,
     guard_messages,
     run_agent_episode,
@@ -229,13 +233,15 @@ def _play(manager, server, source: str):
     return result, policy, call_token
 
 
-def _replay(server, call: ModelCall) -> tuple[list[int], list[float]]:
-    """The recorded request sent straight to the server: what it samples (greedy) for it."""
+def _replay(server, call: ModelCall) -> tuple[list[int], Any]:
+    """The recorded request sent straight to the server: what it samples (greedy) for it
+    (logprobs within 1e-4: a prefix-cache hit may compute them in another kernel shape)."""
     body = {**call.params, "messages": call.messages, "tools": call.tools}
     r = httpx.post(f"{server.url}/chat/completions", json=body,
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
     choice = r.json()["choices"][0]
-    return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+    return choice["token_ids"], pytest.approx([e["logprob"] for e in
+                                               choice["logprobs"]["content"]], abs=1e-4)
 
 
 def test_a_scripted_agent_becomes_an_episode_scored_by_the_grader(manager, server):
@@ -310,3 +316,62 @@ def test_a_hostile_agent_cannot_forge_tokens_or_the_score(manager, server):
     assert sum(second.loss_mask) == len(forged.token_ids)
     assert "FORGED" in policy.tok.decode(second.token_ids[: second.prompt_len])
     assert all(s.score is not None and s.score.total == 0.0 for s in result.segments)
+
+
+# ---- the proxy in this process (no sandbox): streaming, budgets ---------------------------------
+
+@pytest.fixture
+def local_proxy(server, tmp_path):
+    made: list[RecordingProxy] = []
+
+    def make(**kw: Any) -> tuple[RecordingProxy, openai.OpenAI]:
+        proxy = RecordingProxy(server.url, "tiny", api_key=KEY, **kw)
+        sock = proxy.start(tmp_path / f"proxy{len(made)}")
+        made.append(proxy)
+        # the agent's key is not the server's: the proxy holds that one
+        client = openai.OpenAI(base_url=BASE_URL, api_key="agent-key", max_retries=0,
+                               http_client=httpx.Client(transport=httpx.HTTPTransport(
+                                   uds=str(sock))))
+        return proxy, client
+
+    yield make
+    for proxy in made:
+        proxy.close()
+
+
+def test_a_streaming_agent_gets_chunks_and_the_call_is_recorded(local_proxy, server):
+    proxy, client = local_proxy()
+    call_token = server.openai_app.policy.tok.convert_tokens_to_ids(CALL)
+    chunks = list(client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "go"}], tools=[SHELL],
+        max_tokens=1, temperature=0, logit_bias={str(call_token): 100}, stream=True,
+        stream_options={"include_usage": True}))
+    calls = [c.function for ch in chunks for choice in ch.choices
+             for c in (choice.delta.tool_calls or [])]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("shell", {"command": "cat data.txt"})]
+    assert [choice.finish_reason for ch in chunks for choice in ch.choices
+            if choice.finish_reason] == ["tool_calls"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 1
+    [call] = proxy.calls
+    assert call.trainable and call.token_ids == [call_token] and len(call.logprobs) == 1
+    assert "stream" not in call.params and call.params["model"] == "tiny"
+
+
+def test_calls_beyond_the_budget_are_refused(local_proxy):
+    proxy, client = local_proxy(max_calls=1)
+    ask = {"model": "m", "messages": [{"role": "user", "content": "1+1="}], "max_tokens": 1}
+    client.chat.completions.create(**ask)
+    with pytest.raises(openai.RateLimitError, match="budget of 1 model calls"):
+        client.chat.completions.create(**ask)
+    assert proxy.refused == ["max_calls"] and len(proxy.calls) == 1
+
+    late, late_client = local_proxy(deadline=time.monotonic() - 1)
+    with pytest.raises(openai.RateLimitError, match="time budget"):
+        late_client.chat.completions.create(**ask)
+    assert late.refused == ["time_budget"] and late.calls == []
+    proxy.close()
+    # closed: an open keep-alive connection gets 503, a new one finds nothing listening
+    with pytest.raises((openai.InternalServerError, openai.APIConnectionError)):
+        client.chat.completions.create(**ask)
+    assert len(proxy.calls) == 1
