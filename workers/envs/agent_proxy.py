@@ -72,6 +72,8 @@ INSIDE_PYTHON = "/crucible/python"
 SOCKET = "model.sock"
 BASE_URL = "http://crucible-proxy/v1"
 MAX_BODY = 16 << 20
+MAX_CONNECTIONS = 16
+IDLE_S = 120.0
 BLOCKED = "[tool result blocked by the environment: {rule}]"
 
 
@@ -232,12 +234,31 @@ class _ApiError(Exception):
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
+    """One thread per connection, at most MAX_CONNECTIONS at once (a connection beyond is
+    closed at once): the agent cannot make the host start threads without bound."""
+
     daemon_threads = True
+    block_on_close = False
+    request_queue_size = 64
     proxy: RecordingProxy
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, _Handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.slots.acquire(blocking=False)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_S  # a connection that sends nothing for this long is dropped
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
@@ -371,7 +392,7 @@ class RecordingProxy:
         os.chmod(folder, 0o755)
         self.folder = folder
         path = folder / SOCKET
-        server = _Server(str(path), _Handler)
+        server = _Server(str(path))
         server.proxy = self
         os.chmod(path, 0o666)
         self._server = server

@@ -11,6 +11,7 @@ a sandbox."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import string
@@ -375,3 +376,38 @@ def test_calls_beyond_the_budget_are_refused(local_proxy):
     with pytest.raises((openai.InternalServerError, openai.APIConnectionError)):
         client.chat.completions.create(**ask)
     assert len(proxy.calls) == 1
+
+
+def test_connections_beyond_the_cap_are_closed(local_proxy):
+    import socket
+
+    from workers.envs.agent_proxy import MAX_CONNECTIONS
+
+    proxy, client = local_proxy()
+    assert proxy.folder is not None
+    path = str(proxy.folder / "model.sock")
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            idle.append(s)
+        extra = socket.socket(socket.AF_UNIX)
+        extra.connect(path)
+        extra.settimeout(30)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(ConnectionResetError):
+            assert extra.recv(100) == b""  # closed unanswered
+        extra.close()
+        idle.pop().close()  # a slot frees once its connection ends
+        for _ in range(100):
+            try:
+                models = client.models.list()
+                break
+            except openai.APIConnectionError:
+                time.sleep(0.05)
+        assert [m.id for m in models.data] == ["tiny"]
+    finally:
+        for s in idle:
+            s.close()
