@@ -97,13 +97,19 @@ print(json.dumps({"seen": [{"token_ids": r.choices[0].model_extra["token_ids"],
 '''
 
 HOSTILE = '''
-import json, os, socket
+import asyncio, json, os, socket
 import httpx
-from openai import OpenAI, BadRequestError
+from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 client = OpenAI(max_retries=0)
 tools = json.loads(os.environ["TOOLS"])
-report = {}
+
+
+async def listed():
+    return [m.id for m in (await AsyncOpenAI(max_retries=0).models.list()).data]
+
+
+report = {"async_models": asyncio.run(listed())}
 try:  # no network: TCP is refused by the sandbox, even to loopback
     socket.create_connection(("127.0.0.1", 80), timeout=2)
     report["tcp"] = "connected"
@@ -300,7 +306,7 @@ def test_a_hostile_agent_cannot_forge_tokens_or_the_score(manager, server):
     result, policy, call_token = _play(manager, server, HOSTILE)
     report = json.loads(result.exit["stdout"])
     assert report["tcp"] != "connected" and report["program_write"] != "written"
-    assert report["n2"] == 400
+    assert report["n2"] == 400 and report["async_models"] == ["tiny"]
     assert report["raw_status"] == 400  # the server refuses fields it does not know
     assert result.grade.reward == 0.0 and result.grade.error is None  # 999, and episode.json
     # changes nothing
