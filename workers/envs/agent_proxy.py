@@ -537,6 +537,21 @@ class AgentEpisodeResult:
         """Not the policy's doing: to retry or drop, never train on as a 0."""
         return self.grade.infra or self.stop_reason == "lost"
 
+    def tool_results(self) -> list[dict[str, Any]]:
+        """Each tool result as the policy saw it (rules applied), once, with the index of the
+        call whose request first carried it."""
+        seen: set[tuple[Any, str]] = set()
+        out = []
+        for c in self.calls:
+            for m in c.messages:
+                if m.get("role") != "tool":
+                    continue
+                key = (m.get("tool_call_id"), json.dumps(m.get("content"), sort_keys=True))
+                if key not in seen:
+                    seen.add(key)
+                    out.append({"call": c.index, **m})
+        return out
+
 
 def _episode_folder() -> Path:
     parent = sessions.BASE / "agent"
@@ -597,8 +612,12 @@ def run_agent_episode(
         env = {**CLEAN_ENV, "OPENAI_BASE_URL": BASE_URL, "OPENAI_API_KEY": "crucible-proxy",
                "CRUCIBLE_MODEL_SOCKET": f"{INSIDE}/{SOCKET}",
                "PYTHONPATH": f"{INSIDE}/python:{INSIDE_PYTHON}", **program.env}
-        result = session.exec(SessionExec(cmd=program.command, timeout_s=budget, env=env,
-                                          output_bytes=1 << 20))
+        try:
+            result = session.exec(SessionExec(cmd=program.command, timeout_s=budget, env=env,
+                                              output_bytes=1 << 20))
+        except sessions.SessionClosed as exc:  # gone before the program started
+            result = sessions.ExecResult(status=SessionStatus.LOST,
+                                         message=f"the session closed: {exc.reason}")
         proxy.close()  # a background process of the agent gets no more completions
         if result.status == SessionStatus.LOST:
             stop = "lost"

@@ -280,6 +280,8 @@ def test_a_scripted_agent_becomes_an_episode_scored_by_the_grader(manager, serve
     assert tool_msg["content"] == "value: 1234\napi_key: [redacted]\n"
     seen_by_policy = policy.tok.decode(second.prompt_ids)
     assert "[redacted]" in seen_by_policy and SECRET not in seen_by_policy
+    assert result.tool_results() == [{"call": 1, "role": "tool", "tool_call_id": seen["call_id"],
+                                      "content": "value: 1234\napi_key: [redacted]\n"}]
     [event] = result.guard_events
     assert (event.call, event.rule, event.action, event.tool_call_id) == (
         1, "api-key", "rewrite", seen["call_id"])
