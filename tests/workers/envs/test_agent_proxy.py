@@ -419,3 +419,12 @@ def test_connections_beyond_the_cap_are_closed(local_proxy):
     finally:
         for s in idle:
             s.close()
+
+
+def test_session_binds_land_only_under_crucible(manager, tmp_path):
+    for inside in ("/work", "/usr/lib", "/crucible/../etc", "/crucible/a/../../proc", "crucible/x"):
+        with pytest.raises(ValueError, match="under /crucible/"):
+            manager.create(binds=((str(tmp_path), inside),))
+    with pytest.raises(ValueError, match="host path must exist"):
+        manager.create(binds=((str(tmp_path / "missing"), "/crucible/x"),))
+    assert manager.sessions == {}
