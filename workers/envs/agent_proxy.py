@@ -388,6 +388,10 @@ class RecordingProxy:
     def start(self, folder: Path) -> Path:
         """Listen on `folder`/model.sock (the folder is created; the socket is world-writable:
         the session's uid must connect, and only that session is lent the folder)."""
+        if len(os.fsencode(folder / SOCKET)) > 107:
+            raise AgentProxyError(f"the socket path {folder / SOCKET} is longer than a unix "
+                                  "socket address allows (107 bytes): use a shorter "
+                                  "CRUCIBLE_SANDBOX_SESSIONS")
         folder.mkdir(mode=0o755, parents=False)
         os.chmod(folder, 0o755)
         self.folder = folder
@@ -557,7 +561,7 @@ def _episode_folder() -> Path:
     parent = sessions.BASE / "agent"
     parent.mkdir(mode=0o711, parents=True, exist_ok=True)
     os.chmod(parent, 0o711)
-    return parent / secrets.token_hex(12)
+    return parent / f"{os.getpid()}-{secrets.token_hex(12)}"  # swept once this pid is gone
 
 
 def _lay_out(folder: Path, program: AgentProgram) -> None:

@@ -799,6 +799,10 @@ def sweep_orphans() -> None:
                 with contextlib.suppress(SessionError):
                     _umount(entry / sub)
             shutil.rmtree(entry, ignore_errors=True)
+    for lent in (BASE / "agent").glob("*-*"):  # agent_proxy's per-episode folders
+        pid = lent.name.split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(lent, ignore_errors=True)
     for layer in (BASE / "layers").glob("*-*"):
         pid = layer.name.lstrip(".").split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
