@@ -459,7 +459,8 @@ class RecordingProxy:
         opts = body.get("stream_options")
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         wants_logprobs = bool(body.get("logprobs"))
-        top = int(body.get("top_logprobs") or 0)
+        asked_top = body.get("top_logprobs")
+        top = asked_top if isinstance(asked_top, int) else 0
         wants_ids = bool(body.get("return_token_ids"))
         req = {k: v for k, v in body.items() if k not in (
             "stream", "stream_options", "return_token_ids", "return_tokens_as_token_ids")}
