@@ -10,10 +10,13 @@ final answers, and padded by `pad_episodes`:
 `completion_mask` is the attention mask (every real token, environment replies included) and
 `loss_mask` marks the tokens the policy sampled.
 
-The backend's API is text in, token ids out, so each turn's context is decoded and re-encoded by
-the backend; where that re-encoding differs from the episode's own ids (a sampled non-canonical
-BPE split, a merge across a turn boundary) the turn is counted in `episode/retokenized_turns`:
-its logprobs were then sampled under a differently segmented context than the trainer re-scores.
+Token in, token out: each turn's context goes to the backend as the episode's own token ids
+(`RolloutBackend.generate` takes ids as prompts), never as text. Decoding the context and
+re-encoding it would re-segment it wherever the policy sampled a non-canonical BPE split or a
+merge formed across a turn boundary, and the turn's logprobs would then be sampled under a
+context the trainer never re-scores. `episode/retokenized_turns` counts turns whose prompt the
+backend did not take verbatim (it hands back the ids it was given, so this is 0 for the `hf` and
+`vllm` backends): a guard that must stay 0, not an expected cost.
 """
 
 from __future__ import annotations
@@ -97,21 +100,22 @@ def episodic(objective: Objective, examples: Sequence[Example]) -> list[Any]:
 
 class BackendGenerate:
     """`workers.envs.rollout.Generate` over a rollout backend: one turn per call, sampled with
-    the run's RolloutSpec and the round's generator; logprobs are the backend's."""
+    the run's RolloutSpec and the round's generator from the context's token ids as they are;
+    logprobs are the backend's."""
 
-    def __init__(self, backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec,
+    def __init__(self, backend: RolloutBackend, spec: RolloutSpec,
                  generator: torch.Generator) -> None:
-        self.backend, self.tok, self.spec, self.generator = backend, tokenizer, spec, generator
+        self.backend, self.spec, self.generator = backend, spec, generator
         self.turns = 0
         self.retokenized = 0
 
     def __call__(self, token_ids: Sequence[int]) -> tuple[list[int], list[float]]:
-        text = self.tok.decode(list(token_ids), skip_special_tokens=False)
-        out = self.backend.generate([text], self.spec, self.generator)
+        context = [int(t) for t in token_ids]
+        out = self.backend.generate([context], self.spec, self.generator)
         n = int(out.completion_mask[0].sum())
         sent = out.prompt_ids[0][out.prompt_mask[0].bool()].tolist()
         self.turns += 1
-        if sent != list(token_ids):
+        if sent != context:
             self.retokenized += 1
         return out.completion_ids[0, :n].tolist(), out.logprobs[0, :n].tolist()
 
@@ -134,7 +138,7 @@ def play_groups(
     from workers.envs.rollout import pad_episodes, run_episodes
 
     codec = PlainCodec(tokenizer)
-    gen = BackendGenerate(backend, tokenizer, spec, generator)
+    gen = BackendGenerate(backend, spec, generator)
     episodes = []
     for (env, env_task) in sources:
         episodes += run_episodes(env, [env_task] * group, gen, codec, max_tokens=max_tokens,

@@ -444,8 +444,8 @@ class Trainer:
         sampler = TaskSampler(self.objective.train, spec.curriculum, ts.seed, self.rank,
                               self.world, order)
         episodes = plays_episodes(self.objective)
-        # Episodes decode and re-encode turns: the producer (the actor thread when async) and
-        # the learner's evaluation each get their own tokenizer copy.
+        # Episodes encode environment replies and decode sampled turns: the producer (the
+        # actor thread when async) and the learner's evaluation each get a tokenizer copy.
         self.episode_tok = copy.deepcopy(tok) if episodes else None
         producer = Producer(spec, self.objective, sampler, tok.pad_token_id, per_rank,
                             self.rank, self.seeds.generator, ts.max_async_steps,
