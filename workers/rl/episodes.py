@@ -22,7 +22,7 @@ backend did not take verbatim (it hands back the ids it was given, so this is 0 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from workers.envs.adapter import SEPARATOR, message_text
 from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.spec import RolloutSpec
+from workers.rl.triage import TriageCounts, grade
 
 
 @dataclass
@@ -126,27 +127,55 @@ class PlayedGroups:
     rewards: list[float]
     components: dict[str, list[float]]
     counts: dict[str, float]
+    # per episode: the platform failed it (void play or grading) even after the retries
+    infra: list[bool] = field(default_factory=list)
 
 
 def play_groups(
     objective: Objective, examples: Sequence[Example], sources: Sequence[Any], group: int,
     backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec, generator: torch.Generator,
-    pad_id: int, max_tokens: int,
+    pad_id: int, max_tokens: int, retries: int = 0, triage: TriageCounts | None = None,
 ) -> PlayedGroups:
     """`group` episodes per example (consecutive, like a single-turn batch), scored by the
-    objective's reward on each episode's final answer."""
+    objective's reward on each episode's final answer. An episode the platform voided (a tool
+    or `respond` raised InfraError) is re-played from the start up to `retries` times, a failed
+    grading re-run as often (workers/rl/triage.py); what still failed is flagged in `infra`,
+    with reward 0 that must not be trained on."""
     from workers.envs.rollout import pad_episodes, run_episodes
 
+    triage = triage if triage is not None else TriageCounts()
     codec = PlainCodec(tokenizer)
     gen = BackendGenerate(backend, spec, generator)
     episodes = []
+    plays = [src for src in sources for _ in range(group)]
     for (env, env_task) in sources:
         episodes += run_episodes(env, [env_task] * group, gen, codec, max_tokens=max_tokens,
                                  score=False)
+    triage.failed += sum(ep.infra is not None for ep in episodes)
+    for _ in range(retries):
+        todo = [i for i, ep in enumerate(episodes) if ep.infra is not None]
+        if not todo:
+            break
+        triage.retried += len(todo)
+        for i in todo:
+            env, env_task = plays[i]
+            episodes[i] = run_episodes(env, [env_task], gen, codec, max_tokens=max_tokens,
+                                       score=False)[0]
+            triage.recovered += episodes[i].infra is None
     reps = [e for e in examples for _ in range(group)]
     finals = [next(m["content"] for m in reversed(ep.messages) if m["role"] == "assistant")
               for ep in episodes]
-    rewards, components = objective.reward(reps, finals)
+    n = len(episodes)
+    live = [i for i, ep in enumerate(episodes) if ep.infra is None]
+    rewards, infra = [0.0] * n, [True] * n
+    components: dict[str, list[float]] = {}
+    if live:  # a void episode's last answer is not graded: the episode was cut short
+        graded = grade(objective.reward, [reps[i] for i in live], [finals[i] for i in live],
+                       retries, triage)
+        for k, i in enumerate(live):
+            rewards[i], infra[i] = graded.rewards[k], graded.infra[k]
+            for name, values in graded.components.items():
+                components.setdefault(name, [0.0] * n)[i] = values[k]
     t = pad_episodes(episodes, pad_id)
     batch = EpisodeBatch(
         prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"],
@@ -163,5 +192,4 @@ def play_groups(
         "episode/max_tokens_stops": float(sum(ep.stop_reason == "max_tokens"
                                               for ep in episodes)),
     }
-    return PlayedGroups(batch, list(rewards), {k: list(v) for k, v in components.items()},
-                        counts)
+    return PlayedGroups(batch, rewards, components, counts, infra)
