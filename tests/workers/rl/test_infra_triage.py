@@ -259,6 +259,25 @@ def test_void_episodes_are_replayed_then_flagged(tokenizer, tiny_model, broken, 
     assert env.graded == expect["graded"]
 
 
+def test_run_episodes_leaves_a_void_episode_ungraded(tokenizer):
+    from workers.envs.rollout import run_episodes
+    from workers.rl.episodes import PlainCodec
+
+    env = BrokenTurns(1)
+    eos = tokenizer.eos_token_id
+
+    def stop_at_once(token_ids):
+        return [eos], [-0.5]
+
+    first, second = run_episodes(env, [env.tasks[0]] * 2, stop_at_once, PlainCodec(tokenizer))
+    assert first.stop_reason == "infra" and first.infra == "session lost" and first.turns == 1
+    assert first.score is not None and first.score.infra == "session lost"
+    assert first.score.total == 0.0 and first.score.components == {}
+    assert second.stop_reason == "max_turns" and second.score is not None
+    assert second.score.infra is None and second.score.total == 1.0
+    assert env.graded == 1  # only the valid episode reached the grader
+
+
 # ---- the real sandbox, made unavailable ------------------------------------------------------
 
 
