@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.skips import sandbox_unavailable
+from workers.envs.base import InfraError
 from workers.envs.terminal import TOOL_SCHEMAS, TerminalTask, ToolExecutor, run_episode
 from workers.envs.terminal.episode import TerminalEpisode, prepare, run_script
 from workers.envs.terminal.task import TerminalTaskError, parse_task
@@ -211,6 +212,23 @@ def test_a_session_reclaimed_before_grading_is_an_infrastructure_failure(
     spent.session.close("cpu quota of 120 s spent")
     grade = spent.grade()
     assert grade.reward == 0.0 and not grade.infra
+
+
+def test_a_session_lost_under_a_tool_voids_the_episode(manager: SessionManager) -> None:
+    """The platform reclaiming the session mid-episode is no feedback for the policy: the tool
+    raises InfraError (the RL engine re-plays or drops the episode) and the grade is flagged,
+    while a session the episode itself used up stays the model's error."""
+    episode = TerminalEpisode.start(manager, answer_task())
+    episode.session.close("idle for 300 s")
+    with pytest.raises(InfraError, match="idle for 300 s"):
+        episode.executor.execute("shell", {"command": "ls"})
+    score = episode.grade().as_score()
+    assert score.total == 0.0 and score.infra and "idle for 300 s" in score.infra
+    spent = TerminalEpisode.start(manager, answer_task())
+    spent.session.close("cpu quota of 120 s spent")
+    r = spent.executor.execute("shell", {"command": "ls"})
+    assert r.error and "the workspace is gone" in r.content
+    assert spent.grade().as_score().infra is None
 
 
 def test_tool_executor_errors_in_a_session(manager: SessionManager) -> None:
