@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora bench-serve bench-variants clean
+.PHONY: run test lint api-fuzz bench bench-filter bench-sandbox bench-rl bench-ingest bench-synth bench-charts bench-moe-ep bench-moe bench-scheduler bench-grad-compress bench-lora bench-serve bench-variants bench-grammar clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,14 @@ bench-ingest: $(STAMP)
 bench-filter: $(STAMP)
 	nice $(PY) -m tests.benchmarks.bench_filtering
 
-bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora bench-serve bench-variants
+bench: bench-ingest bench-filter bench-sandbox bench-rl bench-synth bench-charts bench-scheduler bench-moe-ep bench-moe bench-grad-compress bench-lora bench-serve bench-variants bench-grammar
+
+# Constrained decoding (issue 23 item 3): llguidance, as the server uses it, against xgrammar,
+# outlines-core and lm-format-enforcer. xgrammar's wheel requires triton (286 MB of GPU kernels
+# its CPU matcher never imports), so it comes in here without dependencies, not in the extras.
+bench-grammar: $(STAMP)
+	$(PIP) install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+	nice $(PY) -m tests.benchmarks.bench_grammar
 
 bench-rl: $(STAMP)
 	$(PY) -m tests.benchmarks.bench_rl

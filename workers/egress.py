@@ -146,6 +146,28 @@ def check_public_url(url: str, *, allow_private: bool = False) -> list[Address]:
     return addresses
 
 
+def pinned_targets(url: str, addresses: Iterable[Address]) -> list[tuple[str, str, str]]:
+    """(URL with the host replaced by the address, Host header, TLS server name) for each
+    checked address, in order. Connecting to the address that was checked, rather than to
+    the name, closes the window between check and connect in which a DNS answer with a
+    short TTL could turn into a private address (DNS rebinding). The Host header and the
+    TLS server name keep the original host, so virtual hosting and certificate checks are
+    those of the name."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    default = 443 if parts.scheme == "https" else 80
+    port = parts.port
+    host_header = host if port in (None, default) else f"{host}:{port}"
+    if ":" in host:  # an IPv6 literal keeps its brackets in the Host header
+        host_header = f"[{host}]" if port in (None, default) else f"[{host}]:{port}"
+    out = []
+    for address in addresses:
+        literal = f"[{address}]" if address.version == 6 else str(address)
+        netloc = literal if port is None else f"{literal}:{port}"
+        out.append((parts._replace(netloc=netloc).geturl(), host_header, host))
+    return out
+
+
 def _resolve(host: str, port: int | None) -> list[Address]:
     try:
         infos = socket.getaddrinfo(host, port or 443, proto=socket.IPPROTO_TCP)

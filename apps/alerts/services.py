@@ -452,7 +452,8 @@ def signed_headers(*, secret: str, msg_id: str, body: bytes, at: datetime) -> di
 def post_signed(url: str, *, msg_id: str, body: dict[str, Any], secret: str,
                 timeout: float) -> dict[str, Any]:
     """One signed POST: the attempt's log fields. The host is checked again right before
-    connecting (it may resolve elsewhere than when the rule was saved); redirects are not
+    connecting (it may resolve elsewhere than when the rule was saved) and the connection
+    goes to the addresses that check saw (`egress.pinned_targets`); redirects are not
     followed (a redirect to an internal host would bypass that check)."""
     import json
 
@@ -460,19 +461,31 @@ def post_signed(url: str, *, msg_id: str, body: dict[str, Any], secret: str,
     started = time.perf_counter()
     out: dict[str, Any] = {"status_code": None, "error": "", "response": ""}
     try:
-        egress.check_public_url(url, allow_private=_conf("WEBHOOK_ALLOW_PRIVATE"))
+        addresses = egress.check_public_url(url, allow_private=_conf("WEBHOOK_ALLOW_PRIVATE"))
         headers = {"content-type": "application/json", "user-agent": "Crucible-Webhooks/1",
                    **signed_headers(secret=secret, msg_id=msg_id, body=raw,
                                     at=timezone.now())}
-        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client, \
-                client.stream("POST", url, content=raw, headers=headers) as response:
-            out["status_code"] = response.status_code
-            snippet = b""
-            for chunk in response.iter_bytes():
-                snippet += chunk
-                if len(snippet) >= RESPONSE_SNIPPET:
+        # Connect to the addresses just checked, never to the name again (DNS rebinding);
+        # the next address is tried only when one refuses the connection.
+        targets = egress.pinned_targets(url, addresses)
+        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+            for i, (target, host_header, server_name) in enumerate(targets):
+                try:
+                    with client.stream("POST", target, content=raw,
+                                       headers={**headers, "host": host_header},
+                                       extensions={"sni_hostname": server_name}) as response:
+                        out["status_code"] = response.status_code
+                        snippet = b""
+                        for chunk in response.iter_bytes():
+                            snippet += chunk
+                            if len(snippet) >= RESPONSE_SNIPPET:
+                                break
+                        out["response"] = snippet[:RESPONSE_SNIPPET].decode("utf-8",
+                                                                            "replace")
                     break
-            out["response"] = snippet[:RESPONSE_SNIPPET].decode("utf-8", "replace")
+                except httpx.ConnectError:
+                    if i == len(targets) - 1:
+                        raise
     except egress.EgressRefused as exc:
         out["error"] = f"refused: {exc}"[:500]
     except httpx.HTTPError as exc:

@@ -69,6 +69,16 @@ def spec_summary(spec: Any) -> dict[str, Any]:
             for c in rubric.get("components", []) if isinstance(c, dict)]
         interaction = env.get("interaction") if isinstance(env.get("interaction"), dict) else {}
         out["mode"] = str(interaction.get("mode") or "")
+    elif source == "terminal":
+        tasks = env.get("tasks")
+        dataset = env.get("dataset") if isinstance(env.get("dataset"), dict) else None
+        if isinstance(tasks, list):
+            out["tasks"] = len(tasks)
+            out["label"] = f"{len(tasks)} terminal task{'s' if len(tasks) != 1 else ''}"
+        elif dataset:
+            out["label"] = (f"terminal tasks from dataset {dataset.get('dataset')} "
+                            f"v{dataset.get('version')}")
+        out["mode"] = "terminal"
     return out
 
 

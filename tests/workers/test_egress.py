@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,17 @@ def test_public_addresses_pass_and_odd_urls_do_not() -> None:
                 "hook"):
         with pytest.raises(egress.EgressRefused):
             egress.check_public_url(bad)
+
+
+def test_pinned_targets_keep_the_name_for_host_and_tls() -> None:
+    from workers.egress import pinned_targets
+
+    v4, v6 = ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("2606:2800:220:1::1")
+    assert pinned_targets("https://Hooks.Example.com/a/b?x=1", [v4, v6]) == [
+        ("https://93.184.216.34/a/b?x=1", "hooks.example.com", "hooks.example.com"),
+        ("https://[2606:2800:220:1::1]/a/b?x=1", "hooks.example.com", "hooks.example.com")]
+    assert pinned_targets("http://hooks.example.com:8080/h", [v4]) == [
+        ("http://93.184.216.34:8080/h", "hooks.example.com:8080", "hooks.example.com")]
+    assert pinned_targets("https://hooks.example.com:443/h", [v4])[0][1] == "hooks.example.com"
+    assert pinned_targets("http://[2606:2800:220:1::1]:81/", [v6]) == [
+        ("http://[2606:2800:220:1::1]:81/", "[2606:2800:220:1::1]:81", "2606:2800:220:1::1")]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Collection, Sequence
 
-from workers.envs.base import Environment, EnvTask, Example, Message, Mode, Score
+from workers.envs.base import INFRA, Environment, EnvTask, Example, Message, Mode, Score
 from workers.sandbox.spec import VERDICTS
 
 SEPARATOR = "\n\n"
@@ -85,6 +85,8 @@ class EnvironmentObjective:
         names = [c.name for c in self.env.rubric.components]
         columns = {n: [s.components.get(n, 0.0) for s in scores] for n in names}
         columns.update(verdict_columns(scores))
+        if any(s.infra for s in scores):  # the engine retries or drops these (INFRA)
+            columns[INFRA] = [1.0 if s.infra else 0.0 for s in scores]
         return [s.total for s in scores], columns
 
     def corpus(self) -> list[str]:

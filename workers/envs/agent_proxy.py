@@ -56,7 +56,6 @@ from typing import Any, Literal, cast
 
 import httpx
 
-from workers.envs.base import Score
 from workers.envs.rollout import Episode
 from workers.envs.terminal.grader import CLEAN_ENV, GradeResult, grade_session
 from workers.envs.terminal.task import TerminalTask
@@ -638,12 +637,15 @@ def run_agent_episode(
         if session is not None and session.closed_reason is None:
             session.close("episode over")
         shutil.rmtree(folder, ignore_errors=True)
-    score = Score(total=grade.reward, components={"hidden_tests": grade.reward},
-                  info={"passed": grade.passed, "total": grade.total, "error": grade.error})
+    score = grade.as_score()
+    if stop == "lost" and score.infra is None:
+        score.infra = f"the agent's session was lost: {result.message}"
     segs = segments(proxy.calls, task.id)
-    for seg in segs:
+    for seg in segs:  # a void episode (infra) is dropped or retried, never trained on as a 0
         seg.score = score
-        seg.stop_reason = "max_turns" if stop == "max_calls" else "done"
+        seg.stop_reason = "infra" if score.infra else \
+            "max_turns" if stop == "max_calls" else "done"
+        seg.infra = score.infra
     return AgentEpisodeResult(task.id, segs, proxy.calls, proxy.guard_events, grade, stop,
                               result.as_json(), time.monotonic() - started)
 

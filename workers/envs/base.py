@@ -59,14 +59,32 @@ class EnvTask:
         }
 
 
+INFRA = "infra/failed"
+"""The reserved reward-component column through which an objective tells the RL engine which
+samples could not be scored because the platform failed (1.0) rather than the policy (0.0).
+Not an identifier, so no rubric component can take its name; present only when some sample
+failed. The engine (workers/rl/triage.py) retries those samples, then drops their group: their
+0 reward is never trained on."""
+
+
+class InfraError(RuntimeError):
+    """The platform, not the policy, failed: the sandbox engine, a lost or reclaimed session, a
+    tool whose infrastructure timed out. Raised by tools and `Environment.respond` instead of
+    answering the model with the failure (feedback from a broken sandbox would teach it
+    nothing true); the rollout driver ends the episode as `infra`."""
+
+
 @dataclass
 class Score:
     """A completion's reward: `total` = sum of weight * component, plus per-component values
-    and free-form `info` (sandbox status, error text) that QC and feedback turns read."""
+    and free-form `info` (sandbox status, error text) that QC and feedback turns read. `infra`
+    is why scoring failed for the platform's sake (None: the score is the policy's own); the
+    total is then not a verdict on the completion."""
 
     total: float
     components: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+    infra: str | None = None
 
 
 ComponentFn = Callable[[Sequence[EnvTask], Sequence[str]], list[tuple[float, dict[str, Any]]]]
@@ -109,6 +127,8 @@ class Rubric:
                 value = float(value)
                 score.components[comp.name] = value
                 score.total += comp.weight * value
+                if info.get("infra"):  # a component's checker could not run
+                    score.infra = score.infra or f"{comp.name}: {info['infra']}"
                 for key, item in info.items():
                     score.info.setdefault(key, item)
         return scores
@@ -273,6 +293,8 @@ class Environment:
         else:
             try:
                 text = tool.run(arguments)
+            except InfraError:
+                raise  # the platform's failure, not the model's: the episode ends as infra
             except Exception as exc:  # noqa: BLE001 - a tool failure is feedback for the model
                 text = f"error: {type(exc).__name__}: {exc}"
         return {"role": "tool", "name": name, "content": text}

@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from workers.envs import mathcheck
-from workers.envs.base import Component, ComponentFn, EnvTask
+from workers.envs.base import Component, ComponentFn, EnvTask, InfraError
 from workers.envs.checker_params import (
     PARTIAL_PARAMS,
     AnswerParams,
@@ -29,7 +29,14 @@ from workers.envs.checker_params import (
 )
 from workers.envs.spec import CHECKERS, ComponentSpec
 from workers.sandbox.scoring import calls_request, humaneval_request, score, stdio_request
-from workers.sandbox.spec import CallCase, ExecutionRequest, ExecutionResult, Limits, StdioCase
+from workers.sandbox.spec import (
+    CallCase,
+    ExecutionRequest,
+    ExecutionResult,
+    Limits,
+    Status,
+    StdioCase,
+)
 
 if TYPE_CHECKING:
     from workers.sandbox.runner import Engine
@@ -126,9 +133,32 @@ def execution_info(result: ExecutionResult) -> dict[str, Any]:
     text = "\n".join(p for p in (head.message, head.stderr.strip(), head.stdout.strip()) if p)
     if failed is not None and failed.status == "OK":
         text = "wrong output on a test case" + (f"\n{text}" if text else "")
-    return {"status": str(result.status), "wall_ms": result.wall_ms,
+    info = {"status": str(result.status), "wall_ms": result.wall_ms,
             "verdict": result.verdict or ("passed" if result.passed else "failed"),
             "feedback": text[-FEEDBACK_CHARS:]}
+    reason = infra_failure(result)
+    if reason is not None:
+        info["infra"] = reason
+    return info
+
+
+def infra_failure(result: ExecutionResult) -> str | None:
+    """Why the sandbox engine, not the program, decided this result (a SANDBOX_ERROR of the
+    whole execution or of any stdin/stdout case: its score says nothing about the completion);
+    None when the program's own behaviour did."""
+    if result.status == Status.SANDBOX_ERROR:
+        return result.message or "sandbox error"
+    broken = next((c for c in result.cases if c.status == Status.SANDBOX_ERROR), None)
+    if broken is not None:
+        return broken.message or "sandbox error in a test case"
+    return None
+
+
+def raise_if_infra(info: Mapping[str, Any]) -> None:
+    """In `respond`: a sandbox failure ends the episode as infra instead of becoming the
+    model's feedback."""
+    if info.get("infra"):
+        raise InfraError(f"the sandbox failed: {info['infra']}")
 
 
 def unit_tests(sandbox: Sandbox, limits: Limits, key: str | None = None) -> ComponentFn:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from workers.envs.base import Environment, EnvTask, Message
+from workers.envs.base import Environment, EnvTask, InfraError, Message
 from workers.envs.spec import EndpointPolicySpec, SamplingSpec
 
 REPORT_SCHEMA = "crucible.eval/1"
@@ -191,6 +191,8 @@ def _episode(env: Environment, task: EnvTask, policy: Policy, sampling: Sampling
             messages.extend(reply.messages)
     except PolicyError as exc:
         sample.error = str(exc)
+    except InfraError as exc:  # the platform's failure: an error, not the policy's answer
+        sample.error = f"infrastructure: {exc}"
     return sample
 
 
@@ -232,6 +234,8 @@ def evaluate(
     scores = env.score_conversations([t for t, _ in jobs], [s.messages for s in samples])
     score_s = time.perf_counter() - t1
     for sample, score in zip(samples, scores, strict=True):
+        if score.infra and not sample.error:
+            sample.error = f"infrastructure: {score.infra}"
         sample.reward = 0.0 if sample.error else score.total
         sample.components = {n: (0.0 if sample.error else v)
                              for n, v in score.components.items()}

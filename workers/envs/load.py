@@ -16,10 +16,13 @@ from workers.envs.spec import (
     EnvironmentSpec,
     TaskRecord,
     TasksEnvSpec,
+    TerminalEnvSpec,
     VerifiersEnvSpec,
     check_task_records,
+    check_terminal_tasks,
     parse_environment_spec,
 )
+from workers.envs.terminal.task import TerminalTask, TerminalTaskError, parse_task
 from workers.storage import ObjectStore
 
 ResolveDataset = Callable[[DatasetRef], Iterable[Mapping[str, Any]]]
@@ -88,6 +91,29 @@ def _records(spec: TasksEnvSpec, resolve_dataset: ResolveDataset | None) -> list
     return records
 
 
+def terminal_tasks(spec: TerminalEnvSpec,
+                   resolve_dataset: ResolveDataset | None = None) -> list[TerminalTask]:
+    """A terminal environment's tasks: inline, or one per record of its dataset version
+    (TerminalTaskError naming the record and field when one is not a task)."""
+    if spec.tasks is not None:
+        return list(spec.tasks)
+    assert spec.dataset is not None  # the spec validator guarantees one of the two
+    if resolve_dataset is None:
+        raise ValueError(f"environment reads dataset {spec.dataset.dataset!r} "
+                         f"v{spec.dataset.version}, but no dataset resolver was given")
+    tasks: list[TerminalTask] = []
+    for number, raw in enumerate(resolve_dataset(spec.dataset), start=1):
+        try:
+            tasks.append(parse_task(dict(raw)))
+        except TerminalTaskError as exc:
+            raise TerminalTaskError(f"dataset record {number}: {exc}") from None
+    try:
+        check_terminal_tasks(tasks)
+    except ValueError as exc:
+        raise TerminalTaskError(str(exc)) from None
+    return tasks
+
+
 def load_environment(
     spec: EnvironmentSpec | Mapping[str, Any], *, sandbox: Sandbox | None = None,
     resolve_dataset: ResolveDataset | None = None,
@@ -102,6 +128,10 @@ def load_environment(
         from workers.envs.verifiers_compat import VerifiersEnvironment
 
         return VerifiersEnvironment(env)
+    if isinstance(env, TerminalEnvSpec):
+        raise ValueError("a terminal environment is played in sandbox sessions "
+                         "(workers.envs.terminal), not as single- or multi-turn tasks: only "
+                         "QC runs take it so far")
     from workers.envs.builtins.uploaded import TasksEnvironment
 
     return TasksEnvironment(env, _records(env, resolve_dataset), sandbox)

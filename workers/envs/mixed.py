@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from workers.envs.base import INFRA
+
 
 class MixedObjective:
     """Several environments' objectives as one: their examples side by side, each completion
@@ -55,8 +57,9 @@ class MixedObjective:
             for k, j in enumerate(rows):
                 totals[j] = got[k]
                 for name, values in comps.items():
-                    parts.setdefault(f"{self.names[i]}/{name}",
-                                     [0.0] * len(examples))[j] = values[k]
+                    # the infra column is the engine's signal, not a component: never prefixed
+                    column = name if name == INFRA else f"{self.names[i]}/{name}"
+                    parts.setdefault(column, [0.0] * len(examples))[j] = values[k]
         return totals, parts
 
     def corpus(self) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from workers.envs.base import Environment, EnvTask, Message, Score
+from workers.envs.base import Environment, EnvTask, InfraError, Message, Score
 
 
 class Generate(Protocol):
@@ -59,7 +59,7 @@ class ChatMLCodec:
         return self.tok.decode(list(token_ids))
 
 
-StopReason = Literal["done", "max_turns", "max_tokens"]
+StopReason = Literal["done", "max_turns", "max_tokens", "infra"]
 
 
 @dataclass
@@ -76,6 +76,7 @@ class Episode:
     turns: int = 0
     stop_reason: StopReason = "done"
     score: Score | None = None
+    infra: str | None = None  # why the platform ended it (stop_reason "infra"): void, not 0
 
     def extend(self, ids: Sequence[int], *, sampled: bool,
                logprobs: Sequence[float] | None = None) -> None:
@@ -115,7 +116,11 @@ def _play(env: Environment, task: EnvTask, generate: Generate, codec: ChatCodec,
         if ep.turns >= env.max_turns:  # no reply needed: the last turn is the final answer
             ep.stop_reason = "max_turns"
             return ep
-        reply = env.respond(task, ep.messages)
+        try:
+            reply = env.respond(task, ep.messages)
+        except InfraError as exc:  # a broken sandbox or lost session: the episode is void
+            ep.stop_reason, ep.infra = "infra", str(exc) or type(exc).__name__
+            return ep
         if reply.done:
             ep.stop_reason = "done"
             return ep
@@ -136,9 +141,14 @@ def run_episodes(
     """Play each task to the end, then score the final answers in one batch."""
     episodes = [_play(env, task, generate, codec, max_tokens) for task in tasks]
     if score and episodes:
-        scores = env.score_conversations(tasks, [e.messages for e in episodes])
-        for episode, s in zip(episodes, scores, strict=True):
-            episode.score = s
+        live = [i for i, e in enumerate(episodes) if e.infra is None]
+        scores = env.score_conversations([tasks[i] for i in live],
+                                         [episodes[i].messages for i in live]) if live else []
+        for i, s in zip(live, scores, strict=True):
+            episodes[i].score = s
+        for e in episodes:  # a void episode is not graded: its score says so
+            if e.infra is not None:
+                e.score = Score(0.0, {}, infra=e.infra)
     return episodes
 
 

@@ -8,7 +8,10 @@ is one of three sources:
   ``humaneval``) with typed params;
 - ``verifiers``: an installed ``verifiers`` (v1 API) package, by importable module name;
 - ``tasks``: uploaded tasks, inline or as a dataset version, with a rubric built from the named
-  checkers below and an interaction mode.
+  checkers below and an interaction mode;
+- ``terminal``: terminal tasks (`workers.envs.terminal.task.TerminalTask`: an initial
+  workspace, an instruction, budgets, visible and hidden tests), inline or as a dataset
+  version; QC runs check them today (evaluation and training on them are refused at launch).
 
 Every model forbids unknown fields, so a typo is an error naming the field.
 """
@@ -23,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.envs.checker_params import WeightedParams, parse_params
+from workers.envs.terminal.task import TerminalTask
 from workers.sandbox.spec import Limits
 
 SPEC_FORMAT = 1
@@ -324,7 +328,38 @@ def check_task_records(tasks: list[TaskRecord]) -> None:
         seen.add(task.id)
 
 
-EnvSpec = Annotated[BuiltinEnvSpec | VerifiersEnvSpec | TasksEnvSpec,
+class TerminalEnvSpec(_Strict):
+    """Terminal tasks: exactly one of `tasks` (inline) or `dataset` (records are tasks)."""
+
+    source: Literal["terminal"] = "terminal"
+    tasks: list[TerminalTask] | None = Field(None, max_length=1_000)
+    dataset: DatasetRef | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TerminalEnvSpec:
+        if (self.tasks is None) == (self.dataset is None):
+            raise ValueError("give exactly one of 'tasks' (inline list) or 'dataset' (reference)")
+        if self.tasks is not None:
+            check_terminal_tasks(self.tasks)
+        return self
+
+
+def check_terminal_tasks(tasks: list[TerminalTask]) -> None:
+    """At least one task; ids unique (the QC report and quarantine lists key on them)."""
+    if not tasks:
+        raise ValueError("an environment needs at least one task")
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise ValueError(f"task id {task.id!r} is used twice")
+        seen.add(task.id)
+
+
+TERMINAL_RUN_KINDS = frozenset({"qc"})
+"""Run kinds that can use a terminal environment: the RL and eval drivers do not play
+terminal episodes yet (docs/agents.md, "What remains")."""
+
+EnvSpec = Annotated[BuiltinEnvSpec | VerifiersEnvSpec | TasksEnvSpec | TerminalEnvSpec,
                     Field(discriminator="source")]
 
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from workers.envs.base import Tool
+from workers.envs.base import InfraError, Tool
 from workers.envs.checkers import Sandbox
-from workers.sandbox.spec import ExecutionRequest, Limits
+from workers.sandbox.spec import ExecutionRequest, Limits, Status
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -81,6 +81,8 @@ def python_tool(sandbox: Sandbox, limits: Limits | None = None) -> Tool:
         if not isinstance(code, str):
             return 'error: call python with {"code": "<program>"}'
         [result] = sandbox.run([ExecutionRequest(language="python", code=code, limits=limits)])
+        if result.status == Status.SANDBOX_ERROR:  # the engine's failure, not the program's
+            raise InfraError(f"the python tool's sandbox failed: {result.message}")
         out = f"status: {result.status}\nstdout:\n{result.stdout[-4000:]}"
         if result.stderr.strip():
             out += f"\nstderr:\n{result.stderr[-2000:]}"

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
+import llguidance.torch
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -32,19 +34,26 @@ class JsonMatcher:
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, eos: int) -> None:
         self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         self.eos = eos
+        self.bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
 
     def allowed(self, vocab: int) -> torch.Tensor:
         """(vocab,) bool. A matcher that has stopped (or failed) admits only EOS, so a row that
-        is already done still has a finite logit to sample from."""
-        out = torch.zeros(vocab, dtype=torch.bool)
+        is already done still has a finite logit to sample from. Read through llguidance's
+        bitmask (bit i of 32-bit word w is token 32w+i, little-endian) unpacked by numpy:
+        `make bench-grammar` measured `compute_logit_bias` (a byte a token, then compared)
+        at 3-5x llguidance's own mask time, this at about 1.5x (docs/serving.md)."""
         m = self.matcher
-        if not (m.is_error() or m.is_stopped()):
-            bias = torch.frombuffer(bytearray(m.compute_logit_bias()), dtype=torch.uint8)
-            n = min(vocab, bias.shape[0])
-            out[:n] = bias[:n] > 0
-        if not bool(out.any()):
-            out[self.eos] = True
-        return out
+        if m.is_error() or m.is_stopped():
+            bits = np.zeros(vocab, np.uint8)
+        else:
+            llguidance.torch.fill_next_token_bitmask(m, self.bitmask, 0)
+            bits = np.unpackbits(self.bitmask[0].numpy().view(np.uint8), bitorder="little")
+            if bits.shape[0] < vocab:
+                bits = np.concatenate([bits, np.zeros(vocab - bits.shape[0], np.uint8)])
+            bits = bits[:vocab]
+        if not bits.any():  # numpy's any: torch's on a 32k bool tensor took 66 us here
+            bits[self.eos] = 1
+        return torch.from_numpy(bits).view(torch.bool)
 
     def advance(self, token: int) -> None:
         if not (self.matcher.is_error() or self.matcher.is_stopped()):

@@ -396,6 +396,18 @@ def run_qc_spec(spec: Mapping[str, Any], qc: QcSpec | None = None, **load_kwargs
 
     qc = qc or QcSpec()
     t0 = time.perf_counter()
+    source = (spec.get("env") or {}).get("source") if isinstance(spec.get("env"), Mapping) \
+        else None
+    if source == "terminal":  # played in sandbox sessions: workers/qc/terminal.py
+        from workers.envs.spec import EnvSpecError, TerminalEnvSpec, parse_environment_spec
+        from workers.qc.terminal import run_terminal_qc
+
+        try:
+            parsed = parse_environment_spec(dict(spec)).env
+        except EnvSpecError:
+            parsed = None  # the generic path below reports the invalid spec
+        if isinstance(parsed, TerminalEnvSpec):
+            return run_terminal_qc(parsed, qc, load_kwargs.get("resolve_dataset"))
     try:
         env = load_environment(spec, **load_kwargs)
     except Exception as exc:  # noqa: BLE001 - every load failure is the report's finding

@@ -10,8 +10,8 @@ workspace and grades it exactly as training does (`workers.envs.terminal.grader`
 
 `no_reference` is a flag (full reward unchecked), not a quarantine. The report follows the
 shape of `crucible.qc/1` (`quarantined`, `quarantined_ids`, `flags`, `tasks`, `summary`) so a
-reader of environment QC reads it the same way; the QC *run kind* still takes an environment
-spec, and terminal tasks are not a spec source yet (docs/agents.md, "What remains").
+reader of environment QC reads it the same way. A `qc` run on an environment version whose
+source is `terminal` comes here through `workers.qc.run.run_qc_spec` (`run_terminal_qc`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from workers.envs.spec import TerminalEnvSpec
 from workers.envs.terminal.episode import prepare, run_script
 from workers.envs.terminal.grader import GradeResult
 from workers.envs.terminal.task import TerminalTask
+from workers.qc.spec import QcSpec
 from workers.sandbox.sessions import SessionManager
 
 REPORT_SCHEMA = "crucible.qc.terminal/1"
@@ -104,3 +106,32 @@ def qc_terminal_tasks(manager: SessionManager, tasks: Sequence[TerminalTask], re
         "tasks": entries,
         "started_at": started.isoformat(), "finished_at": datetime.now(UTC).isoformat(),
     }
+
+
+def run_terminal_qc(env: TerminalEnvSpec, qc: QcSpec, resolve_dataset: Any = None
+                    ) -> dict[str, Any]:
+    """QC of a terminal environment version with the run's `repeats` and
+    `quarantine_threshold` (the other QcSpec knobs are for answer-checked tasks). Tasks that
+    do not load, or a host that cannot open sessions, give a blocked report saying why."""
+    from workers.envs.load import terminal_tasks
+
+    started = time.perf_counter()
+    try:
+        tasks = terminal_tasks(env, resolve_dataset)
+        with SessionManager() as manager:
+            report = qc_terminal_tasks(manager, tasks, repeats=qc.repeats,
+                                       quarantine_threshold=qc.quarantine_threshold)
+    except Exception as exc:  # noqa: BLE001 - every failure is the report's finding
+        now = datetime.now(UTC).isoformat()
+        detail = f"{type(exc).__name__}: {exc}"
+        report = {
+            "schema": REPORT_SCHEMA, "config": {"repeats": qc.repeats,
+                                                "quarantine_threshold": qc.quarantine_threshold},
+            "passed": False, "blocked": True,
+            "block_reasons": [f"environment check 'load' failed: {detail}"],
+            "summary": {"tasks": 0, "quarantined": 0, "quarantine_rate": 0.0, "by_reason": {}},
+            "quarantined": [], "quarantined_ids": [], "flags": [], "tasks": [],
+            "started_at": now, "finished_at": now,
+        }
+    report["timings"] = {"total_s": round(time.perf_counter() - started, 3)}
+    return report

@@ -41,6 +41,7 @@ from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.route_taps import replayable_routers
 from workers.rl.routing import pad_routes
 from workers.rl.spec import ModelSpec, RunSpec
+from workers.rl.triage import InfraFailure, TriageCounts, grade, void_groups
 
 
 class AsyncStall(RuntimeError):
@@ -186,22 +187,28 @@ class Producer:
 
     def generate_round(
         self, examples: list[Example], backend: RolloutBackend, generator: torch.Generator,
-        counts: dict[str, float],
-    ) -> tuple[list[RolloutBatch], list[float], dict[str, list[float]]]:
-        """Per example, its group's batch; the rewards and components of all groups in order.
-        Single-turn examples go through one `backend.generate` call (today's path, untouched
-        when no example plays as an episode); episode examples are played turn by turn."""
+        counts: dict[str, float], triage: TriageCounts | None = None,
+    ) -> tuple[list[RolloutBatch], list[float], dict[str, list[float]], list[bool]]:
+        """Per example, its group's batch; the rewards and components of all groups in order,
+        and per sample whether the platform failed it even after `triage.retries` (its 0 is
+        void: the producer drops its group). Single-turn examples go through one
+        `backend.generate` call; episode examples are played turn by turn."""
         group, spec = self.spec.rollout.group_size, self.spec.rollout
+        retries = self.spec.triage.retries
+        triage = triage if triage is not None else TriageCounts()
         sources = episodic(self.objective, examples) if self.episodes else [None] * len(examples)
         single = [j for j, s in enumerate(sources) if s is None]
         multi = [j for j, s in enumerate(sources) if s is not None]
         parts: list[RolloutBatch | None] = [None] * len(examples)
         rewards: list[float] = [0.0] * (len(examples) * group)
+        infra: list[bool] = [False] * len(rewards)
         components: dict[str, list[float]] = {}
 
-        def place(rows: list[int], got: list[float], comps: dict[str, list[float]]) -> None:
+        def place(rows: list[int], got: list[float], comps: dict[str, list[float]],
+                  void: list[bool]) -> None:
             for k, j in enumerate(rows):
                 rewards[j * group:(j + 1) * group] = got[k * group:(k + 1) * group]
+                infra[j * group:(j + 1) * group] = void[k * group:(k + 1) * group]
                 for name, values in comps.items():
                     column = components.setdefault(name, [0.0] * len(rewards))
                     column[j * group:(j + 1) * group] = values[k * group:(k + 1) * group]
@@ -209,21 +216,21 @@ class Producer:
         if single:
             reps = [examples[j] for j in single for _ in range(group)]
             batch = backend.generate([e.prompt for e in reps], spec, generator)
-            got, comps = self.objective.reward(reps, batch.texts)
+            graded = grade(self.objective.reward, reps, batch.texts, retries, triage)
             for j, part in zip(single, split_groups(batch, group), strict=True):
                 parts[j] = part
-            place(single, list(got), comps)
+            place(single, graded.rewards, graded.components, graded.infra)
         if multi:
             played = play_groups(
                 self.objective, [examples[j] for j in multi], [sources[j] for j in multi], group,
                 backend, self.tokenizer, spec, generator, self.pad_id,
-                getattr(self.objective, "episode_max_tokens", 4096))
+                getattr(self.objective, "episode_max_tokens", 4096), retries, triage)
             for j, part in zip(multi, split_groups(played.batch, group), strict=True):
                 parts[j] = part
-            place(multi, played.rewards, played.components)
+            place(multi, played.rewards, played.components, played.infra)
             for k, v in played.counts.items():
                 counts[k] = counts.get(k, 0.0) + v
-        return [p for p in parts if p is not None], rewards, components
+        return [p for p in parts if p is not None], rewards, components, infra
 
     def produce(
         self,
@@ -239,9 +246,12 @@ class Producer:
         uniform: list[Group] = []
         rounds, gen_s = 0, 0.0
         played: dict[str, float] = dict.fromkeys(EPISODE_COUNTS, 0.0) if self.episodes else {}
+        triage = TriageCounts()
         while True:
             want = self.per_rank - len(kept)
-            more = want > 0 and (rounds == 0 or (refill and rounds < cur.max_rounds))
+            # Groups voided by infrastructure failures are replaced like filtered ones.
+            more = want > 0 and (rounds == 0 or ((refill or triage.dropped_groups > 0)
+                                                 and rounds < cur.max_rounds))
             if agree is not None:
                 more = agree(more)
             if not more:
@@ -253,27 +263,37 @@ class Producer:
             version, backend = weights()
             t0 = time.perf_counter()
             key = (step, self.rank) if rounds == 0 else (step, self.rank, rounds)
-            groups, rewards, components = self.generate_round(
-                examples, backend, self.generator(*key), played)
+            groups, rewards, components, infra = self.generate_round(
+                examples, backend, self.generator(*key), played, triage)
             gen_s += time.perf_counter() - t0
             rounds += 1
+            void = void_groups(infra, group)
             for j, (ex, part) in enumerate(zip(examples, groups, strict=True)):
+                if void[j]:  # never trained on, never counted in the curriculum
+                    triage.dropped_groups += 1
+                    continue
                 sl = slice(j * group, (j + 1) * group)
                 g = Group(ex, part, list(rewards[sl]),
                           {k: list(v[sl]) for k, v in components.items()}, version)
-                self.sampler.record(ex, g.rewards)
+                self.sampler.record(ex, g.rewards, part.texts, step)
                 if refill and is_uniform(g.rewards):
                     uniform.append(g)
                 else:
                     kept.append(g)
         fallback = max(0, self.per_rank - len(kept))
+        if fallback > len(uniform) and triage.dropped_groups:
+            raise InfraFailure(
+                f"step {step + 1}: only {len(kept) + len(uniform)} of {self.per_rank} groups "
+                f"could be scored after {rounds} rounds: {triage.dropped_groups} groups were "
+                f"voided by infrastructure failures (sandbox errors, lost sessions) even after "
+                f"{self.spec.triage.retries} retries each; check the sandbox pool's health")
         if fallback > len(uniform):
             raise AssertionError(f"step {step + 1}: {len(kept)} groups for {self.per_rank}")
         chosen = kept[: self.per_rank] + uniform[len(uniform) - fallback:] if fallback else \
             kept[: self.per_rank]
         if self.bound:
             self.pool = kept[self.per_rank:]
-        names = sorted(chosen[0].components)
+        names = sorted(set().union(*(g.components for g in chosen)))
         counts = {
             "filter/uniform_groups": float(len(uniform)),
             "filter/fallback_groups": float(fallback),
@@ -281,13 +301,18 @@ class Producer:
             "async/stale_dropped": float(stale * group),
             "curriculum/band_skipped": float(self.sampler.band_skipped),
             "curriculum/tracked_tasks": float(len(self.sampler.buffer.entries)),
+            "curriculum/replayed": float(self.sampler.replayed),
+            "curriculum/replay_size": float(len(self.sampler.replay)),
             **played,
         }
+        triage.add_to(counts)
         return StepBatch(
             step=step,
             batch=merge([g.batch for g in chosen], self.pad_id),
             rewards=torch.tensor([r for g in chosen for r in g.rewards], dtype=torch.float32),
-            components={k: [x for g in chosen for x in g.components[k]] for k in names},
+            components={k: [x for g in chosen
+                            for x in g.components.get(k, [0.0] * len(g.rewards))]
+                        for k in names},
             versions=[g.version for g in chosen],
             sampler_state=self.sampler.state_dict(),
             counts=counts,

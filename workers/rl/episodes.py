@@ -10,16 +10,19 @@ final answers, and padded by `pad_episodes`:
 `completion_mask` is the attention mask (every real token, environment replies included) and
 `loss_mask` marks the tokens the policy sampled.
 
-The backend's API is text in, token ids out, so each turn's context is decoded and re-encoded by
-the backend; where that re-encoding differs from the episode's own ids (a sampled non-canonical
-BPE split, a merge across a turn boundary) the turn is counted in `episode/retokenized_turns`:
-its logprobs were then sampled under a differently segmented context than the trainer re-scores.
+Token in, token out: each turn's context goes to the backend as the episode's own token ids
+(`RolloutBackend.generate` takes ids as prompts), never as text. Decoding the context and
+re-encoding it would re-segment it wherever the policy sampled a non-canonical BPE split or a
+merge formed across a turn boundary, and the turn's logprobs would then be sampled under a
+context the trainer never re-scores. `episode/retokenized_turns` counts turns whose prompt the
+backend did not take verbatim (it hands back the ids it was given, so this is 0 for the `hf` and
+`vllm` backends): a guard that must stay 0, not an expected cost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +31,7 @@ from workers.envs.adapter import SEPARATOR, message_text
 from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.spec import RolloutSpec
+from workers.rl.triage import TriageCounts, grade
 
 
 @dataclass
@@ -97,21 +101,22 @@ def episodic(objective: Objective, examples: Sequence[Example]) -> list[Any]:
 
 class BackendGenerate:
     """`workers.envs.rollout.Generate` over a rollout backend: one turn per call, sampled with
-    the run's RolloutSpec and the round's generator; logprobs are the backend's."""
+    the run's RolloutSpec and the round's generator from the context's token ids as they are;
+    logprobs are the backend's."""
 
-    def __init__(self, backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec,
+    def __init__(self, backend: RolloutBackend, spec: RolloutSpec,
                  generator: torch.Generator) -> None:
-        self.backend, self.tok, self.spec, self.generator = backend, tokenizer, spec, generator
+        self.backend, self.spec, self.generator = backend, spec, generator
         self.turns = 0
         self.retokenized = 0
 
     def __call__(self, token_ids: Sequence[int]) -> tuple[list[int], list[float]]:
-        text = self.tok.decode(list(token_ids), skip_special_tokens=False)
-        out = self.backend.generate([text], self.spec, self.generator)
+        context = [int(t) for t in token_ids]
+        out = self.backend.generate([context], self.spec, self.generator)
         n = int(out.completion_mask[0].sum())
         sent = out.prompt_ids[0][out.prompt_mask[0].bool()].tolist()
         self.turns += 1
-        if sent != list(token_ids):
+        if sent != context:
             self.retokenized += 1
         return out.completion_ids[0, :n].tolist(), out.logprobs[0, :n].tolist()
 
@@ -122,27 +127,55 @@ class PlayedGroups:
     rewards: list[float]
     components: dict[str, list[float]]
     counts: dict[str, float]
+    # per episode: the platform failed it (void play or grading) even after the retries
+    infra: list[bool] = field(default_factory=list)
 
 
 def play_groups(
     objective: Objective, examples: Sequence[Example], sources: Sequence[Any], group: int,
     backend: RolloutBackend, tokenizer: Any, spec: RolloutSpec, generator: torch.Generator,
-    pad_id: int, max_tokens: int,
+    pad_id: int, max_tokens: int, retries: int = 0, triage: TriageCounts | None = None,
 ) -> PlayedGroups:
     """`group` episodes per example (consecutive, like a single-turn batch), scored by the
-    objective's reward on each episode's final answer."""
+    objective's reward on each episode's final answer. An episode the platform voided (a tool
+    or `respond` raised InfraError) is re-played from the start up to `retries` times, a failed
+    grading re-run as often (workers/rl/triage.py); what still failed is flagged in `infra`,
+    with reward 0 that must not be trained on."""
     from workers.envs.rollout import pad_episodes, run_episodes
 
+    triage = triage if triage is not None else TriageCounts()
     codec = PlainCodec(tokenizer)
-    gen = BackendGenerate(backend, tokenizer, spec, generator)
+    gen = BackendGenerate(backend, spec, generator)
     episodes = []
+    plays = [src for src in sources for _ in range(group)]
     for (env, env_task) in sources:
         episodes += run_episodes(env, [env_task] * group, gen, codec, max_tokens=max_tokens,
                                  score=False)
+    triage.failed += sum(ep.infra is not None for ep in episodes)
+    for _ in range(retries):
+        todo = [i for i, ep in enumerate(episodes) if ep.infra is not None]
+        if not todo:
+            break
+        triage.retried += len(todo)
+        for i in todo:
+            env, env_task = plays[i]
+            episodes[i] = run_episodes(env, [env_task], gen, codec, max_tokens=max_tokens,
+                                       score=False)[0]
+            triage.recovered += episodes[i].infra is None
     reps = [e for e in examples for _ in range(group)]
     finals = [next(m["content"] for m in reversed(ep.messages) if m["role"] == "assistant")
               for ep in episodes]
-    rewards, components = objective.reward(reps, finals)
+    n = len(episodes)
+    live = [i for i, ep in enumerate(episodes) if ep.infra is None]
+    rewards, infra = [0.0] * n, [True] * n
+    components: dict[str, list[float]] = {}
+    if live:  # a void episode's last answer is not graded: the episode was cut short
+        graded = grade(objective.reward, [reps[i] for i in live], [finals[i] for i in live],
+                       retries, triage)
+        for k, i in enumerate(live):
+            rewards[i], infra[i] = graded.rewards[k], graded.infra[k]
+            for name, values in graded.components.items():
+                components.setdefault(name, [0.0] * n)[i] = values[k]
     t = pad_episodes(episodes, pad_id)
     batch = EpisodeBatch(
         prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"],
@@ -159,5 +192,4 @@ def play_groups(
         "episode/max_tokens_stops": float(sum(ep.stop_reason == "max_tokens"
                                               for ep in episodes)),
     }
-    return PlayedGroups(batch, list(rewards), {k: list(v) for k, v in components.items()},
-                        counts)
+    return PlayedGroups(batch, rewards, components, counts, infra)

@@ -39,10 +39,18 @@ class RolloutBatch:
         return int(self.completion_mask.sum())
 
 
+Prompt = str | Sequence[int]
+"""A prompt as text (tokenized by the backend) or as token ids, used exactly as given: a
+multi-turn episode's context, whose ids must not be decoded and re-encoded between turns."""
+
+
 class RolloutBackend(Protocol):
     def generate(
-        self, prompts: list[str], spec: RolloutSpec, generator: torch.Generator
-    ) -> RolloutBatch: ...
+        self, prompts: Sequence[Prompt], spec: RolloutSpec, generator: torch.Generator
+    ) -> RolloutBatch:
+        """Sample one completion per prompt. A prompt given as token ids comes back in
+        `prompt_ids` unchanged (after its left padding)."""
+        ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the backend sample from the trainer's current weights (a no-op when shared)."""
@@ -142,7 +150,19 @@ class SamplingControls:
 # Called after every decode step with (step, sampled ids (B,), the step's logits (B,V) after any
 # repetition penalty and before temperature, the (B,) rows that sampled a token this step).
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
-Prompt = str | Sequence[int]  # text, or token ids (the inference server's completions API)
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows as a left-padded (N,P) id tensor and its (N,P) mask, as a tokenizer with
+    `padding_side="left"` pads text."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s):] = torch.tensor([int(t) for t in s], dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
 
 
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -236,13 +256,7 @@ class HFRollout:
         uniq_keys = list(dict.fromkeys(keys)) if self.share_prefix else keys
         seqs = [list(self.tok(k, add_special_tokens=False)["input_ids"]) if isinstance(k, str)
                 else list(k) for k in uniq_keys]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):  # left padding, as the tokenizer pads
-            if s:
-                ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-                mask[i, width - len(s):] = 1
+        ids, mask = left_pad(seqs, self.tok.pad_token_id)
         if not self.share_prefix:  # every row its own prompt
             return ids, mask, torch.arange(len(keys), dtype=torch.long)
         at = {k: i for i, k in enumerate(uniq_keys)}

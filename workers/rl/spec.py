@@ -211,12 +211,25 @@ class CurriculumSpec(_Strict):
     explore: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1  # chance to take an out-of-band task
     ema: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5  # weight of the newest group's pass rate
     pass_threshold: float = 0.5  # a completion with reward >= this counts as a pass
+    # Replay of valid but failed trajectories (reward < pass_threshold, not infrastructure):
+    # each slot of a draw takes the oldest buffered failed task with this probability.
+    replay_share: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    replay_capacity: Annotated[int, Field(ge=1, le=100_000)] = 256  # tasks kept, oldest out
 
     @model_validator(mode="after")
     def _check(self) -> CurriculumSpec:
         if self.band_low > self.band_high:
             raise ValueError("band_low must be <= band_high")
         return self
+
+
+class TriageSpec(_Strict):
+    """Rollouts the platform failed (a sandbox error, a lost or reclaimed session, a tool's
+    infrastructure timing out; see workers/rl/triage.py): each failed grading is re-run, each
+    void episode re-played, up to `retries` times; a sample still failing drops its group
+    (replaced by more prompts within curriculum.max_rounds). Never trained on with reward 0."""
+
+    retries: Annotated[int, Field(ge=0, le=10)] = 2
 
 
 # Settings that belong to one `algorithm.importance` mode: given with another mode, an error.
@@ -448,6 +461,7 @@ class RunSpec(_Strict):
     algorithm: AlgorithmSpec = AlgorithmSpec()
     moe: MoeSpec = MoeSpec()
     curriculum: CurriculumSpec = CurriculumSpec()
+    triage: TriageSpec = TriageSpec()
     trainer: TrainerSpec = TrainerSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     output: OutputSpec = OutputSpec()

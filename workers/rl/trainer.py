@@ -91,6 +91,7 @@ from workers.rl.samples import finish_reason, pick_samples, reports_at
 from workers.rl.sinks import JsonlSink, MultiSink, NullSink, StdoutSink
 from workers.rl.spec import DEFAULT_VOCAB_SIZE, MODE_SETTINGS, ModelSpec, RunSpec
 from workers.rl.tokenizer import load_tokenizer, train_bpe
+from workers.rl.triage import InfraFailure, TriageCounts, grade
 
 # What every rank does at a safe point (`Trainer.agreed_stop`).
 GO, CHECKPOINT_AND_STOP, STOP = 0, 1, 2
@@ -346,16 +347,24 @@ class Trainer:
         weight = 1.0 if any(i % self.world == self.rank for i in range(len(ev))) else 0.0
         reps = [e for e in mine for _ in range(self.spec.trainer.eval_samples)]
         sources = episodic(self.objective, mine) if plays_episodes(self.objective) else []
+        retries = self.spec.triage.retries
         if any(sources):  # multi-turn / tool use: the held-out reward of whole episodes
-            rewards = play_groups(
+            played = play_groups(
                 self.objective, mine, sources, self.spec.trainer.eval_samples, backend,
                 self.episode_tok, self.spec.rollout, self.generator(30_000),
-                tok.pad_token_id, getattr(self.objective, "episode_max_tokens", 4096)).rewards
+                tok.pad_token_id, getattr(self.objective, "episode_max_tokens", 4096), retries)
+            rewards, infra = played.rewards, played.infra
         else:
             batch = backend.generate([e.prompt for e in reps], self.spec.rollout,
                                      self.generator(30_000))
-            rewards, _ = self.objective.reward(reps, batch.texts)
-        tot = all_reduce_sum(torch.tensor([sum(rewards) * weight, len(rewards) * weight]))
+            graded = grade(self.objective.reward, reps, batch.texts, retries, TriageCounts())
+            rewards, infra = graded.rewards, graded.infra
+        # a sample the platform failed is left out of the mean, not counted as 0
+        valid = [r for r, bad in zip(rewards, infra, strict=True) if not bad]
+        tot = all_reduce_sum(torch.tensor([sum(valid) * weight, len(valid) * weight]))
+        if float(tot[1]) == 0.0:
+            raise InfraFailure("every held-out sample failed for infrastructure reasons "
+                               "(sandbox errors, lost sessions): no evaluation reward")
         return float(tot[0] / tot[1])
 
     # ---- RL: set-up ----------------------------------------------------------------------
@@ -444,8 +453,8 @@ class Trainer:
         sampler = TaskSampler(self.objective.train, spec.curriculum, ts.seed, self.rank,
                               self.world, order)
         episodes = plays_episodes(self.objective)
-        # Episodes decode and re-encode turns: the producer (the actor thread when async) and
-        # the learner's evaluation each get their own tokenizer copy.
+        # Episodes encode environment replies and decode sampled turns: the producer (the
+        # actor thread when async) and the learner's evaluation each get a tokenizer copy.
         self.episode_tok = copy.deepcopy(tok) if episodes else None
         producer = Producer(spec, self.objective, sampler, tok.pad_token_id, per_rank,
                             self.rank, self.seeds.generator, ts.max_async_steps,

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from workers.rl.rollout import RolloutBatch, cut_at_stop
+from workers.rl.rollout import Prompt, RolloutBatch, cut_at_stop, left_pad
 from workers.rl.spec import RolloutSpec
 from workers.rl.spec_data import VllmSpec
 
@@ -130,6 +130,17 @@ def assemble_batch(
         logprobs[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     texts = [cut_at_stop(c.text, stops)[0] for c in comps]
     return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, logprobs, texts)
+
+
+def prompt_layout(tok: Any, prompts: Sequence[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded (B,P) prompt ids and mask: text through the tokenizer (no special tokens
+    added), token ids as given."""
+    if all(isinstance(p, str) for p in prompts):
+        enc = tok(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc["input_ids"], enc["attention_mask"]
+    seqs = [list(tok(p, add_special_tokens=False)["input_ids"]) if isinstance(p, str)
+            else [int(t) for t in p] for p in prompts]
+    return left_pad(seqs, tok.pad_token_id)
 
 
 @dataclass
@@ -256,12 +267,13 @@ class VllmRollout:
             self._asleep = False
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], spec: RolloutSpec,
+    def generate(self, prompts: Sequence[Prompt], spec: RolloutSpec,
                  generator: torch.Generator) -> RolloutBatch:
+        """Text prompts are tokenized here; token-id prompts (an episode's context) go to
+        vLLM as `prompt_token_ids` untouched, so no turn is decoded and re-encoded."""
         self.versions.check()
         self._wake()
-        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
+        prompt_ids, prompt_mask = prompt_layout(self.tok, prompts)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
         requests = [{"prompt_token_ids": row[m.bool()].tolist()}
                     for row, m in zip(prompt_ids, prompt_mask, strict=True)]

@@ -12,6 +12,7 @@ from apps.environments.models import EnvironmentVersion, QcStatus
 from apps.environments.selectors import resolve_version as resolve_environment
 from apps.runs.specs import KindSpec
 from apps.teams.models import Team
+from workers.envs.spec import TERMINAL_RUN_KINDS
 
 
 def _qc_reason(report: dict[str, Any]) -> str:
@@ -92,5 +93,14 @@ def pin_environments(
             f"A {kind} run pins {wanted} environment version(s); got {len(versions)}.",
             details={key: [f"{len(versions)} given"]},
         )
+    for version in versions:
+        env = (version.spec or {}).get("env") if isinstance(version.spec, dict) else None
+        if isinstance(env, dict) and env.get("source") == "terminal" \
+                and kind not in TERMINAL_RUN_KINDS:
+            raise InvalidInput(
+                f"Environment version '{version.environment.slug}@v{version.number}' holds "
+                f"terminal tasks, which only {', '.join(sorted(TERMINAL_RUN_KINDS))} runs take "
+                f"so far; a {kind} run cannot play them yet (docs/agents.md).",
+                details={key: [f"{version.environment.slug}@v{version.number}"]})
     check_qc(versions, kind, spec.qc_gate, key)
     return versions

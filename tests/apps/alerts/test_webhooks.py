@@ -25,7 +25,8 @@ class Receiver:
     """A webhook endpoint answering with the scripted statuses (then 200), keeping what it
     received."""
 
-    def __init__(self, statuses: list[int], location: str = "") -> None:
+    def __init__(self, statuses: list[int], location: str = "", host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         self.statuses = list(statuses)
         self.received: list[tuple[dict[str, str], bytes]] = []
         receiver = self
@@ -46,8 +47,9 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/crucible"
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://{host}:{self.port}/hooks/crucible"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -187,6 +189,48 @@ def test_redirects_are_not_followed(worker, pool, project, member, fast, hooks):
     assert target.received == []
     delivery.refresh_from_db()
     assert delivery.status == "failed" and delivery.last_status_code == 302
+
+
+def test_the_address_checked_is_the_address_connected(worker, pool, project, member, fast,
+                                                      hooks, monkeypatch):
+    """DNS rebinding: the name resolves to the allowed receiver when checked and to an
+    internal service on the next lookup. The POST must reach the checked address (with the
+    name in its Host header), never the internal one. Only DNS is scripted here (this
+    machine has no resolver to rebind); both receivers are real servers."""
+    import socket
+
+    checked = Receiver([])
+    try:
+        internal = Receiver([], host="127.0.0.2", port=checked.port)
+    except OSError:
+        checked.close()
+        pytest.skip("127.0.0.2 is not a loopback address on this host")
+    real_getaddrinfo = socket.getaddrinfo
+    lookups: list[str] = []
+
+    def rebinding(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "hooks.rebind.test":
+            return real_getaddrinfo(host, port, *args, **kwargs)
+        answer = "127.0.0.1" if not lookups else "127.0.0.2"
+        lookups.append(answer)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                 (answer, port or 80))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    url = f"http://hooks.rebind.test:{checked.port}/hooks/crucible"
+    try:
+        _, delivery = _fire(worker, project, member, hooks, url)
+        lookups.clear()  # the rule's own check at creation: the send is what matters
+        out = pool.attempt_delivery(delivery.pk)
+    finally:
+        checked.close()
+        internal.close()
+    assert out["status"] == "succeeded", list(delivery.log.values("status_code", "error"))
+    assert internal.received == []
+    assert len(checked.received) == 1
+    sent = {k.lower(): v for k, v in checked.received[0][0].items()}
+    assert sent["host"] == f"hooks.rebind.test:{checked.port}"
+    assert lookups == ["127.0.0.1"]  # looked up once, by the check
 
 
 def test_a_private_host_is_refused_at_send_time_too(worker, pool, project, member, fast,

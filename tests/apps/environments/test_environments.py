@@ -256,3 +256,45 @@ def test_synthesize_launch_validates_its_config(member, project):
         format="json")
     assert keyed.status_code == 400 and "api_key" in keyed.json()["message"]
     assert "sk-secret" not in keyed.content.decode()
+
+
+TERMINAL = {"env": {"source": "terminal", "tasks": [{
+    "id": "answer", "instruction": "Write 42 to answer.txt.",
+    "hidden_tests": {"test_answer.py": "from pathlib import Path\n\n\ndef test_answer():\n"
+                                       "    assert Path('/work/answer.txt').read_text()"
+                                       ".strip() == '42'\n"},
+    "reference": "echo 42 > answer.txt",
+    "limits": {"memory_mb": 256, "disk_mb": 32, "pids": 64, "cpu_s": 60, "wall_s": 900,
+               "idle_s": 300}}]}}
+
+
+def test_terminal_tasks_register_and_take_qc_runs_only(member, env):
+    r = register(member, env, TERMINAL)
+    assert r.status_code == 201, r.content
+    task = r.json()["spec"]["env"]["tasks"][0]
+    assert task["max_turns"] == 20 and task["split"] == "train"  # normalised: defaults filled
+    qc = member.client.post(f"{env}/v1/qc", {"config": {"qc": {"repeats": 2}}}, format="json")
+    assert qc.status_code == 201, qc.content
+    assert qc.json()["kind"] == "qc"
+    endpoint = {"kind": "endpoint", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    ev = member.client.post(f"{env}/v1/eval", {"config": {"policy": endpoint}}, format="json")
+    assert ev.status_code == 400, ev.content
+    assert "terminal tasks" in ev.json()["message"] and "qc" in ev.json()["message"]
+    assert ev.json()["errors"]["environment"] == ["arith@v1"]
+    train = member.client.post(RUNS, {"project": "main", "kind": "train", "config": {},
+                                      "environments": ["arith@v1"]}, format="json")
+    assert train.status_code == 400 and "terminal tasks" in train.json()["message"]
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"source": "terminal"}, "spec.env.terminal"),
+    ({"source": "terminal", "tasks": []}, "spec.env.terminal"),
+    ({"source": "terminal", "tasks": [{**TERMINAL["env"]["tasks"][0], "files": {
+        "../escape": "x"}}]}, "spec.env.terminal.tasks.0.files"),
+    ({"source": "terminal", "tasks": [TERMINAL["env"]["tasks"][0]] * 2}, "spec.env.terminal"),
+])
+def test_bad_terminal_specs_name_the_field(member, env, spec, field):
+    r = register(member, env, spec)
+    assert r.status_code == 400, r.content
+    assert any(k.startswith(field) for k in r.json()["errors"]), r.json()
+    assert not EnvironmentVersion.objects.exists()

@@ -1,12 +1,15 @@
 """deploy/prometheus/alerts.yml and deploy/grafana/crucible.json read only what the web
 exports: each expression's metrics, selector labels and ``by (...)`` labels are checked
-against a live /metrics scrape (promtool is not installed here; the files are parsed as
-YAML and JSON, the expressions' names with regular expressions)."""
+against a live /metrics scrape (the expressions' names with regular expressions). promtool
+checks the rules file and runs its unit tests (deploy/prometheus/alerts.test.yml: each rule
+fires on series shaped like the scrape, after its ``for:``, and not below its threshold)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ from tests.factories import make_run
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy/prometheus/alerts.yml"
 DASHBOARD = ROOT / "deploy/grafana/crucible.json"
+RULE_TESTS = ROOT / "deploy/prometheus/alerts.test.yml"
+PROMTOOL = Path("/opt/crucible/prometheus/promtool")  # scripts/install_test_deps.sh
 #: Series Prometheus itself makes (not the app's): the alert state, the scrape's health.
 BUILTIN = {"ALERTS", "up"}
 #: PromQL words that are followed by "(" or are keywords, never metric names.
@@ -141,3 +146,15 @@ def expr_balanced(expr: str) -> bool:
             if depth[closing[ch]] < 0:
                 return False
     return not any(depth.values())
+
+
+def test_promtool_checks_the_rules_and_passes_their_unit_tests() -> None:
+    promtool = shutil.which("promtool") or (str(PROMTOOL) if PROMTOOL.exists() else None)
+    if promtool is None:
+        pytest.skip("promtool missing: run scripts/install_test_deps.sh as root (it takes "
+                    "promtool out of Debian's prometheus package)")
+    for args in (["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
+        done = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120,
+                              cwd=RULES.parent)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout

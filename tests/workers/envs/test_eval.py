@@ -136,3 +136,29 @@ def test_excluded_tasks_are_not_evaluated() -> None:
     report = evaluate(env, CallablePolicy(lambda m: "0"), exclude=skip)
     assert report["summary"]["tasks"] == len(env.split("eval")) - 3
     assert not {t["task_id"] for t in report["tasks"]} & set(skip)
+
+
+def test_a_sandbox_failure_in_evaluation_is_an_error_not_an_answer(sandbox: Sandbox) -> None:
+    """The feedback turn's test run meets a sandbox without Python: the sample is reported as
+    an infrastructure error instead of the run crashing or the policy being scored on it."""
+    import dataclasses
+
+    from workers.sandbox import languages
+
+    env = load_environment({"source": "builtin", "name": "code_repair",
+                            "params": {"eval_fraction": 0.1}}, sandbox=sandbox)
+    tasks = env.split("eval")[:1]
+
+    def buggy(messages: Sequence[Message]) -> str:
+        return "```python\n" + tasks[0].metadata["buggy"] + "```"
+
+    saved = languages.LANGUAGE_TABLE["python"]
+    languages.LANGUAGE_TABLE["python"] = dataclasses.replace(
+        saved, requires=("/nonexistent/crucible-python3",))
+    try:
+        report = evaluate(env, CallablePolicy(buggy), limit=1, include_samples=True)
+    finally:
+        languages.LANGUAGE_TABLE["python"] = saved
+    [sample] = report["samples"]
+    assert sample["error"].startswith("infrastructure: the sandbox failed")
+    assert report["summary"]["errors"] == 1

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.skips import sandbox_unavailable
+from workers.envs.base import InfraError
 from workers.envs.terminal import TOOL_SCHEMAS, TerminalTask, ToolExecutor, run_episode
 from workers.envs.terminal.episode import TerminalEpisode, prepare, run_script
 from workers.envs.terminal.task import TerminalTaskError, parse_task
@@ -211,6 +212,23 @@ def test_a_session_reclaimed_before_grading_is_an_infrastructure_failure(
     spent.session.close("cpu quota of 120 s spent")
     grade = spent.grade()
     assert grade.reward == 0.0 and not grade.infra
+
+
+def test_a_session_lost_under_a_tool_voids_the_episode(manager: SessionManager) -> None:
+    """The platform reclaiming the session mid-episode is no feedback for the policy: the tool
+    raises InfraError (the RL engine re-plays or drops the episode) and the grade is flagged,
+    while a session the episode itself used up stays the model's error."""
+    episode = TerminalEpisode.start(manager, answer_task())
+    episode.session.close("idle for 300 s")
+    with pytest.raises(InfraError, match="idle for 300 s"):
+        episode.executor.execute("shell", {"command": "ls"})
+    score = episode.grade().as_score()
+    assert score.total == 0.0 and score.infra and "idle for 300 s" in score.infra
+    spent = TerminalEpisode.start(manager, answer_task())
+    spent.session.close("cpu quota of 120 s spent")
+    r = spent.executor.execute("shell", {"command": "ls"})
+    assert r.error and "the workspace is gone" in r.content
+    assert spent.grade().as_score().infra is None
 
 
 def test_tool_executor_errors_in_a_session(manager: SessionManager) -> None:
@@ -434,3 +452,37 @@ def test_qc_reference_passes_untouched_fails_two_runs_agree(manager: SessionMana
     # the two good tasks alone pass QC
     assert qc_terminal_tasks(manager, tasks[:2], repeats=2)["passed"]
     assert ToolExecutor  # re-exported for callers (the package's public surface)
+
+
+def test_a_qc_run_on_a_terminal_environment_version(manager: SessionManager) -> None:
+    """What a `qc` run's adapter calls: the stored spec (here read from a dataset version's
+    records) to a crucible.qc.terminal/1 report; a record that is not a task blocks the
+    version naming the record, and nothing raises."""
+    from workers.envs.spec import DatasetRef
+    from workers.qc.run import run_qc_spec
+    from workers.qc.spec import QcSpec
+
+    good = answer_task(id="good").model_dump(mode="json")
+    wrong = answer_task(id="wrong", reference="echo 41 > answer.txt").model_dump(mode="json")
+    ref = DatasetRef(dataset="tasks", version=1, digest="a" * 64)
+    spec = {"env": {"source": "terminal", "dataset": ref.model_dump()}}
+    report = run_qc_spec(spec, QcSpec(repeats=2, quarantine_threshold=0.5),
+                         resolve_dataset=lambda r: [good, wrong])
+    assert report["schema"] == "crucible.qc.terminal/1" and report["passed"], report
+    assert report["quarantined_ids"] == ["wrong"]
+    assert report["summary"]["tasks"] == 2 and report["timings"]["total_s"] > 0
+    strict = run_qc_spec(spec, QcSpec(repeats=1, quarantine_threshold=0.1),
+                         resolve_dataset=lambda r: [good, wrong])
+    assert strict["blocked"] and "1 of 2 tasks quarantined" in strict["block_reasons"][0]
+    broken = run_qc_spec(spec, QcSpec(), resolve_dataset=lambda r: [good, {"id": "x"}])
+    assert broken["blocked"] and "dataset record 2" in broken["block_reasons"][0]
+    json.dumps(report)
+
+
+def test_a_terminal_environment_is_not_loaded_as_plain_tasks() -> None:
+    from workers.envs.load import load_environment
+
+    spec = {"env": {"source": "terminal",
+                    "tasks": [answer_task(id="t").model_dump(mode="json")]}}
+    with pytest.raises(ValueError, match="only QC runs take it"):
+        load_environment(spec)

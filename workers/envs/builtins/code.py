@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from workers.envs.base import Component, Environment, EnvTask, Message, Reply, Rubric
 from workers.envs.builtins.problems import PROBLEMS, fenced, prompt_for, repair_prompt_for
-from workers.envs.checkers import Sandbox, code_request, grader_key, unit_tests
+from workers.envs.checkers import Sandbox, code_request, grader_key, raise_if_infra, unit_tests
 from workers.envs.spec import CodeParams, CodeRepairParams
 from workers.envs.splits import eval_ids
 from workers.sandbox.scoring import score
@@ -71,6 +71,7 @@ class CodeRepairEnvironment(CodeEnvironment):
         test output (until the turns run out)."""
         turns = sum(1 for m in conversation if m["role"] == "assistant")
         [value] = self.rubric.components[0].fn([task], [conversation[-1]["content"]])
+        raise_if_infra(value[1])
         if value[0] >= 1.0 or turns >= self.max_turns:
             return Reply([], done=True)
         feedback = value[1].get("feedback") or "the tests did not pass"

@@ -15,6 +15,7 @@ from workers.envs.checkers import (
     grader_key,
     json_answers,
     numeric_answers,
+    raise_if_infra,
 )
 from workers.envs.spec import TaskRecord, TasksEnvSpec
 from workers.envs.tools import build_tools
@@ -103,6 +104,8 @@ class TasksEnvironment(Environment):
         turns = sum(1 for m in conversation if m["role"] == "assistant")
         answer = conversation[-1]["content"]
         results = [c.fn([task], [answer])[0] for c in self._code]
+        for _, info in results:
+            raise_if_infra(info)
         if all(v >= 1.0 for v, _ in results) or turns >= self.max_turns:
             return Reply([], done=True)
         feedback = next((i.get("feedback") for v, i in results if v < 1.0), "") or (

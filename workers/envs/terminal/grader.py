@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from workers.envs.base import Score
 from workers.sandbox.sessions import Session, SessionClosed, SessionError, SessionManager
 from workers.sandbox.spec import SessionExec, SessionLimits, SessionStatus
 
@@ -28,6 +29,13 @@ _BOOT = ("import json,sys;m=json.loads(sys.stdin.buffer.read());"
          "exec(compile(m.pop('runner'),'crucible-test-runner','exec'),{'MSG':m})")
 GRADER_LIMITS = SessionLimits(cpu_s=600, memory_mb=1024, disk_mb=512, pids=256, wall_s=3600,
                               idle_s=600)
+
+
+def platform_closed(reason: str) -> bool:
+    """Whether a session closed for the platform's sake: lost (engine failure), idle (reclaimed
+    while the policy was still generating) or its manager shut down. A spent CPU quota or
+    lifetime is the episode's own doing."""
+    return reason.startswith(("lost", "idle", "manager closed"))
 
 
 def runner_source() -> str:
@@ -46,6 +54,12 @@ class GradeResult:
     output: str = ""
     error: str | None = None
     infra: bool = False
+
+    def as_score(self) -> Score:
+        """The grade as an environment Score: an infrastructure failure is flagged (`infra`),
+        so the RL engine retries or drops it instead of training on its 0."""
+        return Score(self.reward, {"hidden_tests": self.reward}, info=self.as_json(),
+                     infra=(self.error or "grading failed") if self.infra else None)
 
     def as_json(self) -> dict[str, Any]:
         return {"reward": self.reward, "passed": self.passed, "total": self.total,
@@ -113,7 +127,7 @@ def grade_session(session: Session, tests: dict[str, str], timeout_s: float,
         # the platform's doing; a spent CPU quota or lifetime is the episode's own
         return GradeResult(0.0, error=f"the episode's session closed before grading: "
                                       f"{exc.reason}",
-                           infra=exc.reason.startswith(("lost", "idle", "manager closed")))
+                           infra=platform_closed(exc.reason))
     except (SessionError, OSError) as exc:
         return GradeResult(0.0, error=f"could not snapshot the final workspace: {exc}",
                            infra=True)

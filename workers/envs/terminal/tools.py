@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.envs.terminal.grader import CLEAN_ENV, run_tests
+from workers.envs.base import InfraError
+from workers.envs.terminal.grader import CLEAN_ENV, platform_closed, run_tests
 from workers.envs.terminal.task import TerminalTask
 from workers.sandbox.sessions import Session, SessionClosed
 from workers.sandbox.spec import SessionExec
@@ -152,6 +153,9 @@ class ToolExecutor:
             return ToolResult(f"error: {name}: is a directory: {getattr(args, 'path', '')}",
                               error=True)
         except SessionClosed as exc:
+            if platform_closed(exc.reason):  # not the policy's doing: the episode is void
+                raise InfraError(f"the episode's session closed under it: {exc.reason}") \
+                    from exc
             return ToolResult(f"error: the workspace is gone ({exc.reason})", error=True)
 
     def _run(self, args: _Args) -> ToolResult:
@@ -191,6 +195,8 @@ class ToolExecutor:
             return ToolResult("this task has no visible tests", error=True)
         timeout = min(self.task.test_timeout_s, max(self.time_left(), 0.1))
         grade = run_tests(self.session, dict(self.task.visible_tests), timeout)
+        if grade.infra:
+            raise InfraError(f"run_tests: {grade.error}")
         if grade.error:
             return ToolResult(f"error: {grade.error}", error=True)
         lines = [f"{grade.passed}/{grade.total} passed"]
