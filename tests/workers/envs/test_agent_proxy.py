@@ -300,6 +300,7 @@ def test_a_scripted_agent_becomes_an_episode_scored_by_the_grader(manager, serve
     assert "value: 1234" in env_text and "[redacted]" in env_text
     assert episode.score is not None and episode.score.total == 1.0
     assert episode.prompt_len == p0 and episode.turns == 2
+    assert episode.stop_reason == "done" and episode.infra is None
     # the proxy's folder (socket, shim, program) is removed once the episode is over
     assert not list((sessions.BASE / "agent").glob("*"))
 
