@@ -10,6 +10,9 @@
 #     Lua 5.4
 #   - TypeScript compiler from npm, under /opt/crucible/sandbox-toolchains (world-readable and
 #     outside the checkout, so the sandbox user can read it wherever the repo is cloned)
+#   - the official `openai` Python client and its dependencies for the sandbox's Python
+#     (pip --target, under the same folder): agent programs trained through the recording proxy
+#     (workers/envs/agent_proxy.py) import it; sessions get it read-only on PYTHONPATH
 # The sandbox user must be able to read every toolchain, so Rust comes from Debian even when a
 # rustup toolchain lives under /root (unreadable to an unprivileged uid).
 set -euo pipefail
@@ -47,6 +50,21 @@ if [ ! -x "$tsdir/node_modules/.bin/tsc" ] && command -v npm >/dev/null; then
     echo "install_sandbox_deps: installing TypeScript under $tsdir"
     mkdir -p "$tsdir"
     npm install --silent --no-audit --no-fund --prefix "$tsdir" typescript@5 >/dev/null
+fi
+pydir=$toolchains/python-openai
+OPENAI_PIN=${CRUCIBLE_SANDBOX_OPENAI:-openai>=2,<3}
+if [ ! -f "$pydir/.crucible-ok" ] && [ -x /usr/bin/python3 ]; then
+    echo "install_sandbox_deps: installing the openai client for the sandbox's Python under $pydir"
+    if ! /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+    fi
+    rm -rf "$pydir.tmp"
+    /usr/bin/python3 -m pip install -q --no-compile --disable-pip-version-check \
+        --target "$pydir.tmp" "$OPENAI_PIN"
+    /usr/bin/python3 -I -c "import sys; sys.path.insert(0, '$pydir.tmp'); import openai"
+    touch "$pydir.tmp/.crucible-ok"
+    rm -rf "$pydir" && mv "$pydir.tmp" "$pydir"
 fi
 chmod -R a+rX "$toolchains" 2>/dev/null || true
 # The start-up gate and the status waiter (static, no libc), named after their sources' hash

@@ -86,6 +86,28 @@ class UnknownSnapshot(KeyError):
     pass
 
 
+Binds = tuple[tuple[str, str], ...]
+"""Read-only binds into a session, (host path, path inside): what the engine chooses to lend
+it (e.g. an agent harness's model socket and libraries), never a tenant's input. The sandbox
+uid must be able to reach the host path (bubblewrap binds it after dropping privileges)."""
+
+_BIND_TARGETS = ("/crucible/",)
+
+
+def _check_binds(binds: Binds) -> Binds:
+    """Binds land under /crucible only: never over /work, /usr, /proc or the rest."""
+    out = []
+    for host, inside in binds:
+        norm = os.path.normpath(inside)
+        if not norm.startswith(_BIND_TARGETS) or norm != inside:
+            raise ValueError(f"a session bind must name a normalised path under /crucible/, "
+                             f"not {inside!r}")
+        if not os.path.isabs(host) or not os.path.exists(host):
+            raise ValueError(f"a session bind's host path must exist: {host!r}")
+        out.append((host, inside))
+    return tuple(out)
+
+
 @dataclass
 class ExecResult:
     status: SessionStatus
@@ -225,8 +247,9 @@ class Session:
     background processes run alongside)."""
 
     def __init__(self, manager: SessionManager, limits: SessionLimits, layers: tuple[str, ...],
-                 layers_owner: int | None) -> None:
+                 layers_owner: int | None, binds: Binds = ()) -> None:
         self.manager = manager
+        self.binds = _check_binds(binds)
         self.id = secrets.token_hex(8)
         self.limits = limits
         self.created = time.monotonic()
@@ -317,7 +340,7 @@ class Session:
                                          f"import os;exec(compile(os.read({src_fd},1<<20),"
                                          f"'session_agent','exec'))"],
                 env={"HOME": "/work"}, seccomp_fd=sec_fd,
-                tmpfs_bytes=self.limits.tmpfs_mb << 20, as_pid_1=True)
+                tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=self.binds, as_pid_1=True)
             process.become_subreaper()
             argv = [*process.gate_argv(limits, self.limits.cpu_s * 1000, self.uid), *inner]
             # Forked from the manager's own long-lived thread: bwrap's --die-with-parent is a
@@ -687,8 +710,8 @@ class SessionManager:
     # sessions ----------------------------------------------------------------------------------
 
     def create(self, limits: SessionLimits | None = None,
-               files: dict[str, bytes] | None = None) -> Session:
-        session = Session(self, limits or SessionLimits(), (), None)
+               files: dict[str, bytes] | None = None, binds: Binds = ()) -> Session:
+        session = Session(self, limits or SessionLimits(), (), None, binds)
         with self._lock:
             self.sessions[session.id] = session
         try:
@@ -699,11 +722,13 @@ class SessionManager:
             raise
         return session
 
-    def fork(self, snapshot_id: str, limits: SessionLimits | None = None) -> Session:
+    def fork(self, snapshot_id: str, limits: SessionLimits | None = None,
+             binds: Binds = ()) -> Session:
         snap = self.snapshot(snapshot_id)
         self.hold(snap.layers)
         try:
-            session = Session(self, limits or SessionLimits(), snap.layers, snap.owner_uid)
+            session = Session(self, limits or SessionLimits(), snap.layers, snap.owner_uid,
+                              binds)
         except BaseException:
             self.release(snap.layers)
             raise
@@ -774,6 +799,10 @@ def sweep_orphans() -> None:
                 with contextlib.suppress(SessionError):
                     _umount(entry / sub)
             shutil.rmtree(entry, ignore_errors=True)
+    for lent in (BASE / "agent").glob("*-*"):  # agent_proxy's per-episode folders
+        pid = lent.name.split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(lent, ignore_errors=True)
     for layer in (BASE / "layers").glob("*-*"):
         pid = layer.name.lstrip(".").split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
