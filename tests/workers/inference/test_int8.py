@@ -183,3 +183,22 @@ def test_quantize_model_refuses_a_model_without_weights_to_quantise():
         qz.quantize_model(torch.nn.Sequential(torch.nn.ReLU()))
     lin = torch.nn.Sequential(torch.nn.Linear(4, 4))
     assert qz.quantize_model(lin) == {"linear": 1, "experts": 0}
+
+
+def test_eval_run_serving_settings_reach_the_served_model(model_dir):
+    """An eval run of a served variant (config `serving`, written by variant creation) has the
+    eval worker serve the int8, speculative model, not the plain checkpoint."""
+    from workers.adapters.eval import serve_options
+    from workers.rl.spec import EvalRunConfig
+
+    torch.set_num_threads(1)
+    cfg = EvalRunConfig.model_validate({
+        "model": {"source": "path", "path": str(model_dir)},
+        "serving": {"int8": True, "ngram_draft": 2, "num_speculative_tokens": 3}})
+    options = serve_options(cfg, None, None, None)  # type: ignore[arg-type]  # no draft to fetch
+    with start_server(model_dir, name="policy", **options) as srv:
+        assert srv.openai_app.policy.int8 is not None
+        health = httpx.get(srv.url.removesuffix("/v1") + "/health").json()
+        assert health["weights"] == "int8"
+        assert health["speculative"]["method"] == "ngram"
+        assert health["speculative"]["num_speculative_tokens"] == 3
