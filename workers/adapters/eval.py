@@ -85,7 +85,7 @@ def run(session: WorkerSession) -> None:
                               "exclude": env.quarantined_ids}
     if cfg.policy is not None:
         check_endpoint(cfg.policy.base_url)
-        named = {"kind": "endpoint", "base_url": cfg.policy.base_url}
+        named: dict[str, Any] = {"kind": "endpoint", "base_url": cfg.policy.base_url}
         reporter.event("info", f"evaluating endpoint policy on {env.label}", named)
         report = evaluate(loaded, EndpointPolicy(cfg.policy), **kwargs)
     else:

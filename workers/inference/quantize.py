@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,8 @@ class Int8Linear(nn.Module):
     """An `nn.Linear` with int8 per-row weights (buffers: they are not trained)."""
 
     int8_weights = True  # the RL engine's lean forward reads float weights: it steps aside
+    qweight: torch.Tensor  # (out, in) int8
+    scale: torch.Tensor  # (out,) float32
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -110,13 +113,18 @@ class Int8Experts(nn.Module):
     routed token through its experts, weighted by the router and summed."""
 
     int8_weights = True
+    gate_up_q: torch.Tensor  # (E, 2I, H) int8
+    gate_up_scale: torch.Tensor  # (E, 2I)
+    down_q: torch.Tensor  # (E, H, I) int8
+    down_scale: torch.Tensor  # (E, H)
 
     def __init__(self, experts: nn.Module) -> None:
         super().__init__()
-        self.num_experts = int(experts.num_experts)
-        self.act_fn: Callable[[torch.Tensor], torch.Tensor] = experts.act_fn
-        gate_up: torch.Tensor = experts.gate_up_proj
-        down: torch.Tensor = experts.down_proj
+        float_experts: Any = experts  # transformers' Qwen3MoeExperts (untyped attributes)
+        self.num_experts = int(float_experts.num_experts)
+        self.act_fn: Callable[[torch.Tensor], torch.Tensor] = float_experts.act_fn
+        gate_up: torch.Tensor = float_experts.gate_up_proj
+        down: torch.Tensor = float_experts.down_proj
         for name, w in (("gate_up", gate_up), ("down", down)):
             q, scale = quantize_rows(w)
             self.register_buffer(f"{name}_q", q.to(w.device))

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from tests.workers.inference.conftest import KEY
-from workers.inference import start_server
 from workers.inference import quantize as qz
+from workers.inference import start_server
 from workers.inference.__main__ import main as serve_main
+from workers.inference.continuous import ContinuousBatcher
 from workers.inference.engine import (
     EngineOptions,
     Policy,
@@ -21,7 +22,7 @@ from workers.inference.engine import (
     SpeculativeBatcher,
     make_batcher,
 )
-from workers.inference.continuous import ContinuousBatcher
+
 
 def test_quantize_rows_hand_computed():
     w = torch.tensor([[0.5, -1.27, 0.0], [0.0, 0.0, 0.0], [2.54, 1.0, -0.01]])
