@@ -127,6 +127,23 @@ def eval_score(batcher, tasks: list[tuple[list[int], list[int]]]) -> float:
     return statistics.fmean(scores)
 
 
+@torch.no_grad()
+def next_token_accuracy(model, tasks: list[tuple[list[int], list[int]]]) -> tuple[float, float]:
+    """Teacher-forced top-1 accuracy and mean negative log-likelihood of the reference
+    continuations (each position given the true prefix): the model's own forward, which greedy
+    decoding compounds; for int8 it shows a change too small to move greedy answers."""
+    hits, nll, count = 0, 0.0, 0
+    for prompt, ref in tasks:
+        ids = torch.tensor([prompt + ref])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        pred = logp[len(prompt) - 1 : -1]  # (answer, V): positions predicting ref
+        target = torch.tensor(ref)
+        hits += int((pred.argmax(-1) == target).sum())
+        nll -= float(pred.gather(-1, target[:, None]).sum())
+        count += len(ref)
+    return hits / count, nll / count
+
+
 def run(batcher, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     """Seconds to answer the prompts one after another, and the tokens generated."""
     from workers.inference.engine import SamplingParams
@@ -199,7 +216,7 @@ def main() -> None:
                     help="hidden size of a second, random-init 4-layer model on which int8 "
                          "speed is also measured (weights large enough to bound decoding); "
                          "0: skip")
-    ap.add_argument("--eval-tasks", type=int, default=24, help="held-out tasks")
+    ap.add_argument("--eval-tasks", type=int, default=48, help="held-out tasks")
     ap.add_argument("--eval-prompt", type=int, default=24, help="prompt tokens per task")
     ap.add_argument("--eval-answer", type=int, default=12, help="tokens scored per task")
     args = ap.parse_args()
@@ -249,6 +266,8 @@ def main() -> None:
                      for name, b in batchers.items()}
             scores = {name: eval_score(batchers[name], tasks)
                       for name in ("base", "ngram", "draft", "int8", "int8+ngram")}
+            forced = {"base": next_token_accuracy(policy.model, tasks),
+                      "int8": next_token_accuracy(quant.model, tasks)}
         finally:
             for b in batchers.values():
                 b.close()
@@ -289,6 +308,12 @@ def main() -> None:
         v, b = scores[name], scores["base"]
         print(f"variants {name} eval delta: crucible={v:.4f} base={b:.4f} "
               f"ratio={v / b if b else float('nan'):.3f} delta={v - b:+.4f} target=>=-0.02")
+    (acc_i, nll_i), (acc_b, nll_b) = forced["int8"], forced["base"]
+    print(f"variants int8 next-token accuracy: crucible={acc_i:.4f} base={acc_b:.4f} "
+          f"ratio={acc_i / acc_b if acc_b else float('nan'):.3f} delta={acc_i - acc_b:+.4f} "
+          "target=>=-0.02")
+    print(f"variants int8 held-out nll: crucible={nll_i:.4f} base={nll_b:.4f} "
+          f"ratio={nll_i / nll_b:.4f} target=<=1.01")
 
 
 if __name__ == "__main__":
