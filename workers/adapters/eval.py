@@ -102,6 +102,12 @@ def run(session: WorkerSession) -> None:
                 # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
                 # RL engine trained), else its tokenizer's template, else plain lines.
                 named["chat_format"] = server.openai_app.policy.chat_format
+                if not cfg.serving.default:  # what the server really runs, not the request
+                    stats = getattr(server.openai_app.batcher, "stats", dict)()
+                    spec = stats.get("speculative", {})
+                    named["served"] = {
+                        "weights": "int8" if server.openai_app.policy.int8 else "float",
+                        "speculative": spec.get("method")}
                 reporter.event("info", f"evaluating {named['kind']} policy on {env.label} "
                                f"(served here, chat format {named['chat_format']})",
                                {"policy": named})
