@@ -103,7 +103,7 @@ def run(session: WorkerSession) -> None:
                 # RL engine trained), else its tokenizer's template, else plain lines.
                 named["chat_format"] = server.openai_app.policy.chat_format
                 if not cfg.serving.default:  # what the server really runs, not the request
-                    stats = getattr(server.openai_app.batcher, "stats", dict)()
+                    stats: dict[str, Any] = getattr(server.openai_app.batcher, "stats", dict)()
                     spec = stats.get("speculative", {})
                     named["served"] = {
                         "weights": "int8" if server.openai_app.policy.int8 else "float",
