@@ -369,6 +369,7 @@ SPECTACULAR_SETTINGS = {
         "NodeStateEnum": "apps.scheduling.models.NodeState",
         "FilterSurfaceNameEnum": "apps.filtering.models.Surface",
         "FilterModeEnum": "apps.filtering.models.MODE_CHOICES",
+        "VariantKindEnum": "apps.evals.models.VariantKind",
     },
 }
 

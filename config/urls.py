@@ -15,7 +15,12 @@ from apps.capacity.api import CapacityViewSet
 from apps.core import views as core_views
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.environments.api import EnvironmentViewSet
-from apps.evals.api import CheckpointGateViewSet, EvalSuiteViewSet, SuiteEvaluationViewSet
+from apps.evals.api import (
+    CheckpointGateViewSet,
+    EvalSuiteViewSet,
+    ServedVariantViewSet,
+    SuiteEvaluationViewSet,
+)
 from apps.filtering import views as filtering_views
 from apps.filtering.api import FilterPolicyViewSet, FindingViewSet
 from apps.lineage.api import LineageViewSet
@@ -81,6 +86,7 @@ router.register(rf"{TEAM}/webhook-deliveries", DeliveryViewSet, basename="webhoo
 router.register(rf"{TEAM}/evals/suites", EvalSuiteViewSet, basename="eval-suite")
 router.register(rf"{TEAM}/evals/evaluations", SuiteEvaluationViewSet, basename="suite-evaluation")
 router.register(rf"{TEAM}/checkpoints", CheckpointGateViewSet, basename="checkpoint")
+router.register(rf"{TEAM}/variants", ServedVariantViewSet, basename="served-variant")
 router.register(rf"{TEAM}/filtering/findings", FindingViewSet, basename="filter-finding")
 router.register(r"cluster/nodes", NodeViewSet, basename="cluster-node")
 

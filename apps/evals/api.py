@@ -1,6 +1,8 @@
 """``/api/v1/teams/<team>/evals/…``: eval suites (create, list, read, update name /
 description / baseline, delete), evaluating a subject with a suite, evaluation reports and
-the leaderboard; ``/api/v1/teams/<team>/checkpoints/<id>/gate`` and ``…/promote``: whether a
+the leaderboard; ``/api/v1/teams/<team>/variants/…``: served variants of checkpoints (int8,
+speculative), recorded in lineage and evaluated by a suite at creation;
+``/api/v1/teams/<team>/checkpoints/<id>/gate`` and ``…/promote``: whether a
 checkpoint may be promoted, and promoting it (409 while its gating suite has not passed it).
 """
 
@@ -18,13 +20,15 @@ from rest_framework.response import Response
 from apps.core.exceptions import InvalidInput
 from apps.core.idempotency import idempotent
 from apps.evals import selectors, services
-from apps.evals.models import EvalSuite, SubjectKind, SuiteEvaluation
+from apps.evals.models import EvalSuite, ServedVariant, SubjectKind, SuiteEvaluation
 from apps.evals.serializers import (
     EvaluateSerializer,
     PromoteSerializer,
     SuiteCreateSerializer,
     SuiteSerializer,
     SuiteUpdateSerializer,
+    VariantCreateSerializer,
+    VariantSerializer,
 )
 from apps.runs.models import Checkpoint
 from apps.runs.selectors import resolve_checkpoint
@@ -133,6 +137,49 @@ class SuiteEvaluationViewSet(TeamScopedViewSet):
         """One evaluation: each entry against the previous version and the baseline."""
         return Response(selectors.evaluation_report(
             selectors.access_evaluation(self.team, evaluation)))
+
+
+class ServedVariantViewSet(TeamScopedViewSet):
+    """Served variants: a checkpoint served with int8 weights or speculative decoding."""
+
+    queryset = ServedVariant.objects.all()
+    serializer_class = VariantSerializer
+    lookup_url_kwarg = "variant"
+    ordering = "-created_at"
+
+    def base_queryset(self) -> Any:
+        return ServedVariant.objects.select_related("source")
+
+    def list(self, request: Request, team: str) -> Response:
+        """The team's variants, newest first (``?checkpoint=<id>`` for one checkpoint's)."""
+        rows = self.get_queryset().order_by("-created_at", "-pk")
+        ckpt = request.query_params.get("checkpoint")
+        if ckpt is not None:
+            if not ckpt.isdigit():
+                raise InvalidInput("checkpoint must be a checkpoint id (a whole number).",
+                                   details={"checkpoint": [ckpt[:40]]})
+            rows = rows.filter(source_id=int(ckpt))
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(VariantSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, team: str, variant: str) -> Response:
+        return Response(VariantSerializer(self.get_object()).data)
+
+    @extend_schema(request=VariantCreateSerializer, responses={201: VariantSerializer})
+    def create(self, request: Request, team: str) -> Response:
+        """Record a variant of a checkpoint (lineage: checkpoint → variant); with ``suite``,
+        evaluate it there now: the eval workers serve the checkpoint with the variant's
+        settings."""
+        data = VariantCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+
+        def handler() -> Response:
+            obj = services.variant_create(actor=self.actor, team=self.team,
+                                          **data.validated_data)
+            obj = self.get_queryset().get(pk=obj.pk)
+            return Response(VariantSerializer(obj).data, status=status.HTTP_201_CREATED)
+
+        return idempotent(request, handler)
 
 
 class CheckpointGateViewSet(TeamScopedViewSet):

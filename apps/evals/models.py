@@ -141,3 +141,37 @@ class Promotion(models.Model):
 
     def __str__(self) -> str:
         return f"promoted {self.checkpoint_id}"
+
+
+class VariantKind(models.TextChoices):
+    INT8 = "int8"  # int8 weights, per-channel scales (serve --int8)
+    NGRAM = "ngram"  # speculative decoding by n-gram prompt lookup (serve --ngram-draft)
+    DRAFT = "draft"  # speculative decoding with a draft checkpoint (serve --draft-checkpoint)
+
+
+class ServedVariant(models.Model):
+    """A served model derived from a checkpoint: the checkpoint's weights served with
+    ``serving`` (the serve command's flags: ``int8``, ``ngram_draft``,
+    ``num_speculative_tokens``; the draft checkpoint is ``draft``). Immutable once created;
+    its lineage edges run from ``source`` (and ``draft``) to it, and from it to the eval
+    runs of its ``evaluation``."""
+
+    team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="+")
+    source = models.ForeignKey("runs.Checkpoint", on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=VariantKind.choices)
+    draft = models.ForeignKey("runs.Checkpoint", on_delete=models.CASCADE, null=True,
+                              blank=True, related_name="+")
+    serving = models.JSONField(default=dict)
+    label = models.CharField(max_length=200)
+    # The suite evaluation launched at creation (when a suite was named).
+    evaluation = models.ForeignKey(SuiteEvaluation, on_delete=models.SET_NULL, null=True,
+                                   blank=True, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL,
+                                   null=True, blank=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "-created_at"], name="variant_team_created")]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}:{self.kind}:{self.source_id}"

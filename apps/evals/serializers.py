@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from apps.core import limits
 from apps.core.serializers import StrictSerializer
-from apps.evals.models import EvalSuite, SuiteEntry
+from apps.evals.models import EvalSuite, ServedVariant, SuiteEntry, VariantKind
 
 
 class SuiteCreateSerializer(StrictSerializer):
@@ -71,3 +71,54 @@ class EvaluateSerializer(StrictSerializer):
 
 class PromoteSerializer(StrictSerializer):
     note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class VariantCreateSerializer(StrictSerializer):
+    checkpoint = serializers.CharField(max_length=300, help_text="the source: 'checkpoint:<id>' "
+                                       "or 'run:<id>[@<step>]'")
+    kind = serializers.ChoiceField(choices=VariantKind.choices, help_text=(
+        "int8: int8 weights (serve --int8); ngram: speculative decoding by prompt lookup "
+        "(--ngram-draft); draft: speculative decoding with a draft checkpoint"))
+    label = serializers.CharField(max_length=limits.NAME, required=False, allow_blank=True,
+                                  default="")
+    int8 = serializers.BooleanField(required=False, default=False,
+                                    help_text="speculative kinds: int8 weights for the target "
+                                              "too")
+    ngram = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                     min_value=1, max_value=16,
+                                     help_text="kind ngram: n-gram length (default 3)")
+    num_speculative_tokens = serializers.IntegerField(required=False, allow_null=True,
+                                                      default=None, min_value=1, max_value=16)
+    draft_checkpoint = serializers.CharField(required=False, allow_null=True, default=None,
+                                             max_length=300, help_text="kind draft: "
+                                             "'checkpoint:<id>' or 'run:<id>[@<step>]'")
+    suite = serializers.SlugField(required=False, allow_null=True, default=None,
+                                  max_length=64, help_text="an eval suite that evaluates the "
+                                  "variant now (one eval run per entry)")
+
+
+class VariantSerializer(serializers.ModelSerializer):
+    checkpoint = serializers.IntegerField(source="source_id", read_only=True)
+    run = serializers.UUIDField(source="source.run_id", read_only=True)
+    step = serializers.IntegerField(source="source.step", read_only=True)
+    draft_checkpoint = serializers.IntegerField(source="draft_id", read_only=True,
+                                                allow_null=True)
+    serve_flags = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ServedVariant
+        fields = ["id", "kind", "label", "checkpoint", "run", "step", "draft_checkpoint",
+                  "serving", "serve_flags", "evaluation", "created_at"]
+        read_only_fields = fields
+
+    def get_serve_flags(self, obj: ServedVariant) -> list[str]:
+        """The serve command's flags for this variant (after `--model <checkpoint dir>`)."""
+        s = obj.serving
+        flags = ["--int8"] if s.get("int8") else []
+        if s.get("ngram_draft"):
+            flags += ["--ngram-draft", str(s["ngram_draft"])]
+        if obj.draft_id is not None:
+            flags += ["--draft-checkpoint", f"<checkpoint {obj.draft_id} dir>"]
+        if obj.kind != "int8":
+            flags += ["--num-speculative-tokens", str(s.get("num_speculative_tokens", 4))]
+        return flags

@@ -26,18 +26,23 @@ from apps.evals.models import (
     EvalSuite,
     Promotion,
     ResultStatus,
+    ServedVariant,
     SubjectKind,
     SuiteEntry,
     SuiteEvaluation,
+    VariantKind,
 )
+from apps.lineage import services as lineage
 from apps.projects.selectors import project_by_slug
 from apps.runs import objects
 from apps.runs.launch import run_launch
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
+from apps.runs.selectors import resolve_checkpoint
 from apps.runs.specs import KINDS
 from apps.runs.validation.pins import pin_environments
 from apps.teams.models import Team
 from workers.envs.spec import EndpointPolicySpec, EvalParams
+from workers.rl.spec import ServingSpec
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +172,15 @@ def suite_delete(*, actor: Actor, suite: EvalSuite) -> None:
 
 def evaluate(*, actor: Actor, suite: EvalSuite, subject_kind: str, label: str,
              base_model: str | None = None, policy: dict[str, Any] | None = None,
-             checkpoint: Checkpoint | None = None, trigger: str = "manual") -> SuiteEvaluation:
+             checkpoint: Checkpoint | None = None, trigger: str = "manual",
+             serving: dict[str, Any] | None = None) -> SuiteEvaluation:
     """Launch one ``eval`` run per entry of ``suite`` on one subject, all or none (a launch
     the runs app refuses, e.g. an environment version that has since failed QC, aborts the
     whole evaluation with its message). The subject is ``base_model`` (any reference the
     runs API takes: ``checkpoint:<id>``, ``preset``, ``path:/dir``) or ``policy`` (an
-    OpenAI-compatible endpoint: how a served variant is evaluated)."""
+    OpenAI-compatible endpoint). ``serving`` (a served variant's settings: int8 weights,
+    speculative decoding) goes into each eval run's config, so the worker serves the model
+    exactly as the variant is served."""
     if (base_model is None) == (policy is None):
         raise InvalidInput("Give the subject once: base_model or policy.",
                            details={"base_model": ["or policy"]})
@@ -198,6 +206,8 @@ def evaluate(*, actor: Actor, suite: EvalSuite, subject_kind: str, label: str,
             config = dict(entry.params)
             if policy is not None:
                 config["policy"] = policy
+            if serving:
+                config["serving"] = serving
             launched = run_launch(actor=actor, team=team, document={
                 "project": suite.project.slug, "kind": RunKind.EVAL, "config": config,
                 "name": f"{suite.slug}/{entry.position}: {label}"[:200],
@@ -214,14 +224,117 @@ def evaluate(*, actor: Actor, suite: EvalSuite, subject_kind: str, label: str,
 
 def evaluate_variant(*, actor: Actor, suite: EvalSuite, label: str,
                      policy: dict[str, Any] | None = None, model_dir: str | None = None,
-                     source: Checkpoint | None = None) -> SuiteEvaluation:
-    """The hook for a served variant (a model derived from a checkpoint: quantised,
-    speculative, …): evaluate it by its endpoint (``policy``) or its model folder on the
-    workers (``model_dir``), linked to the checkpoint it came from. No variant object exists
-    yet; when one does, its creation calls this with its endpoint and source checkpoint."""
-    base_model = None if model_dir is None else f"path:{model_dir}"
+                     source: Checkpoint | None = None,
+                     serving: dict[str, Any] | None = None) -> SuiteEvaluation:
+    """Evaluate a served variant (a model derived from a checkpoint: quantised,
+    speculative, …): by its endpoint (``policy``), its model folder on the workers
+    (``model_dir``), or its source checkpoint served by the eval workers with the variant's
+    ``serving`` settings (what ``variant_create`` does)."""
+    if policy is None and model_dir is None and source is not None:
+        base_model: str | None = f"checkpoint:{source.pk}"
+    else:
+        base_model = None if model_dir is None else f"path:{model_dir}"
     return evaluate(actor=actor, suite=suite, subject_kind=SubjectKind.VARIANT, label=label,
-                    base_model=base_model, policy=policy, checkpoint=source, trigger="variant")
+                    base_model=base_model, policy=policy, checkpoint=source, trigger="variant",
+                    serving=serving)
+
+
+# --- served variants -------------------------------------------------------------------------
+
+
+def _variant_serving(kind: str, *, int8: bool, ngram: int | None,
+                     num_speculative_tokens: int | None, draft: Checkpoint | None
+                     ) -> dict[str, Any]:
+    """The serve flags of a variant kind, checked by the eval run's own schema."""
+    if kind not in VariantKind.values:
+        raise InvalidInput(f"kind must be one of {', '.join(VariantKind.values)}.",
+                           details={"kind": [str(kind)[:40]]})
+    if kind == VariantKind.DRAFT and draft is None:
+        raise InvalidInput("A 'draft' variant needs draft_checkpoint ('checkpoint:<id>' or "
+                           "'run:<id>[@<step>]' of a smaller model with the same tokenizer).",
+                           details={"draft_checkpoint": ["required for kind 'draft'"]})
+    if kind != VariantKind.DRAFT and draft is not None:
+        raise InvalidInput("draft_checkpoint is for kind 'draft' only.",
+                           details={"draft_checkpoint": ["only for kind 'draft'"]})
+    if kind != VariantKind.NGRAM and ngram is not None:
+        raise InvalidInput("ngram is for kind 'ngram' only.", details={"ngram": ["ngram only"]})
+    if kind == VariantKind.INT8 and num_speculative_tokens is not None:
+        raise InvalidInput("num_speculative_tokens is for the speculative kinds (ngram, draft).",
+                           details={"num_speculative_tokens": ["speculative kinds only"]})
+    raw: dict[str, Any] = {"int8": bool(int8 or kind == VariantKind.INT8)}
+    if kind == VariantKind.NGRAM:
+        raw["ngram_draft"] = 3 if ngram is None else ngram
+        if raw["ngram_draft"] < 1:
+            raise InvalidInput("ngram must be from 1 to 16.", details={"ngram": [str(ngram)]})
+    if kind != VariantKind.INT8 and num_speculative_tokens is not None:
+        raw["num_speculative_tokens"] = num_speculative_tokens
+    try:
+        parsed = ServingSpec.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = {"ngram_draft": "ngram"}.get(str(err["loc"][0]), str(err["loc"][0]))
+        raise InvalidInput(f"{field}: {err['msg']}", details={field: [err["msg"]]}) from exc
+    return parsed.model_dump(mode="json", exclude={"draft"})
+
+
+def _checkpoint(team: Team, ref: str, field: str) -> Checkpoint:
+    """One of the team's checkpoints by reference, errors naming ``field``."""
+    try:
+        return resolve_checkpoint(team=team, ref=ref)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.message.replace("base_model", field, 1),
+                           details={field: [ref[:100]]}) from exc
+
+
+def variant_create(*, actor: Actor, team: Team, checkpoint: str, kind: str, label: str = "",
+                   int8: bool = False, ngram: int | None = None,
+                   num_speculative_tokens: int | None = None,
+                   draft_checkpoint: str | None = None, suite: str | None = None
+                   ) -> ServedVariant:
+    """Record a served variant of one of the team's checkpoints, with its lineage edges
+    (source checkpoint, and draft checkpoint, to the variant); with ``suite``, evaluate it
+    there at once: one eval run per entry, serving the source checkpoint with the variant's
+    settings (``serving`` in the run's config), linked to the variant in lineage."""
+    source = _checkpoint(team, checkpoint, "checkpoint")
+    draft = None if draft_checkpoint is None else _checkpoint(team, draft_checkpoint,
+                                                              "draft_checkpoint")
+    serving = _variant_serving(kind, int8=int8, ngram=ngram,
+                               num_speculative_tokens=num_speculative_tokens, draft=draft)
+    limits.check_text(label, field="label", limit=limits.NAME)
+    run_name = source.run.name or str(source.run_id)[:8]
+    shown = f"{kind}+int8" if kind != VariantKind.INT8 and serving["int8"] else kind
+    label = label or f"{run_name} @ step {source.step} ({shown})"
+    suite_obj = None
+    if suite is not None:
+        suite_obj = EvalSuite.objects.select_related("team", "project").filter(
+            team=team, slug=suite).first()
+        if suite_obj is None:
+            raise InvalidInput(f"suite: team '{team.slug}' has no eval suite '{suite[:64]}'.",
+                               details={"suite": [suite[:64]]})
+    with transaction.atomic():
+        variant = ServedVariant.objects.create(
+            team=team, source=source, kind=kind, draft=draft, serving=serving, label=label[:200],
+            created_by=actor.user)
+        lineage.edge_create(team_id=team.pk, source=source, target=variant, relation="variant")
+        if draft is not None:
+            lineage.edge_create(team_id=team.pk, source=draft, target=variant, relation="draft")
+        if suite_obj is not None:
+            run_serving = dict(serving)
+            if draft is not None:
+                run_serving["draft"] = f"checkpoint:{draft.pk}"
+            evaluation = evaluate_variant(actor=actor, suite=suite_obj, label=variant.label,
+                                          source=source, serving=run_serving)
+            variant.evaluation = evaluation
+            variant.save(update_fields=["evaluation"])
+            for result in evaluation.results.select_related("run"):
+                if result.run is not None:
+                    lineage.edge_create(team_id=team.pk, source=variant, target=result.run,
+                                        relation="evaluated")
+        audit.record(actor=actor, action="evals.variant.create", team_id=team.pk,
+                     target_type="served_variant", target_id=str(variant.pk),
+                     data={"checkpoint": source.pk, "kind": kind, "serving": serving,
+                           "draft": draft.pk if draft else None, "suite": suite})
+    return variant
 
 
 def on_checkpoint_added(checkpoint_id: int) -> None:

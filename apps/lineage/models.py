@@ -15,6 +15,7 @@ class ArtifactType(models.TextChoices):
     RUN = "run"
     CHECKPOINT = "checkpoint"
     REPORT = "report"  # a run's report (eval scores, profile), keyed by the run's id
+    SERVED_VARIANT = "served_variant"  # a served model derived from a checkpoint (evals)
 
 
 class LineageEdge(models.Model):

@@ -9,6 +9,7 @@ _TYPES = {
     "environments.environmentversion": ArtifactType.ENVIRONMENT_VERSION,
     "runs.run": ArtifactType.RUN,
     "runs.checkpoint": ArtifactType.CHECKPOINT,
+    "evals.servedvariant": ArtifactType.SERVED_VARIANT,
 }
 
 

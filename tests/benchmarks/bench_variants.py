@@ -1,5 +1,7 @@
 """Fast variants of a served model: speculative decoding (workers/inference/speculative.py) with
-n-gram prompt lookup and with a draft model, against the same model decoded plainly.
+n-gram prompt lookup and with a draft model, and int8 weights (workers/inference/quantize.py,
+`serve --int8`), alone and under n-gram speculation, against the same model decoded plainly;
+and each variant's eval delta on the same held-out tasks.
 
 The checkpoints are built here (no download): a BPE tokenizer trained on a synthetic word
 corpus, a Qwen3-MoE target (`--layers` layers, hidden `--hidden`) and a one-layer draft of half
@@ -13,8 +15,15 @@ one after another (a single stream: the latency-bound case speculation is for). 
 a passage of themselves, as edits and summaries of a given text do. Baselines, measured in the
 same run: the default engine for this model (the continuous scheduler over the RL engine's lean
 forward) and the static engine (the Hugging Face forward with its KV cache, the forward the
-speculative decoder also uses). Figures are medians over `--rounds`; every speculative output
-is checked token-for-token against the baseline's greedy output.
+speculative decoder also uses; the int8 model takes this path too). Figures are medians over
+`--rounds`; every speculative output is checked token-for-token against its own model's plain
+greedy output (the base's, or the int8 model's for int8+ngram).
+
+Eval delta: `--eval-tasks` held-out passages of the same synthetic language (drawn with another
+seed, never trained on); each task gives the first `--eval-prompt` tokens and scores the
+variant's greedy continuation of `--eval-answer` tokens by the fraction of tokens equal to the
+passage's own (token accuracy, as an exact-match grader per position). The base is the float
+model decoded plainly; every variant answers the same tasks.
 
 Run from the repository root: `.venv/bin/python -m tests.benchmarks.bench_variants`. Ends with
 DESIGN.md's lines:
@@ -92,6 +101,49 @@ def prompts_for(tok, count: int, length: int) -> list[list[int]]:
     return out
 
 
+def held_out(tok, count: int, prompt_len: int, answer_len: int
+             ) -> list[tuple[list[int], list[int]]]:
+    """(prompt, reference continuation) token ids from passages never trained on."""
+    rng = random.Random(2)
+    tasks = []
+    while len(tasks) < count:
+        ids = list(tok(words(rng, 40), add_special_tokens=False)["input_ids"])
+        if len(ids) >= prompt_len + answer_len:
+            tasks.append((ids[:prompt_len], ids[prompt_len : prompt_len + answer_len]))
+    return tasks
+
+
+def eval_score(batcher, tasks: list[tuple[list[int], list[int]]]) -> float:
+    """Mean token accuracy of the greedy continuations against the references."""
+    from workers.inference.engine import SamplingParams
+
+    answer = len(tasks[0][1])
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=answer)
+    futures = [batcher.submit([p], 1, params, None) for p, _ in tasks]
+    scores = []
+    for f, (_, ref) in zip(futures, tasks, strict=True):
+        got = f.result()[0][0].token_ids
+        scores.append(sum(a == b for a, b in zip(got, ref, strict=False)) / len(ref))
+    return statistics.fmean(scores)
+
+
+@torch.no_grad()
+def next_token_accuracy(model, tasks: list[tuple[list[int], list[int]]]) -> tuple[float, float]:
+    """Teacher-forced top-1 accuracy and mean negative log-likelihood of the reference
+    continuations (each position given the true prefix): the model's own forward, which greedy
+    decoding compounds; for int8 it shows a change too small to move greedy answers."""
+    hits, nll, count = 0, 0.0, 0
+    for prompt, ref in tasks:
+        ids = torch.tensor([prompt + ref])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        pred = logp[len(prompt) - 1 : -1]  # (answer, V): positions predicting ref
+        target = torch.tensor(ref)
+        hits += int((pred.argmax(-1) == target).sum())
+        nll -= float(pred.gather(-1, target[:, None]).sum())
+        count += len(ref)
+    return hits / count, nll / count
+
+
 def run(batcher, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     """Seconds to answer the prompts one after another, and the tokens generated."""
     from workers.inference.engine import SamplingParams
@@ -102,6 +154,50 @@ def run(batcher, prompts: list[list[int]], max_tokens: int) -> tuple[float, list
     for p in prompts:
         outs.append(batcher.submit([p], 1, params, None).result()[0][0].token_ids)
     return time.perf_counter() - start, outs
+
+
+def int8_at_scale(out: Path, tok, prompts: list[list[int]], args) -> dict[str, float]:
+    """Single-stream greedy tokens/s of a random-init 4-layer model of hidden `--int8-hidden`
+    (8 experts, 2 per token), float (static engine) against int8, 2 prompts of 48 tokens,
+    medians of `--rounds`; speed does not depend on training, and at this width reading the
+    weights, not per-op overhead, bounds a decode step."""
+    from workers.inference.engine import EngineOptions, Policy, make_batcher
+    from workers.inference.quantize import weight_bytes
+    from workers.rl.model import build_policy
+    from workers.rl.spec import ModelSpec, TinyMoeSpec
+
+    h = args.int8_hidden
+    torch.manual_seed(0)
+    model = build_policy(ModelSpec(preset=TinyMoeSpec(
+        num_layers=4, hidden_size=h, num_heads=8, num_kv_heads=4, head_dim=h // 8,
+        moe_intermediate_size=h, max_position_embeddings=1024)), len(tok), tok.pad_token_id,
+        tok.eos_token_id)
+    model.save_pretrained(out / "wide")
+    tok.save_pretrained(out / "wide")
+    del model
+    result: dict[str, float] = {}
+    rates: dict[str, list[float]] = {"base-static": [], "int8": []}
+    policies = {"base-static": Policy(out / "wide", device="cpu"),
+                "int8": Policy(out / "wide", device="cpu", int8=True)}
+    result["base-bytes"] = weight_bytes(policies["base-static"].model)
+    result["int8-bytes"] = weight_bytes(policies["int8"].model)
+    batchers = {n: make_batcher(p, 8, EngineOptions(engine="static"))
+                for n, p in policies.items()}
+    try:
+        for b in batchers.values():
+            run(b, prompts[:1], 4)
+        for r in range(args.rounds):
+            for name, b in batchers.items():
+                secs, outs = run(b, prompts[:2], 48)
+                tokens = sum(len(o) for o in outs)
+                rates[name].append(tokens / secs)
+                print(f"round {r + 1} {name} at hidden {h}: {tokens} tokens, "
+                      f"{tokens / secs:.1f} tokens/s", flush=True)
+    finally:
+        for b in batchers.values():
+            b.close()
+    result.update({n: statistics.median(v) for n, v in rates.items()})
+    return result
 
 
 def main() -> None:
@@ -116,24 +212,42 @@ def main() -> None:
     ap.add_argument("--ngram", type=int, default=2, help="--ngram-draft")
     ap.add_argument("--train-steps", type=int, default=60,
                     help="language-modelling steps for target and draft before measuring")
+    ap.add_argument("--int8-hidden", type=int, default=1024,
+                    help="hidden size of a second, random-init 4-layer model on which int8 "
+                         "speed is also measured (weights large enough to bound decoding); "
+                         "0: skip")
+    ap.add_argument("--eval-tasks", type=int, default=48, help="held-out tasks")
+    ap.add_argument("--eval-prompt", type=int, default=24, help="prompt tokens per task")
+    ap.add_argument("--eval-answer", type=int, default=12, help="tokens scored per task")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     from workers.inference.engine import EngineOptions, Policy, make_batcher
+    from workers.inference.quantize import weight_bytes
 
     with tempfile.TemporaryDirectory() as tmp:
         tdir, ddir = build(Path(tmp), args.layers, args.hidden, args.train_steps)
         policy = Policy(tdir, device="cpu")
+        quant = Policy(tdir, device="cpu", int8=True)
+        memory = {"base": weight_bytes(policy.model), "int8": weight_bytes(quant.model)}
         prompts = prompts_for(policy.tok, args.prompts, args.prompt_tokens)
+        tasks = held_out(policy.tok, args.eval_tasks, args.eval_prompt, args.eval_answer)
         engines = {
-            "base": EngineOptions(),
-            "base-static": EngineOptions(engine="static"),
-            "ngram": EngineOptions(ngram_draft=args.ngram, num_speculative_tokens=args.k),
-            "draft": EngineOptions(draft_checkpoint=str(ddir), num_speculative_tokens=args.k),
+            "base": (policy, EngineOptions()),
+            "base-static": (policy, EngineOptions(engine="static")),
+            "ngram": (policy, EngineOptions(ngram_draft=args.ngram,
+                                            num_speculative_tokens=args.k)),
+            "draft": (policy, EngineOptions(draft_checkpoint=str(ddir),
+                                            num_speculative_tokens=args.k)),
+            "int8": (quant, EngineOptions()),
+            "int8+ngram": (quant, EngineOptions(ngram_draft=args.ngram,
+                                                num_speculative_tokens=args.k)),
         }
-        batchers = {name: make_batcher(policy, 8, opts) for name, opts in engines.items()}
+        batchers = {name: make_batcher(p, 8, opts) for name, (p, opts) in engines.items()}
+        # whose plain greedy output each engine must reproduce token for token
+        same_as = {"int8+ngram": "int8"}
         rates: dict[str, list[float]] = {name: [] for name in engines}
-        reference: list[list[int]] | None = None
+        reference: dict[str, list[list[int]]] = {}
         mismatches = {name: 0 for name in engines}
         try:
             for b in batchers.values():  # warm-up
@@ -141,33 +255,65 @@ def main() -> None:
             for r in range(args.rounds):
                 for name, b in batchers.items():
                     secs, outs = run(b, prompts, args.max_tokens)
-                    if reference is None:
-                        reference = outs
-                    mismatches[name] += sum(o != e for o, e in zip(outs, reference, strict=True))
+                    reference.setdefault(name, outs)
+                    want = reference[same_as.get(name, "base")]
+                    mismatches[name] += sum(o != e for o, e in zip(outs, want, strict=True))
                     tokens = sum(len(o) for o in outs)
                     rates[name].append(tokens / secs)
                     print(f"round {r + 1} {name}: {tokens} tokens, {tokens / secs:.1f} tokens/s",
                           flush=True)
             stats = {name: getattr(b, "stats", dict)().get("speculative", {})
                      for name, b in batchers.items()}
+            scores = {name: eval_score(batchers[name], tasks)
+                      for name in ("base", "ngram", "draft", "int8", "int8+ngram")}
+            forced = {"base": next_token_accuracy(policy.model, tasks),
+                      "int8": next_token_accuracy(quant.model, tasks)}
         finally:
             for b in batchers.values():
                 b.close()
 
+        big = int8_at_scale(Path(tmp), policy.tok, prompts, args) if args.int8_hidden else None
+
     med = {name: statistics.median(v) for name, v in rates.items()}
     print(f"\ntarget: {args.layers} layers, hidden {args.hidden}; {args.prompts} prompts of "
           f"~{args.prompt_tokens * 3 // 2} tokens, {args.max_tokens} greedy tokens each, "
-          f"K={args.k}, n-gram {args.ngram}; outputs differing from the base: {mismatches}")
-    for name in ("ngram", "draft"):
+          f"K={args.k}, n-gram {args.ngram}; outputs differing from their model's plain greedy "
+          f"output: {mismatches}; int8 outputs differing from the float base's: "
+          f"{sum(o != e for o, e in zip(reference['int8'], reference['base'], strict=True))} "
+          f"of {len(prompts)}")
+    print(f"weights: base {memory['base'] / 2**20:.1f} MiB, int8 {memory['int8'] / 2**20:.1f} "
+          f"MiB; eval: {len(tasks)} held-out tasks, {args.eval_prompt} prompt tokens, "
+          f"{args.eval_answer} scored")
+    for name in ("ngram", "draft", "int8+ngram"):
         s = stats[name]
         print(f"{name}: proposed {s['proposed']}, accepted {s['accepted']}, "
               f"{s['target_forwards']} target forwards")
-    for name in ("ngram", "draft"):
+    for name in ("ngram", "draft", "int8", "int8+ngram"):
         for base in ("base", "base-static"):
             print(f"variants {name} tokens/s vs {base}: crucible={med[name]:.1f} "
                   f"{base}={med[base]:.1f} ratio={med[name] / med[base]:.2f} target=>1")
-    for name in ("ngram", "draft"):
+    print(f"variants int8 weight memory: crucible={memory['int8'] / 2**20:.1f} "
+          f"base={memory['base'] / 2**20:.1f} ratio={memory['int8'] / memory['base']:.2f} "
+          "target=<0.5")
+    if big is not None:
+        print(f"variants int8 tokens/s vs base-static at hidden {args.int8_hidden}: "
+              f"crucible={big['int8']:.1f} base-static={big['base-static']:.1f} "
+              f"ratio={big['int8'] / big['base-static']:.2f} target=>1")
+        print(f"variants int8 weight memory at hidden {args.int8_hidden}: "
+              f"crucible={big['int8-bytes'] / 2**20:.1f} base={big['base-bytes'] / 2**20:.1f} "
+              f"ratio={big['int8-bytes'] / big['base-bytes']:.2f} target=<0.5")
+    for name in ("ngram", "draft", "int8+ngram"):
         print(f"variants {name} acceptance: crucible={stats[name]['acceptance_rate']:.3f}")
+    for name in ("ngram", "draft", "int8", "int8+ngram"):
+        v, b = scores[name], scores["base"]
+        print(f"variants {name} eval delta: crucible={v:.4f} base={b:.4f} "
+              f"ratio={v / b if b else float('nan'):.3f} delta={v - b:+.4f} target=>=-0.02")
+    (acc_i, nll_i), (acc_b, nll_b) = forced["int8"], forced["base"]
+    print(f"variants int8 next-token accuracy: crucible={acc_i:.4f} base={acc_b:.4f} "
+          f"ratio={acc_i / acc_b if acc_b else float('nan'):.3f} delta={acc_i - acc_b:+.4f} "
+          "target=>=-0.02")
+    print(f"variants int8 held-out nll: crucible={nll_i:.4f} base={nll_b:.4f} "
+          f"ratio={nll_i / nll_b:.4f} target=<=1.01")
 
 
 if __name__ == "__main__":

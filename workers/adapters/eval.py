@@ -49,6 +49,28 @@ def model_dir(cfg: EvalRunConfig, reporter: ApiReporter, env: PinnedEnvironment,
     return path, {"kind": "path", "path": path}
 
 
+def serve_options(cfg: EvalRunConfig, reporter: ApiReporter, store: ObjectStore,
+                  hold: contextlib.ExitStack) -> dict[str, Any]:
+    """`start_server` options for the run's serving settings (a served variant): int8 weights
+    and speculative decoding, with a draft checkpoint unpacked from the store like the model."""
+    from workers.inference.engine import EngineOptions
+
+    serving = cfg.serving
+    draft = None
+    if serving.draft is not None:
+        if in_store(store, serving.draft):
+            from workers.model_cache import cached_model
+
+            draft = str(cached_model(store, serving.draft, hold))
+            reporter.event("info", f"draft {serving.draft} unpacked to {draft}", kind="artifact")
+        else:
+            check_model_path(serving.draft)
+            draft = serving.draft
+    return {"int8": serving.int8,
+            "engine": EngineOptions(ngram_draft=serving.ngram_draft, draft_checkpoint=draft,
+                                    num_speculative_tokens=serving.num_speculative_tokens)}
+
+
 def run(session: WorkerSession) -> None:
     """Evaluate, store the reports, and report metrics, samples and a closing event."""
     from workers.envs.eval import EndpointPolicy, evaluate, render_html
@@ -63,7 +85,7 @@ def run(session: WorkerSession) -> None:
                               "exclude": env.quarantined_ids}
     if cfg.policy is not None:
         check_endpoint(cfg.policy.base_url)
-        named = {"kind": "endpoint", "base_url": cfg.policy.base_url}
+        named: dict[str, Any] = {"kind": "endpoint", "base_url": cfg.policy.base_url}
         reporter.event("info", f"evaluating endpoint policy on {env.label}", named)
         report = evaluate(loaded, EndpointPolicy(cfg.policy), **kwargs)
     else:
@@ -72,10 +94,20 @@ def run(session: WorkerSession) -> None:
         with tempfile.TemporaryDirectory(prefix=f"eval-{session.run_id}-") as tmp, \
                 contextlib.ExitStack() as hold:
             folder, named = model_dir(cfg, reporter, env, store, Path(tmp), hold)
-            with start_server(folder, name="policy", chat_format=cfg.chat_format) as server:
+            options = serve_options(cfg, reporter, store, hold)
+            if not cfg.serving.default:
+                named["serving"] = cfg.serving.model_dump(mode="json")
+            with start_server(folder, name="policy", chat_format=cfg.chat_format,
+                              **options) as server:
                 # "auto" resolves to the checkpoint's recorded prompt format (raw for what the
                 # RL engine trained), else its tokenizer's template, else plain lines.
                 named["chat_format"] = server.openai_app.policy.chat_format
+                if not cfg.serving.default:  # what the server really runs, not the request
+                    stats: dict[str, Any] = getattr(server.openai_app.batcher, "stats", dict)()
+                    spec = stats.get("speculative", {})
+                    named["served"] = {
+                        "weights": "int8" if server.openai_app.policy.int8 else "float",
+                        "speculative": spec.get("method")}
                 reporter.event("info", f"evaluating {named['kind']} policy on {env.label} "
                                f"(served here, chat format {named['chat_format']})",
                                {"policy": named})

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                        "(as vLLM's hf_overrides take it)")
     serve.add_argument("--max-model-len", type=int,
                        help="context served (default: the checkpoint's, times the RoPE factor)")
+    serve.add_argument("--int8", action="store_true",
+                       help="int8 weights with per-channel scales for the projections and "
+                       "experts (CPU; workers/inference/quantize.py); composes with the "
+                       "speculative flags (the target is quantised, a draft checkpoint is not)")
     serve.add_argument("--device", help="e.g. cpu, cuda, cuda:1 (default: cuda if present)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     serve.add_argument("--output-filter", choices=["off", "flag", "redact", "block"],
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_forever(
             args.model, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
             chat_format=args.chat_format, max_rows=args.max_batch, device=args.device,
-            dtype=args.dtype, output_filter=args.output_filter,
+            dtype=args.dtype, output_filter=args.output_filter, int8=args.int8,
             rope_scaling=args.rope_scaling, max_model_len=args.max_model_len,
             engine=EngineOptions(engine=args.engine, prefill_chunk=args.prefill_chunk,
                                  prefix_caching=not args.no_prefix_caching,

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from workers.inference.quantize import is_quantized
 from workers.rl.lean import LeanQwen3Moe, supported
 from workers.rl.rollout import (
     Prompt,
@@ -64,8 +65,9 @@ START_LENGTH = 256  # K/V buffers start this long and double on demand (up to th
 
 
 def can_serve(model: torch.nn.Module) -> bool:
-    """Whether the continuous engine computes exactly what the model's forward does."""
-    return supported(model)
+    """Whether the continuous engine computes exactly what the model's forward does (its lean
+    forward reads float weights, so an int8 model takes the static path)."""
+    return supported(model) and not is_quantized(model)
 
 
 class SlotCache:

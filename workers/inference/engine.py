@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from workers.inference import tools as tool_format
 from workers.inference.continuous import ContinuousBatcher, can_serve
+from workers.inference.quantize import quantize_model
 from workers.inference.speculative import DraftModel, NgramProposer, SpeculativeDecoder
 from workers.rl import prompt_format as prompt_formats
 from workers.rl.model import check_model_dir
@@ -164,14 +165,20 @@ class Policy:
         chat_format: ChatFormat = "auto",
         rope_scaling: dict[str, Any] | None = None,
         max_model_len: int | None = None,
+        int8: bool = False,
     ) -> None:
         """`rope_scaling` (e.g. `{"rope_type": "yarn", "factor": 4.0}`) replaces the
         checkpoint's RoPE parameters for long contexts; `max_model_len` sets the context served
-        (default: the checkpoint's, times a scaling factor)."""
+        (default: the checkpoint's, times a scaling factor). `int8` stores the projection and
+        expert weights as int8 with per-channel scales (`workers.inference.quantize`; CPU)."""
         path = check_model_dir(model_dir)
         self.path = path
-        self.tok = load_tokenizer(path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if int8 and self.device.type != "cpu":
+            raise ValueError(f"--int8 quantises for CPU serving (torch's int8 CPU kernel); on "
+                             f"{self.device.type} serve with --dtype bfloat16 or the vLLM "
+                             "backend instead")
+        self.tok = load_tokenizer(path)
         if dtype == "auto":
             bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
             dtype = "bfloat16" if bf16 else "float32"
@@ -184,6 +191,9 @@ class Policy:
         )
         # transformers types `to` (a wrapped method) as taking the model again.
         self.model = model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
+        self.int8: dict[str, int] | None = None  # what quantize_model replaced, when asked
+        if int8:
+            self.int8 = quantize_model(self.model)
         self.rollout = HFRollout(self.model, self.tok)
         # Fast tokenizers refuse concurrent calls that touch their padding state ("Already
         # borrowed"): the batcher thread samples with `tok`, request handlers use their own.
@@ -348,7 +358,8 @@ def make_batcher(policy: Policy, max_rows: int, options: EngineOptions | None = 
     fits = can_serve(policy.model)
     if opts.engine == "continuous" and not fits:
         raise ValueError("the continuous engine serves a plain fp32 Qwen3-MoE with default "
-                         "RoPE (see workers/rl/lean.py); use engine 'static' for this model")
+                         "RoPE and float weights (see workers/rl/lean.py); use engine 'static' "
+                         "for this model" + (" (int8 weights)" if policy.int8 else ""))
     if opts.engine == "static" or not fits:
         return Batcher(policy, max_rows)
     return ContinuousBatcher(policy, max_rows, prefill_chunk=opts.prefill_chunk,

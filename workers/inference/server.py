@@ -256,8 +256,9 @@ class OpenAIApp:
 
     async def health(self, request: Request) -> Response:
         stats: dict[str, Any] = getattr(self.batcher, "stats", dict)()  # e.g. acceptance
+        weights = {"weights": "int8" if self.policy.int8 else "float"}
         return JSONResponse({"status": "ok", "model": self.config.model_name,
-                             "threads": threads.in_use()["torch_threads"], **stats})
+                             "threads": threads.in_use()["torch_threads"], **weights, **stats})
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.config.model_name, "object": "model", "created": self.created,
@@ -758,10 +759,10 @@ def build_app(model_dir: str | Path, *, name: str | None = None, api_key: str | 
               dtype: str = "auto", engine: EngineOptions | None = None,
               rope_scaling: dict[str, Any] | None = None,
               max_model_len: int | None = None,
-              output_filter: Mode | str = Mode.OFF) -> OpenAIApp:
+              output_filter: Mode | str = Mode.OFF, int8: bool = False) -> OpenAIApp:
     policy = Policy(model_dir, device=device, dtype=dtype,  # type: ignore[arg-type]
                     chat_format=chat_format,  # type: ignore[arg-type]
-                    rope_scaling=rope_scaling, max_model_len=max_model_len)
+                    rope_scaling=rope_scaling, max_model_len=max_model_len, int8=int8)
     config = ServerConfig(model_name=name or Path(model_dir).resolve().name, api_key=api_key,
                           max_rows=max_rows, engine=engine or EngineOptions(),
                           output_filter=Mode(output_filter))
@@ -814,7 +815,8 @@ def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     """Load the policy and serve it on a background thread; port 0 picks a free port.
 
     Returns once the server accepts connections. `options` go to `build_app` (name, api_key,
-    max_rows, chat_format, device, dtype, engine, rope_scaling, max_model_len, output_filter).
+    max_rows, chat_format, device, dtype, engine, rope_scaling, max_model_len, output_filter,
+    int8).
     """
     oa = build_app(model_dir, **options)
     sock = _bind(host, port)

@@ -47,6 +47,8 @@ def supported(model: torch.nn.Module) -> bool:
     modules, params = _members(model)
     if foreign_hooks(modules):
         return False
+    if any(getattr(m, "int8_weights", False) for m in modules):
+        return False  # int8 serving (workers.inference.quantize): no float weights to fuse
     # Under ZeRO-3 a partitioned parameter is an empty local tensor carrying a ds_status.
     return all(p.dtype == torch.float32 and not hasattr(p, "ds_status") and p.numel() > 0
                for p in params)

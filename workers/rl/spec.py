@@ -633,6 +633,28 @@ def load_spec(path: str | Path) -> RunSpec:
 # rollout path by workers.inference.eval), so its config lives here, above the environment
 # engine's EvalParams: workers.envs may not import workers.rl (import-linter layers).
 
+class ServingSpec(_Strict):
+    """How the eval worker serves its model: a served variant's settings, the serve command's
+    flags (`--int8`, `--ngram-draft`, `--draft-checkpoint`, `--num-speculative-tokens`).
+    ``draft`` is given at launch as ``checkpoint:<id>`` or ``run:<id>[@<step>]`` of the same
+    team; the launch pins it to that checkpoint's object-store URI."""
+
+    int8: bool = False
+    ngram_draft: Annotated[int, Field(ge=0, le=16)] = 0
+    draft: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 4
+
+    @model_validator(mode="after")
+    def _check(self) -> ServingSpec:
+        if self.ngram_draft and self.draft is not None:
+            raise ValueError("give either ngram_draft or draft (a draft checkpoint), not both")
+        return self
+
+    @property
+    def default(self) -> bool:
+        return self == ServingSpec()
+
+
 class EvalRunConfig(EvalParams):
     """An ``eval`` run's config: an evaluation of the run's one pinned environment version.
 
@@ -654,6 +676,9 @@ class EvalRunConfig(EvalParams):
                             "(prompt_format.json: raw for what Crucible trained), else the "
                             "template if it has one, else plain. Endpoint policies apply "
                             "their own.")
+    serving: ServingSpec = Field(default_factory=ServingSpec, description=(
+        "how the worker serves the model (a served variant): int8 weights, speculative "
+        "decoding by n-gram lookup or a draft checkpoint; not for endpoint policies"))
 
     @model_validator(mode="after")
     def _check(self) -> EvalRunConfig:
@@ -661,5 +686,8 @@ class EvalRunConfig(EvalParams):
             raise ValueError("give exactly one policy: 'policy' (an endpoint) or a model "
                              "(launch with base_model: 'preset', 'run:<id>' or "
                              "'checkpoint:<id>')")
+        if self.policy is not None and not self.serving.default:
+            raise ValueError("serving settings apply to a model the worker serves, not to an "
+                             "endpoint policy (it serves itself)")
         self._check_k()
         return self

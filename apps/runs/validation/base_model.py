@@ -60,3 +60,25 @@ def resolve_base_model(
             details={"base_model": [ref[:100]]},
         )
     return {**config, "model": model}, checkpoint, described
+
+
+def pin_serving_draft(*, team: Team, config: dict[str, Any]
+                      ) -> tuple[dict[str, Any], Checkpoint | None]:
+    """An eval run's ``serving.draft`` (a draft checkpoint for speculative decoding), given as
+    ``checkpoint:<id>`` or ``run:<id>[@<step>]`` of this team, pinned to its object-store URI
+    like the base model. Anything else (a URI, a path) is refused: a team draws drafts only
+    from its own checkpoints."""
+    serving = config.get("serving")
+    if not isinstance(serving, dict) or serving.get("draft") is None:
+        return config, None
+    ref = serving["draft"]
+    if not isinstance(ref, str) or not ref.startswith(("checkpoint:", "run:")):
+        raise InvalidInput("config.serving.draft: give a checkpoint of this team as "
+                           "'checkpoint:<id>' or 'run:<id>[@<step>]'.",
+                           details={"config.serving.draft": [str(ref)[:100]]})
+    try:
+        checkpoint = resolve_checkpoint(team=team, ref=ref)
+    except InvalidInput as exc:
+        message = exc.message.replace("base_model", "config.serving.draft", 1)
+        raise InvalidInput(message, details={"config.serving.draft": [ref[:100]]}) from exc
+    return {**config, "serving": {**serving, "draft": checkpoint.uri}}, checkpoint

@@ -19,7 +19,7 @@ from apps.projects.selectors import project_by_slug
 from apps.runs import hooks
 from apps.runs.models import Checkpoint, Pool
 from apps.runs.specs import KINDS, available_kinds
-from apps.runs.validation.base_model import resolve_base_model
+from apps.runs.validation.base_model import pin_serving_draft, resolve_base_model
 from apps.runs.validation.egress import check_egress
 from apps.runs.validation.pins import pin_datasets, pin_environments
 from apps.runs.validation.resources import check_priority_class, check_resources
@@ -123,6 +123,8 @@ def plan_run(
                                details={"base_model": [base_model[:100]]})
         config, base_checkpoint, base_described = resolve_base_model(
             team=team, ref=base_model, config=config)
+    if kind == "eval":
+        config, _draft = pin_serving_draft(team=team, config=config)
     try:
         parsed = spec.schema.model_validate(config)
     except ValidationError as exc:

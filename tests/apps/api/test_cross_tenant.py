@@ -91,6 +91,7 @@ class World:
     checkpoint_id: str = ""
     suite_slug: str = ""
     evaluation_id: str = ""
+    variant_id: str = ""
     session_id: str | None = None
     snapshot_id: str | None = None
 
@@ -114,6 +115,7 @@ class World:
             "checkpoint": self.checkpoint_id,
             "suite": self.suite_slug,
             "evaluation": self.evaluation_id,
+            "variant": self.variant_id,
             "session": self.session_id,
             "snapshot": self.snapshot_id,
         }
@@ -140,6 +142,8 @@ class World:
             return STRICT_BODIES[route.name]
         if route is not None and route.name == "sandbox-session-restore":
             return {"snapshot": self.snapshot_id}
+        if route is not None and route.name == "served-variant-list":
+            return {"checkpoint": f"checkpoint:{self.checkpoint_id}", "kind": "int8"}
         return {
             "name": "pwned", "description": "pwned", "slug": "pwned", "project": "main",
             "username": "oscar", "role": Role.OWNER, "message": "pwned",
@@ -206,7 +210,7 @@ def world(team, project, owner, member) -> World:
                                            msg_id="msg_acme", payload={},
                                            status="succeeded")
         rule_id, alert_id, delivery_id = str(rule.pk), str(alert.pk), str(delivery.pk)
-    suite_slug = evaluation_id = ""
+    suite_slug = evaluation_id = variant_id = ""
     if apps.is_installed("apps.evals"):  # an eval suite with one evaluation
         from apps.evals import services as eval_services
 
@@ -217,7 +221,11 @@ def world(team, project, owner, member) -> World:
                                             subject_kind="model", label="preset",
                                             base_model="preset")
         suite_slug, evaluation_id = suite.slug, str(evaluation.pk)
+        variant_id = str(eval_services.variant_create(
+            actor=Actor.system(), team=team, checkpoint=f"checkpoint:{checkpoint.pk}",
+            kind="int8", label="acme-secret-variant").pk)
     return World(
+        variant_id=variant_id,
         rule_id=rule_id, alert_id=alert_id, delivery_id=delivery_id,
         checkpoint_id=str(checkpoint.pk), suite_slug=suite_slug, evaluation_id=evaluation_id,
         run=run, dataset=dataset, dataset_digest=version.digest,
@@ -230,7 +238,7 @@ def world(team, project, owner, member) -> World:
                  token.prefix, invitation.prefix, "acme-secret-prompt", "acme-secret-report",
                  "mia", "olivia", *(("acme-secret-rule", "acme-secret-alert")
                                     if rule_id else ()),
-                 *((suite_slug,) if suite_slug else ())),
+                 *((suite_slug, "acme-secret-variant") if suite_slug else ())),
     )
 
 
