@@ -237,6 +237,10 @@ CRUCIBLE = {
     "SESSION_QUOTA": env.int("CRUCIBLE_SESSION_QUOTA", default=64),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
+    # Threads a web process runs HTTP requests on (apps/core/asgi_http.py): its most
+    # concurrent requests, and without DATABASE_POOL_SIZE its most database connections.
+    # 0: Django's own async handler (a thread hop per middleware; kept for comparison).
+    "HTTP_THREADS": env.int("CRUCIBLE_HTTP_THREADS", default=16),
     # What runs may make workers reach (workers/egress.py; workers read the same variables):
     # hosts and CIDRs for endpoint base_urls, absolute roots for "path:" model directories.
     "ENDPOINT_ALLOW": env.str("CRUCIBLE_ENDPOINT_ALLOW",
