@@ -28,7 +28,8 @@ under a threaded WSGI server).
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import IO, Any
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -36,6 +37,7 @@ from django.core import signals
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.core.exceptions import RequestAborted
+from django.db import connections
 from django.http import FileResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
@@ -93,6 +95,21 @@ class ThreadedHTTPHandler(ASGIHandler):
         finally:
             response.close()
         return None
+
+    def close_connections(self, timeout: float = 10.0) -> None:
+        """Close the database connections every pool thread holds (they persist between
+        requests under ``CONN_MAX_AGE``), e.g. before a test database is dropped. One job per
+        live thread, held at a barrier until all have run, so each thread takes exactly one."""
+        alive = len(self.executor._threads)
+        if not alive:
+            return
+        barrier = threading.Barrier(alive)
+
+        def close() -> None:
+            connections.close_all()
+            barrier.wait(timeout)
+
+        wait([self.executor.submit(close) for _ in range(alive)], timeout=timeout)
 
     def _send_streaming(self, response: HttpResponseBase, send: Any) -> None:
         send({"type": "http.response.start", "status": response.status_code,

@@ -53,8 +53,24 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def test_a_request_runs_in_one_pool_thread_with_body_query_and_cookies():
-    app = ThreadedHTTPHandler(threads=2)
+@pytest.fixture
+def handler():
+    """ThreadedHTTPHandler(threads), its pool threads' connections closed afterwards (they
+    persist between requests; an open one would keep the test database from being dropped)."""
+    made: list[ThreadedHTTPHandler] = []
+
+    def make(threads: int) -> ThreadedHTTPHandler:
+        made.append(ThreadedHTTPHandler(threads=threads))
+        return made[-1]
+
+    yield make
+    for app in made:
+        app.close_connections()
+        app.executor.shutdown()
+
+
+def test_a_request_runs_in_one_pool_thread_with_body_query_and_cookies(handler):
+    app = handler(2)
     started: list[str] = []
     finished: list[str] = []
 
@@ -85,16 +101,16 @@ def test_a_request_runs_in_one_pool_thread_with_body_query_and_cookies():
     assert bodies[-1].get("more_body", False) is False
 
 
-def test_a_streaming_response_arrives_in_order_and_ends():
-    app = ThreadedHTTPHandler(threads=1)
+def test_a_streaming_response_arrives_in_order_and_ends(handler):
+    app = handler(1)
     status, headers, bodies = run(call(app, "GET", "/stream"))
     assert status == 200
     assert b"".join(m["body"] for m in bodies if "body" in m) == b"part0\npart1\npart2\n"
     assert all(m["more_body"] for m in bodies[:-1]) and not bodies[-1].get("more_body")
 
 
-def test_a_failing_view_is_a_500_and_the_next_request_is_served():
-    app = ThreadedHTTPHandler(threads=1)
+def test_a_failing_view_is_a_500_and_the_next_request_is_served(handler):
+    app = handler(1)
     with override_settings(DEBUG=False):
         status, _, _ = run(call(app, "GET", "/boom"))
         assert status == 500
@@ -104,10 +120,10 @@ def test_a_failing_view_is_a_500_and_the_next_request_is_served():
 
 @override_settings(CHANNEL_LAYERS={"default": {
     "BACKEND": "channels.layers.InMemoryChannelLayer"}})
-def test_a_channel_layer_publish_from_the_view_reaches_the_servers_loop():
+def test_a_channel_layer_publish_from_the_view_reaches_the_servers_loop(handler):
     """events.publish (metric batches, run events) calls async_to_sync from the request's
     thread: the message must land on the event loop that serves the websockets."""
-    app = ThreadedHTTPHandler(threads=2)
+    app = handler(2)
 
     async def scenario() -> dict:
         layer = get_channel_layer()
@@ -120,8 +136,8 @@ def test_a_channel_layer_publish_from_the_view_reaches_the_servers_loop():
     assert run(scenario()) == {"type": "note", "n": 1}
 
 
-def test_concurrent_requests_share_the_pool_threads():
-    app = ThreadedHTTPHandler(threads=2)
+def test_concurrent_requests_share_the_pool_threads(handler):
+    app = handler(2)
 
     async def scenario() -> list[int]:
         results = await asyncio.gather(*(call(app, "GET", "/echo") for _ in range(8)))
@@ -140,6 +156,9 @@ def test_the_asgi_application_serves_http_through_the_threaded_handler():
     from config import asgi
 
     assert isinstance(asgi.django_http, ThreadedHTTPHandler)
-    with override_settings(ROOT_URLCONF="config.urls"):
-        status, _, bodies = run(call(asgi.application, "GET", "/healthz"))
+    try:
+        with override_settings(ROOT_URLCONF="config.urls"):
+            status, _, bodies = run(call(asgi.application, "GET", "/healthz"))
+    finally:
+        asgi.django_http.close_connections()
     assert status == 200, bodies
