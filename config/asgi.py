@@ -9,7 +9,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)
 
 from django.conf import settings  # noqa: E402
-
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from apps.core.asgi_http import ThreadedHTTPHandler  # noqa: E402

@@ -34,9 +34,9 @@ from typing import IO, Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core import signals
+from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.core.exceptions import RequestAborted
 from django.db import connections
 from django.http import FileResponse, HttpResponseBase
 from django.urls import set_script_prefix
