@@ -71,19 +71,24 @@ def verify_token(raw: str) -> ApiToken:
             raise TokenGuess("Invalid token.")
         if token.revoked_at is not None:
             raise exceptions.AuthenticationFailed("Token has been revoked.")
+        _check_expiry(token)  # before the user, as always (checked again below when cached)
         # A personal token always has a user (the token_kind_owner constraint).
         if token.kind == TokenKind.PERSONAL and (token.user is None or
                                                  not token.user.is_active):
             raise exceptions.AuthenticationFailed("User is inactive.")
         token_cache.store(prefix, digest, token, current)
-    if token.expires_at is not None and token.expires_at <= timezone.now():
-        raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
+    _check_expiry(token)
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
         token_cache.touch(prefix, now)
     return token
+
+
+def _check_expiry(token: ApiToken) -> None:
+    if token.expires_at is not None and token.expires_at <= timezone.now():
+        raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
 
 
 def verify_throttled(raw: str, ip: str) -> ApiToken:
