@@ -237,6 +237,14 @@ CRUCIBLE = {
     "SESSION_QUOTA": env.int("CRUCIBLE_SESSION_QUOTA", default=64),
     # Where workers reach the API (embedded default: the web process on this host).
     "PUBLIC_URL": env.str("CRUCIBLE_PUBLIC_URL", default="http://127.0.0.1:8000"),
+    # Threads a web process runs HTTP requests on (apps/core/asgi_http.py): its most
+    # concurrent requests, and without DATABASE_POOL_SIZE its most database connections.
+    # 0: Django's own async handler (a thread hop per middleware; kept for comparison).
+    "HTTP_THREADS": env.int("CRUCIBLE_HTTP_THREADS", default=16),
+    # Verified API tokens kept per web process (apps/teams/token_cache.py; only with Redis):
+    # a revocation applies on the next request everywhere; a change made without the ORM's
+    # save/delete within this many seconds. 0: every request queries the database.
+    "TOKEN_CACHE_S": env.int("CRUCIBLE_TOKEN_CACHE_S", default=30),
     # What runs may make workers reach (workers/egress.py; workers read the same variables):
     # hosts and CIDRs for endpoint base_urls, absolute roots for "path:" model directories.
     "ENDPOINT_ALLOW": env.str("CRUCIBLE_ENDPOINT_ALLOW",

@@ -192,6 +192,39 @@ def store_batch(*, run: models.Model, seq: int, rows: list[Row] | None = None,
     return count, False
 
 
+def store_leased_batch(*, run_model: type[models.Model], run_id: Any, lease: writers.Lease,
+                       seq: int, columns: Columns) -> tuple[int, bool] | None:
+    """PostgreSQL, outside any transaction: store a validated batch in one autocommitted
+    statement that also locks the run and checks its lease (``writers.store_postgres``
+    with ``lease``) — no BEGIN, no separate ``SELECT … FOR UPDATE``, no COMMIT round trip.
+    Returns (points stored, False), or None when it stored nothing (lease not live, run not
+    found or foreign, seq already stored, or a same-seq race lost): the caller then takes
+    the locked path, which says which. Every guarantee of :func:`store_batch` holds: the
+    statement is the transaction, so readers see all of the batch or none of it."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return None
+    try:
+        stream_seq = writers.store_postgres(run_id, run_model._meta.db_table, seq,
+                                            rollups.WIDTHS, *columns, lease=lease)
+    except IntegrityError:  # a retry of this seq committed first (unique (run, seq))
+        return None
+    if stream_seq is None:
+        return None
+    count = len(columns.names)
+    # Committed already (autocommit): these run now.
+    telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("stored"))
+    telemetry.count_on_commit(telemetry.METRIC_POINTS, count)
+    events.publish_on_commit(events.run_group(run_id), metrics_message(stream_seq, columns))
+    if lease.team_id is not None:
+        team_id = lease.team_id
+    else:  # an operator token: the run's team, for the signal's receivers
+        team_id = run_model._default_manager.filter(pk=run_id).values_list(
+            "team_id", flat=True).get()
+    names = set(columns.names)
+    transaction.on_commit(lambda: _send_stored(run_id, team_id, names))
+    return count, False
+
+
 def _signal_on_commit(run: models.Model, names: list[str]) -> None:
     """Tell the apps above (alerts) which series grew, once the batch is committed."""
     run_id, team_id = run.pk, run.team_id  # type: ignore[attr-defined]

@@ -13,7 +13,8 @@ Other databases (SQLite): one multi-row INSERT, and the fold in Python (``rollup
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import orjson
 from django.db import connection
@@ -34,9 +35,20 @@ def insert_points(run_id: object, rows: list[Row]) -> list[int]:
     return [p.pk for p in created]
 
 
+class Lease(NamedTuple):
+    """The lease a batch claims, checked in the statement itself (:func:`store_postgres`
+    with ``lease``): the run must be in one of ``active`` statuses, leased to ``lease_id``
+    until after ``now``, and of team ``team_id`` unless that is None (an operator token)."""
+
+    lease_id: str
+    active: tuple[str, ...]
+    now: datetime
+    team_id: int | None
+
+
 def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...],
                    names: list[str], steps: list[int], values: list[float],
-                   walls: list[float]) -> int | None:
+                   walls: list[float], lease: Lease | None = None) -> int | None:
     """Claim and store a batch in one statement (see the module docstring); returns its
     stream position, or None when ``(run, seq)`` is already stored (nothing is written then,
     and no stream position is spent). The caller holds the run's row lock, which serialises
@@ -49,8 +61,22 @@ def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...
     and taking each bucket's last value with ``array_agg(... ORDER BY ...)`` cost 15 of the
     statement's 21 ms (collation-aware sorts of 4000 rows, a sort and an array per bucket).
     Here series are grouped by their integer key (hashing, no sort), and a bucket's last point
-    is found as ``max(ARRAY[step, ord])`` (exact int8 comparison) and joined back by ``ord``."""
+    is found as ``max(ARRAY[step, ord])`` (exact int8 comparison) and joined back by ``ord``.
+
+    With ``lease``, the caller holds no lock: the stream-position UPDATE takes the run's row
+    lock and checks the lease in its WHERE (re-checked on the newest row version if it had
+    to wait), so the statement stores nothing unless the lease is live, and None then means
+    "not stored: lease not live, run not found, or seq already stored" — the caller finds
+    out which the slow way. The duplicate check's snapshot predates that lock: a concurrent
+    batch with the same seq committed meanwhile makes this statement fail on the unique
+    ``(run, seq)`` constraint (IntegrityError, nothing stored), never store twice. The lease
+    id is compared as SHA-256 digests, so the comparison's time says nothing about how much
+    of a guessed id was right (``check_lease`` uses ``compare_digest``)."""
     points = MetricPoint._meta.db_table
+    lease_sql = "" if lease is None else (
+        " AND status = ANY(%(active)s::text[]) AND lease_expires_at > %(now)s"
+        " AND sha256(convert_to(lease_id, 'UTF8')) = sha256(convert_to(%(lease)s, 'UTF8'))"
+        + (" AND team_id = %(team)s" if lease.team_id is not None else ""))
     series = MetricSeries._meta.db_table
     rollup = MetricRollup._meta.db_table
     batch = MetricBatch._meta.db_table
@@ -58,7 +84,7 @@ def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...
 WITH dup AS (SELECT 1 FROM {batch} WHERE run_id = %(run)s AND seq = %(seq)s),
 pos AS (
     UPDATE {run_table} SET event_seq = event_seq + 1
-    WHERE id = %(run)s AND NOT EXISTS (SELECT 1 FROM dup) RETURNING event_seq
+    WHERE id = %(run)s AND NOT EXISTS (SELECT 1 FROM dup){lease_sql} RETURNING event_seq
 ),
 nm AS (SELECT %(names)s::text[] AS names),
 pts AS (
@@ -113,11 +139,16 @@ RETURNING stream_seq
     keys = [index.setdefault(n, len(index) + 1) for n in names]
     # A server-binding cursor on Django's own connection (same transaction): parameters are
     # sent apart from the SQL text, not quoted into it.
-    with Cursor(connection.connection) as cursor:
+    connection.ensure_connection()  # the first query of a request may be this one
+    # wrap_database_errors: psycopg's errors as Django's (IntegrityError on a same-seq race).
+    with connection.wrap_database_errors, Cursor(connection.connection) as cursor:
         cursor.execute(sql, {"names": list(index), "keys": _array(keys),
                              "steps": _array(steps), "values": _array(values),
                              "walls": _array(walls), "run": run_id, "seq": seq,
-                             "count": len(names), "widths": _array(widths)})
+                             "count": len(names), "widths": _array(widths),
+                             **({} if lease is None else {
+                                 "active": list(lease.active), "now": lease.now,
+                                 "lease": lease.lease_id, "team": lease.team_id})})
         found = cursor.fetchone()
     return found[0] if found else None
 

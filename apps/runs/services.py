@@ -28,6 +28,7 @@ from apps.lineage import services as lineage
 from apps.lineage.models import ArtifactType, LineageEdge
 from apps.metrics import services as metric_services
 from apps.metrics.sequence import allocate_stream_seq
+from apps.metrics.writers import Lease
 from apps.runs import dispatch, hooks, objects, scheduler, selectors
 from apps.runs.leases import check_epoch, leased, leased_for_worker
 from apps.runs.models import (
@@ -362,9 +363,23 @@ def ingest_metrics(*, run: Run | str, lease_id: str, seq: Any, points: Any = Non
     """A worker's metric batch (rows in ``points`` or parallel arrays in ``columns``), under
     the run's lease; returns (points stored, duplicate). The lock gives the run's batches
     consecutive stream positions. ``run`` as the id from a worker's URL (with the token's
-    ``team_id``): found and locked in one query (``leased_for_worker``), after the batch
-    is validated."""
+    ``team_id``): on PostgreSQL first one autocommitted statement that locks the run, checks
+    the lease and stores the batch (``store_leased_batch``); when that stores nothing (a
+    stale lease, a foreign run, a retried seq) the run is found and locked in one query
+    (``leased_for_worker``), which raises the right error, and the batch stored or found
+    a duplicate under that lock."""
     batch = metric_services.validate_batch(seq, points, columns)
+    if isinstance(run, str) and lease_id:
+        try:
+            run_id = uuid.UUID(run)
+        except ValueError:
+            run_id = None  # the locked path answers 404
+        if run_id is not None:
+            stored = metric_services.store_leased_batch(
+                run_model=Run, run_id=run_id, seq=seq, columns=batch,
+                lease=Lease(lease_id, tuple(map(str, ACTIVE_STATUSES)), timezone.now(), team_id))
+            if stored is not None:
+                return stored
     with transaction.atomic():
         locked = leased_for_worker(team_id, run, lease_id) if isinstance(run, str) \
             else leased(run, lease_id)

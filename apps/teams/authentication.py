@@ -6,6 +6,7 @@ A personal token authenticates as its user. A worker token authenticates as a
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -14,7 +15,7 @@ from rest_framework import authentication, exceptions
 
 from apps.core.actor import WorkerCaller
 from apps.core.throttles import AuthFailureThrottle, client_ip
-from apps.teams import tokens
+from apps.teams import token_cache, tokens
 from apps.teams.models import ApiToken, TokenKind
 
 # Write last_used_at at most this often per token: a worker posting metrics every
@@ -55,25 +56,39 @@ class WorkerPrincipal(WorkerCaller):
 
 def verify_token(raw: str) -> ApiToken:
     """The live token for ``raw`` (last use recorded), or AuthenticationFailed saying why.
-    Shared by the HTTP authentication below and the websocket middleware."""
+    Shared by the HTTP authentication below and the websocket middleware. A token this
+    process verified before comes from ``token_cache`` while no token or user has changed
+    anywhere since (one Redis read instead of a query); expiry is checked every time."""
     prefix = tokens.parse_prefix(raw)
     if prefix is None:
         raise TokenGuess("Malformed token: expected crc_… or crw_….")
-    token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
-    if token is None or not tokens.matches(raw, token.key_hash):
-        raise TokenGuess("Invalid token.")
-    if token.revoked_at is not None:
-        raise exceptions.AuthenticationFailed("Token has been revoked.")
-    if token.expires_at is not None and token.expires_at <= timezone.now():
-        raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
-    # A personal token always has a user (the token_kind_owner constraint).
-    if token.kind == TokenKind.PERSONAL and (token.user is None or not token.user.is_active):
-        raise exceptions.AuthenticationFailed("User is inactive.")
+    digest = tokens.hash_token(raw)
+    current = token_cache.generation()  # read before the query: see token_cache.store
+    token = token_cache.lookup(prefix, digest, current)
+    if token is None:
+        token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+        if token is None or not hmac.compare_digest(digest, token.key_hash):
+            raise TokenGuess("Invalid token.")
+        if token.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("Token has been revoked.")
+        _check_expiry(token)  # before the user, as always (checked again below when cached)
+        # A personal token always has a user (the token_kind_owner constraint).
+        if token.kind == TokenKind.PERSONAL and (token.user is None or
+                                                 not token.user.is_active):
+            raise exceptions.AuthenticationFailed("User is inactive.")
+        token_cache.store(prefix, digest, token, current)
+    _check_expiry(token)
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
+        token_cache.touch(prefix, now)
     return token
+
+
+def _check_expiry(token: ApiToken) -> None:
+    if token.expires_at is not None and token.expires_at <= timezone.now():
+        raise exceptions.AuthenticationFailed("Token has expired; create a new one.")
 
 
 def verify_throttled(raw: str, ip: str) -> ApiToken:

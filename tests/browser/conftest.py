@@ -48,6 +48,10 @@ def asgi_server(transactional_db):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+    from config.asgi import django_http
+
+    if hasattr(django_http, "close_connections"):  # its pool threads' connections
+        django_http.close_connections()
 
 
 @pytest.fixture

@@ -56,6 +56,10 @@ class Server:
         assert self.server is not None and self.thread is not None
         self.server.should_exit = True
         self.thread.join(timeout=15)
+        from config.asgi import django_http
+
+        if hasattr(django_http, "close_connections"):  # its pool threads' connections
+            django_http.close_connections()
 
 
 @pytest.fixture

@@ -35,7 +35,11 @@ def _batch(seq: int) -> list[dict]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_racing_retries_store_each_batch_once_with_contiguous_stream(leased_run):
+@pytest.mark.parametrize("by_id", [False, True], ids=["locked-path", "one-statement-path"])
+def test_racing_retries_store_each_batch_once_with_contiguous_stream(leased_run, by_id):
+    """by_id: the run as a worker's URL names it, which takes the one-statement path (lease
+    checked and row locked in the ingest statement, no transaction around it); a Run object
+    takes the locked path."""
     if connection.vendor != "postgresql":
         pytest.skip("host: row-lock races need PostgreSQL (the PG configuration runs this)")
     results: list[tuple[int, int, bool]] = []
@@ -46,8 +50,9 @@ def test_racing_retries_store_each_batch_once_with_contiguous_stream(leased_run)
         try:
             start.wait()
             for seq in range(BATCHES):  # every writer sends every batch: 5 of 6 are retries
-                stored, duplicate = ingest_metrics(run=leased_run, lease_id="lease-1", seq=seq,
-                                                   points=_batch(seq))
+                stored, duplicate = ingest_metrics(
+                    run=str(leased_run.pk) if by_id else leased_run, lease_id="lease-1",
+                    seq=seq, points=_batch(seq), team_id=leased_run.team_id)
                 results.append((seq, stored, duplicate))
         except BaseException as exc:  # noqa: BLE001 - reported below, not swallowed
             errors.append(exc)
