@@ -163,10 +163,12 @@ class LeanQwen3Moe:
         self.neg = torch.finfo(dtype).min
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        if batch:  # the decode loop's K/V buffers
-            shape = (batch, kv, max_len, hd)
-            self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-            self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        if batch:  # the decode loop's K/V buffers, one allocation for all layers. Not
+            # zeroed: a forward reads cache positions [0, at+T) only, every one of them
+            # written first (prefill fills [0, P) of every row, each step its own position).
+            kv_all = torch.empty((2, len(self.layers), batch, kv, max_len, hd), dtype=dtype,
+                                 device=device)
+            self.keys, self.values = list(kv_all[0].unbind()), list(kv_all[1].unbind())
         self.key_ok = torch.ones((batch, max_len), dtype=torch.bool, device=device)
         self.length = 0  # filled cache positions
         self.pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
