@@ -33,7 +33,7 @@ class FlatAdamW(torch.optim.AdamW):
         self._flat: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                           list[int]] | None = None
 
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         if closure is None and self._flat_step():
             return None
         self._unshare()
