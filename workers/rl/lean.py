@@ -340,54 +340,27 @@ class LeanQwen3Moe:
         pos = torch.cat([u_pos[u_ok], c_pos[c_ok]])
         group = torch.cat([owner_p, inverse[row_c]])
         row = torch.cat([torch.full((n_p,), -1, device=dev), row_c])
-        # Attention never crosses groups, so each group is laid out as its own row of a
-        # (blocks, width) grid, padded to the longest group: the T x T attention becomes
-        # blocks x width x width (~1/U of it). Unless groups are so uneven that this costs
-        # more: then one row holds everything (width T).
-        counts = torch.bincount(group, minlength=u)
-        width = int(counts.max())
-        block, blocks = group, u
-        if u * width * width >= t * t:
-            block, counts, width, blocks = torch.zeros_like(group), counts.sum(0, True), t, 1
-        order = torch.argsort(block, stable=True)  # prompt tokens first within each block
-        start = torch.cumsum(counts, 0) - counts
-        b_sorted = block[order]
-        where = torch.empty_like(order)  # each packed token's slot in the grid
-        where[order] = b_sorted * width + torch.arange(t, device=dev) - start[b_sorted]
-        n_grid = blocks * width
-        g_ids = torch.zeros(n_grid, dtype=ids.dtype, device=dev).index_put_((where,), ids)
-        g_pos = torch.zeros(n_grid, dtype=pos.dtype, device=dev).index_put_((where,), pos)
-        # row -1: a prompt token; -2: grid padding (attends to itself and the other padding,
-        # nothing real attends to it, its outputs are dropped)
-        g_row = torch.full((n_grid,), -2, dtype=row.dtype, device=dev).index_put_(
-            (where,), row)
-        g_group = torch.full((n_grid,), -1, dtype=group.dtype, device=dev).index_put_(
-            (where,), group)
-        g_pos, g_row, g_group = (v.view(blocks, width) for v in (g_pos, g_row, g_group))
-        allowed = ((g_group[:, None, :] == g_group[:, :, None])
-                   & (g_pos[:, None, :] <= g_pos[:, :, None])
-                   & ((g_row[:, None, :] == -1) | (g_row[:, None, :] == g_row[:, :, None])))
-        bias = torch.zeros(allowed.shape, dtype=self.cos.dtype, device=dev)
-        bias = bias.masked_fill_(~allowed, self.neg).view(blocks, 1, 1, width, width)
-        x = self.embed(g_ids).view(blocks, width, -1)  # (blocks,width,D)
-        cos = self.cos[g_pos].unsqueeze(2)
-        sin = self.sin[g_pos].unsqueeze(2)
+        is_prompt = row < 0
+        allowed = ((group[:, None] == group[None, :]) & (pos[None, :] <= pos[:, None])
+                   & (is_prompt[None, :] | (row[None, :] == row[:, None])))  # (T,T)
+        bias = torch.zeros((t, t), dtype=self.cos.dtype, device=dev)
+        bias = bias.masked_fill_(~allowed, self.neg).view(1, 1, 1, t, t)
+        x = self.embed(ids).unsqueeze(0)  # (1,T,D)
+        cos = self.cos[pos].view(1, t, 1, -1)
+        sin = self.sin[pos].view(1, t, 1, -1)
         n_layers, k = len(self.layers), self.top_k
         self.used = []
         self.forced = None
         if p_routes is not None and c_routes is not None:
             u_routes = uniq[:, 2 * p:].view(u, p, n_layers, k)
-            forced = torch.cat([u_routes[u_ok], c_routes.to(dev)[c_ok].long()])
-            self.forced = torch.full((n_grid, n_layers, k), NO_ROUTE, dtype=forced.dtype,
-                                     device=dev).index_put_((where,), forced)
+            self.forced = torch.cat([u_routes[u_ok], c_routes.to(dev)[c_ok].long()])
         routers: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             x = x + self.attention(i, self.rms(x, layer.input_layernorm), cos, sin, bias,
                                    None, 0)
             x = x + self.moe(layer, self.rms(x, layer.post_attention_layernorm), routers, i)
         self.forced = None
-        routers = [r[where] for r in routers]  # (T,E): the packed tokens, in packed order
-        used = self.take_routes()[where]  # (T,layers,k), unpacked to the padded layout:
+        used = self.take_routes()  # (T,layers,k), unpacked to the padded layout:
         u_used = torch.full((u, p, n_layers, k), NO_ROUTE, dtype=used.dtype, device=dev)
         u_used[u_ok] = used[:n_p]
         c_used = torch.full((*c_ids.shape, n_layers, k), NO_ROUTE, dtype=used.dtype,
@@ -401,8 +374,7 @@ class LeanQwen3Moe:
         comp_index[c_ok] = torch.arange(n_p, t, device=dev)
         pred = torch.cat([last_prompt[inverse].unsqueeze(1), comp_index[:, :-1]], 1)
         pred = torch.where(pred < 0, pred[:, :1], pred)
-        x = x.reshape(n_grid, -1)
-        logits = self.lm_head(self.rms(x[where[pred]], self.norm))  # (B,C,V)
+        logits = self.lm_head(self.rms(x[0, pred], self.norm))  # (B,C,V)
         weights = torch.cat([torch.bincount(inverse, minlength=u)[owner_p],
                              torch.ones(t - n_p, dtype=torch.long, device=dev)])
         return logits, tuple(routers), weights.to(x.dtype)
