@@ -13,7 +13,8 @@ Figures (one process each, interleaved over `--repeats`, medians):
   gen_tokens_per_s  completion tokens sampled per second of training wall time
   time_to_reward    training wall time until held-out reward >= `--threshold`; a side that
                     never reaches it counts its whole training time and the line says
-                    "not reached in N s" (its figure is a lower bound, the ratio a bound)
+                    "not reached in N s", the ratio then a bound (ratio< / ratio> / ratio~,
+                    see tests/benchmarks/reward_time.py), never 0 or inf
   learner_idle      fraction of a step the learner waits for rollouts: Crucible k=0 (sync)
                     vs `max_async_steps` k=1, 2 (the async figure quoted is k=2's)
 Crucible runs synchronously (k=0, its default) for the three figures against TRL. Its rollouts
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from tests.benchmarks.reward_time import median_time, reward_line
 from workers.reporting import NullReporter
 from workers.rl.distributed import process_group
 from workers.rl.objectives import build_objective
@@ -184,34 +186,16 @@ def trl(sft: Path, steps: int, eval_every: int, threshold: float) -> dict[str, f
     }
 
 
-def time_to_reward(rows: list[dict[str, float]]) -> tuple[float, bool]:
-    """The median time to the threshold over repeats, and whether it is only a lower bound: a
-    repeat that never reached it counts its whole training time (it would have needed more)."""
-    times = [r["time_to_reward"] if math.isfinite(r["time_to_reward"]) else r["train_time"]
-             for r in rows]
-    return statistics.median(times), any(not math.isfinite(r["time_to_reward"]) for r in rows)
-
-
-def reward_line(ours: list[dict[str, float]], peer: list[dict[str, float]]) -> str:
-    """time_to_reward with a finite ratio even when a side never reaches the threshold: its
-    figure is then its whole training time, and the line says "not reached in N s"."""
-    c, c_bound = time_to_reward(ours)
-    t, t_bound = time_to_reward(peer)
-    op = "<" if t_bound and not c_bound else ">" if c_bound and not t_bound else "="
-    notes = [f"{name} not reached in {value:.1f} s" for name, value, bound in
-             (("crucible", c, c_bound), ("trl", t, t_bound)) if bound]
-    tail = f" ({'; '.join(notes)})" if notes else ""
-    ratio = "n/a" if c_bound and t_bound else f"{c / t:.2f}"
-    return (f"time_to_reward: crucible={c:.1f} trl={t:.1f} ratio{op}{ratio} "
-            f"target=<=0.5{tail}")
+def reward_summary(rows: list[dict[str, float]]) -> tuple[float, int]:
+    return median_time([r["time_to_reward"] for r in rows], [r["train_time"] for r in rows])
 
 
 def line(figure: str, ours: float, peer_name: str | None, peer: float | None,
          target: str, fmt: str = ".2f") -> str:
     if peer is None:
         return f"{figure}: crucible={ours:{fmt}} target={target}"
-    ratio = ours / peer if peer and math.isfinite(peer) else 0.0
-    return (f"{figure}: crucible={ours:{fmt}} {peer_name}={peer:{fmt}} ratio={ratio:.2f} "
+    ratio = f"{ours / peer:.2f}" if peer and math.isfinite(peer) else "n/a"
+    return (f"{figure}: crucible={ours:{fmt}} {peer_name}={peer:{fmt}} ratio={ratio} "
             f"target={target}")
 
 
@@ -265,7 +249,7 @@ def main() -> None:
                ">=3"))
     print(line("gen_tokens_per_s", med(ours, "gen_tokens_per_s"), "trl",
                med(peer, "gen_tokens_per_s"), ">=2", ".1f"))
-    print(reward_line(ours, peer))
+    print(reward_line(reward_summary(ours), reward_summary(peer), args.repeats))
     print(line("learner_idle", statistics.median(idle[2]), "sync",
                statistics.median(idle[0]), "<=0.1", ".3f"))
 

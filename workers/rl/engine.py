@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from workers.rl.distributed import on_cuda
+from workers.rl.flat_adamw import FlatAdamW
 from workers.rl.spec import TrainerSpec
 
 
@@ -66,8 +67,15 @@ def make_engine(model: torch.nn.Module, ts: TrainerSpec, lr: float, total_steps:
         # expert group, which ZeRO partitions and reduces over that group's ranks only.
         groups = split_params_into_different_moe_groups_for_optimizer(
             [{"params": params, "name": "dense"}])
-    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=ts.weight_decay,
-                            foreach=adamw_impl(params).get("foreach"))
+    foreach = adamw_impl(params).get("foreach")
+    opt: torch.optim.Optimizer
+    if (foreach and len(groups) == 1 and ts.zero_stage == 0 and not use_bf16(ts)
+            and all(p.device.type == "cpu" for p in params)):
+        # Stage 0 steps this optimizer itself: on CPU the flat one (bit-identical, fewer
+        # kernels). ZeRO stages and bf16 wrap it in their own flat fp32 groups.
+        opt = FlatAdamW(groups, lr=lr, weight_decay=ts.weight_decay)
+    else:
+        opt = torch.optim.AdamW(groups, lr=lr, weight_decay=ts.weight_decay, foreach=foreach)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: lr_factor(s, total_steps, ts.warmup_steps, ts.schedule, ts.min_lr_ratio),

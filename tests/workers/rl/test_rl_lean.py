@@ -114,6 +114,12 @@ def test_inlined_grouped_experts_are_transformers_bit_for_bit(tiny_model):
         g_theirs = torch.autograd.grad(theirs.square().sum(), wrt, retain_graph=True)
         g_mine = torch.autograd.grad(mine.square().sum(), wrt)
         assert all(torch.equal(a, b) for a, b in zip(g_mine, g_theirs, strict=True))
+    # top-3 routes take the un-permute-and-sum path: transformers' own order of additions
+    h = torch.randn(9, tiny_model.config.hidden_size)
+    logits = block.gate(h)[0]
+    top, idx = torch.topk(logits.softmax(-1), 3, dim=-1)
+    assert torch.equal(grouped_experts(block.experts, h, idx, top),
+                       block.experts(h, idx, top))
 
 
 def test_packed_training_forward_equals_the_padded_one(tiny_model, tokenizer):

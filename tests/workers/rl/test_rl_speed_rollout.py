@@ -93,3 +93,31 @@ def test_stops_as_soon_as_every_row_finished(tiny_model, tokenizer):
     assert batch.completion_ids.tolist() == [[eos]] * 3
     assert batch.completion_mask.tolist() == [[1]] * 3
     assert calls[0] == 1 and batch.texts == ["", "", ""]
+
+
+def test_remembered_prompt_ids_equal_the_tokenizers_padding(tiny_model, tokenizer):
+    """Prompt texts are tokenized once per backend and padded by hand: the same ids, mask
+    and rows as the tokenizer's own left-padded batch, on a first call and a repeat, with
+    token-id prompts mixed in and with prefix sharing off."""
+    backend = HFRollout(tiny_model, tokenizer)
+    prompts = ["13+4=", "1+2=", "13+4=", "", "9+9=", "1+2="]
+    for _ in range(2):  # the second call reads the remembered ids
+        ids, mask, rows = backend.encode(prompts)
+        enc = tokenizer(list(dict.fromkeys(prompts)), return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        assert torch.equal(ids, enc["input_ids"])
+        assert torch.equal(mask, enc["attention_mask"])
+        assert rows.tolist() == [0, 1, 0, 2, 3, 1]
+    assert set(backend._ids) == set(prompts)
+    as_ids = tokenizer("9+9=", add_special_tokens=False)["input_ids"]
+    ids, mask, rows = backend.encode(["9+9=", as_ids, "1+2="])
+    assert rows.tolist() == [0, 1, 2] and torch.equal(ids[0], ids[1])
+    enc = tokenizer(["9+9=", "1+2="], return_tensors="pt", padding=True,
+                    add_special_tokens=False)
+    assert torch.equal(ids[[0, 2]], enc["input_ids"])
+    assert torch.equal(mask[[0, 2]], enc["attention_mask"])
+    unshared = HFRollout(tiny_model, tokenizer, share_prefix=False)
+    ids, mask, rows = unshared.encode(prompts)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert torch.equal(ids, enc["input_ids"]) and torch.equal(mask, enc["attention_mask"])
+    assert rows.tolist() == list(range(len(prompts)))
