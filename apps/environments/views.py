@@ -40,6 +40,18 @@ def environment_or_404(team: Any, slug: str) -> Environment:
 # --- pure presenters ----------------------------------------------------------------------
 
 
+def _task_count(env: dict[str, Any], out: dict[str, Any], kind: str, from_dataset: str) -> None:
+    """The label and count of a spec whose tasks are inline or a dataset version's records."""
+    tasks = env.get("tasks")
+    dataset = env.get("dataset") if isinstance(env.get("dataset"), dict) else None
+    if isinstance(tasks, list):
+        out["tasks"] = len(tasks)
+        out["label"] = f"{len(tasks)} {kind[:-1] if len(tasks) == 1 else kind}"
+    elif dataset:
+        out["label"] = (f"{from_dataset} from dataset {dataset.get('dataset')} "
+                        f"v{dataset.get('version')}")
+
+
 def spec_summary(spec: Any) -> dict[str, Any]:
     """What a version is, in a line: source, name/module, task count, rubric, interaction.
     Defensive: specs stored before validation existed may have any shape."""
@@ -56,13 +68,7 @@ def spec_summary(spec: Any) -> dict[str, Any]:
         out["label"] = f"verifiers {env.get('module', '?')}"
         out["params"] = env.get("args") if isinstance(env.get("args"), dict) else {}
     elif source == "tasks":
-        tasks = env.get("tasks")
-        dataset = env.get("dataset") if isinstance(env.get("dataset"), dict) else None
-        if isinstance(tasks, list):
-            out["tasks"] = len(tasks)
-            out["label"] = f"{len(tasks)} uploaded task{'s' if len(tasks) != 1 else ''}"
-        elif dataset:
-            out["label"] = f"tasks from dataset {dataset.get('dataset')} v{dataset.get('version')}"
+        _task_count(env, out, "uploaded tasks", "tasks")
         rubric = env.get("rubric") if isinstance(env.get("rubric"), dict) else {}
         out["components"] = [
             {"name": c.get("name"), "checker": c.get("checker"), "weight": c.get("weight", 1.0)}
@@ -70,14 +76,7 @@ def spec_summary(spec: Any) -> dict[str, Any]:
         interaction = env.get("interaction") if isinstance(env.get("interaction"), dict) else {}
         out["mode"] = str(interaction.get("mode") or "")
     elif source == "terminal":
-        tasks = env.get("tasks")
-        dataset = env.get("dataset") if isinstance(env.get("dataset"), dict) else None
-        if isinstance(tasks, list):
-            out["tasks"] = len(tasks)
-            out["label"] = f"{len(tasks)} terminal task{'s' if len(tasks) != 1 else ''}"
-        elif dataset:
-            out["label"] = (f"terminal tasks from dataset {dataset.get('dataset')} "
-                            f"v{dataset.get('version')}")
+        _task_count(env, out, "terminal tasks", "terminal tasks")
         out["mode"] = "terminal"
     return out
 

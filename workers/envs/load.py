@@ -19,7 +19,6 @@ from workers.envs.spec import (
     TerminalEnvSpec,
     VerifiersEnvSpec,
     check_task_records,
-    check_terminal_tasks,
     parse_environment_spec,
 )
 from workers.envs.terminal.task import TerminalTask, TerminalTaskError, parse_task
@@ -71,47 +70,40 @@ def _builtin(spec: BuiltinEnvSpec, sandbox: Sandbox | None) -> Environment:
     raise ValueError(f"unknown built-in environment {spec.name!r}")
 
 
-def _records(spec: TasksEnvSpec, resolve_dataset: ResolveDataset | None) -> list[TaskRecord]:
+def _dataset_rows(spec: TasksEnvSpec | TerminalEnvSpec, resolve_dataset: ResolveDataset | None,
+                  parse: Callable[[Mapping[str, Any]], Any]) -> list[Any]:
+    """The tasks of a spec: inline, or `parse` of each record of its dataset version; a
+    record that does not parse is named by its number. Ids checked unique."""
     if spec.tasks is not None:
         return list(spec.tasks)
-    assert spec.dataset is not None  # the spec validator guarantees one of the two
+    assert spec.dataset is not None  # the spec validators guarantee one of the two
     if resolve_dataset is None:
         raise ValueError(f"environment reads dataset {spec.dataset.dataset!r} "
                          f"v{spec.dataset.version}, but no dataset resolver was given")
-    records: list[TaskRecord] = []
+    rows = []
     for number, raw in enumerate(resolve_dataset(spec.dataset), start=1):
         try:
-            records.append(TaskRecord.model_validate(raw))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "<record>"
-            raise ValueError(f"dataset record {number} is not a task: {where}: "
-                             f"{first['msg']}") from exc
-    check_task_records(records)
-    return records
+            rows.append(parse(raw))
+        except (ValidationError, TerminalTaskError) as exc:
+            if isinstance(exc, ValidationError):
+                first = exc.errors()[0]
+                why = f"{'.'.join(str(p) for p in first['loc']) or '<record>'}: {first['msg']}"
+            else:
+                why = str(exc)
+            raise ValueError(f"dataset record {number} is not a task: {why}") from None
+    check_task_records(rows)
+    return rows
+
+
+def _records(spec: TasksEnvSpec, resolve_dataset: ResolveDataset | None) -> list[TaskRecord]:
+    return _dataset_rows(spec, resolve_dataset, TaskRecord.model_validate)
 
 
 def terminal_tasks(spec: TerminalEnvSpec,
                    resolve_dataset: ResolveDataset | None = None) -> list[TerminalTask]:
     """A terminal environment's tasks: inline, or one per record of its dataset version
-    (TerminalTaskError naming the record and field when one is not a task)."""
-    if spec.tasks is not None:
-        return list(spec.tasks)
-    assert spec.dataset is not None  # the spec validator guarantees one of the two
-    if resolve_dataset is None:
-        raise ValueError(f"environment reads dataset {spec.dataset.dataset!r} "
-                         f"v{spec.dataset.version}, but no dataset resolver was given")
-    tasks: list[TerminalTask] = []
-    for number, raw in enumerate(resolve_dataset(spec.dataset), start=1):
-        try:
-            tasks.append(parse_task(dict(raw)))
-        except TerminalTaskError as exc:
-            raise TerminalTaskError(f"dataset record {number}: {exc}") from None
-    try:
-        check_terminal_tasks(tasks)
-    except ValueError as exc:
-        raise TerminalTaskError(str(exc)) from None
-    return tasks
+    (ValueError naming the record and field when one is not a task)."""
+    return _dataset_rows(spec, resolve_dataset, lambda raw: parse_task(dict(raw)))
 
 
 def load_environment(

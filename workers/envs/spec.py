@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -317,8 +318,9 @@ class TasksEnvSpec(_Strict):
         return self
 
 
-def check_task_records(tasks: list[TaskRecord]) -> None:
-    """At least one task; ids unique (QC, eval reports and quarantine lists key on them)."""
+def check_task_records(tasks: Sequence[TaskRecord | TerminalTask]) -> None:
+    """At least one task; ids unique (QC, eval reports and quarantine lists key on them).
+    Uploaded and terminal tasks alike."""
     if not tasks:
         raise ValueError("an environment needs at least one task")
     seen: set[str] = set()
@@ -340,19 +342,8 @@ class TerminalEnvSpec(_Strict):
         if (self.tasks is None) == (self.dataset is None):
             raise ValueError("give exactly one of 'tasks' (inline list) or 'dataset' (reference)")
         if self.tasks is not None:
-            check_terminal_tasks(self.tasks)
+            check_task_records(self.tasks)
         return self
-
-
-def check_terminal_tasks(tasks: list[TerminalTask]) -> None:
-    """At least one task; ids unique (the QC report and quarantine lists key on them)."""
-    if not tasks:
-        raise ValueError("an environment needs at least one task")
-    seen: set[str] = set()
-    for task in tasks:
-        if task.id in seen:
-            raise ValueError(f"task id {task.id!r} is used twice")
-        seen.add(task.id)
 
 
 TERMINAL_RUN_KINDS = frozenset({"qc"})
