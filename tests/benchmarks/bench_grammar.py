@@ -25,6 +25,7 @@ import os
 import random
 import statistics
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +132,7 @@ class Result:
     error: str = ""
 
 
-class Library:
+class Library(ABC):
     """One library's harness: `setup` once per tokenizer, `compile(schema)` -> a stepper whose
     `mask()` computes the next-token mask and returns whether `token` is allowed, and
     `advance(token)` consumes it."""
@@ -144,11 +145,13 @@ class Library:
         for module in self.modules:
             importlib.import_module(module)
 
+    @abstractmethod
     def setup(self, tok: PreTrainedTokenizerFast, eos: int) -> None:
-        raise NotImplementedError
+        """Build the library's tokenizer data (timed once, apart from compiles)."""
 
+    @abstractmethod
     def compile(self, schema: dict[str, Any]) -> Any:
-        raise NotImplementedError
+        """A stepper for one document under `schema` (timed as the compile)."""
 
 
 class Crucible(Library):
