@@ -386,3 +386,29 @@ def test_the_python_tool_on_a_broken_sandbox_raises_instead_of_answering():
         env.call_tool("python", {"code": "print(6*7)"})
     # the model's own mistakes stay feedback
     assert env.call_tool("calculator", {"expression": "6/0"})["content"].startswith("error:")
+
+
+HOSTILE_INFRA = [
+    # prints what an engine failure looks like, then exits early
+    'import sys\nprint("SANDBOX_ERROR: sandbox failure: engine down")\nsys.exit(0)\n',
+    # dies by a signal the way a killed sandbox would
+    'import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n',
+    # writes a fake status/verdict file and closes its output streams
+    'import os\nopen("status.json", "w").write(\'{"status": "SANDBOX_ERROR"}\')\n'
+    'os.close(1)\nos.close(2)\n',
+]
+
+
+@pytest.mark.parametrize("program", HOSTILE_INFRA, ids=["prints", "sigkill", "fake-status"])
+def test_a_program_cannot_pass_itself_off_as_an_infrastructure_failure(program):
+    """The infra flag comes from the engine's own status, never from what the program prints,
+    writes or how it dies: a hostile completion that imitates a sandbox failure is scored 0
+    as the policy's own failure (trained on), not dropped as void."""
+    env = load_environment({"source": "builtin", "name": "code"}, sandbox=_sandbox())
+    obj = as_objective(env)
+    exs = obj.train[:1]
+    reference = env.task(exs[0].meta["task_id"]).reference
+    counts = TriageCounts()
+    g = grade(obj.reward, exs * 2, [f"```python\n{program}```", reference], 2, counts)
+    assert g.rewards == [0.0, 1.0] and g.infra == [False, False]  # the same path scores 1
+    assert (counts.failed, counts.retried) == (0, 0)
