@@ -71,19 +71,30 @@ def environment_objective(session: WorkerSession, store: ObjectStore) -> Any:
     pinned = session.run.environments
     if not pinned:
         return None
-    from workers.envs.adapter import as_objective
-    from workers.envs.load import load_environment
+    from workers.envs.load import load_objective
     from workers.envs.mixed import MixedObjective
 
     objectives = []
     for env in pinned:
-        loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
-        objectives.append(as_objective(loaded, quarantined=env.quarantined_ids))
+        objectives.append(load_objective(env.spec, resolve_dataset=dataset_resolver(env, store),
+                                         quarantined=env.quarantined_ids,
+                                         name=f"{env.environment}@v{env.number}"))
         session.log_event(f"environment {env.environment} v{env.number}: "
                           f"{len(objectives[-1].train)} train / {len(objectives[-1].eval)} eval "
                           f"tasks, {len(env.quarantined_ids)} quarantined by QC")
     if len(objectives) == 1:
         return objectives[0]
+    from workers.envs.terminal.objective import TerminalObjective
+
+    terminal = [f"{e.environment} v{e.number}" for e, o in zip(pinned, objectives, strict=True)
+                if isinstance(o, TerminalObjective)]
+    if terminal:
+        for o in objectives:
+            if isinstance(o, TerminalObjective):
+                o.close()
+        raise ValueError(f"terminal environments train alone: {', '.join(terminal)} cannot be "
+                         "mixed with other environments in one run; launch one run per "
+                         "terminal environment")
     return MixedObjective(objectives, [f"{e.environment}@v{e.number}" for e in pinned])
 
 

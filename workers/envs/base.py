@@ -34,6 +34,11 @@ class Example:
     prompt: str
     reference: str
     meta: dict[str, str] = field(default_factory=dict)
+    # The reference as a whole episode, (text, sampled) pieces in the RL layout, each encoded
+    # on its own as the rollout driver encodes them: the prompt's messages (the pieces before
+    # the first sampled one), then assistant turns (sampled) and environment messages. SFT
+    # learns only the sampled ones. Empty: `prompt` + `reference` is one completion.
+    turns: tuple[tuple[str, bool], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,27 @@ def load_environment(
         return VerifiersEnvironment(env)
     if isinstance(env, TerminalEnvSpec):
         raise ValueError("a terminal environment is played in sandbox sessions "
-                         "(workers.envs.terminal), not as single- or multi-turn tasks: only "
-                         "QC runs take it so far")
+                         "(workers.envs.terminal), not as single- or multi-turn tasks: train "
+                         "on it through load_objective, QC it with workers.qc.terminal")
     from workers.envs.builtins.uploaded import TasksEnvironment
 
     return TasksEnvironment(env, _records(env, resolve_dataset), sandbox)
+
+
+def load_objective(
+    spec: EnvironmentSpec | Mapping[str, Any], *, resolve_dataset: ResolveDataset | None = None,
+    quarantined: Iterable[str] = (), name: str = "environment",
+) -> Any:
+    """What the RL engine trains on for a spec: terminal tasks as a `TerminalObjective` (played
+    in sandbox sessions, graded by their hidden tests), any other source as its environment's
+    `EnvironmentObjective`. Quarantined task ids are left out of both splits."""
+    parsed = spec if isinstance(spec, EnvironmentSpec) else parse_environment_spec(dict(spec))
+    if isinstance(parsed.env, TerminalEnvSpec):
+        from workers.envs.terminal.objective import TerminalObjective
+
+        return TerminalObjective(terminal_tasks(parsed.env, resolve_dataset), name=name,
+                                 quarantined=set(quarantined))
+    from workers.envs.adapter import as_objective
+
+    return as_objective(load_environment(parsed, resolve_dataset=resolve_dataset),
+                        quarantined=set(quarantined))

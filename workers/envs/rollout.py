@@ -22,6 +22,13 @@ class Generate(Protocol):
         ...
 
 
+class GenerateMany(Protocol):
+    def __call__(self, contexts: Sequence[Sequence[int]]
+                 ) -> list[tuple[list[int], list[float]]]:
+        """Sample one assistant turn after each context, in one batch."""
+        ...
+
+
 class ChatCodec(Protocol):
     """How messages become tokens. `encode_message` renders a whole non-assistant message with
     its scaffold; an assistant turn is `assistant_prefix` + sampled tokens (ending with
@@ -91,24 +98,43 @@ class Episode:
         return sum(self.loss_mask)
 
 
-def _play(env: Environment, task: EnvTask, generate: Generate, codec: ChatCodec,
-          max_tokens: int) -> Episode:
-    ep = Episode(task_id=task.id, messages=env.initial_messages(task))
+def open_episode(task_id: str, messages: list[Message], codec: ChatCodec) -> Episode:
+    """An episode whose prompt is `messages`, encoded one message at a time."""
+    ep = Episode(task_id=task_id, messages=messages)
     for message in ep.messages:
         ep.extend(codec.encode_message(message), sampled=False)
     ep.prompt_len = len(ep.token_ids)
+    return ep
+
+
+def sample_turn(ep: Episode, generate: Generate, codec: ChatCodec) -> str:
+    """One assistant turn sampled from the episode's own ids and appended to it (sampled ids
+    with mask 1, a truncated turn closed, the scaffold after it); returns the turn's text."""
+    ep.extend(codec.assistant_prefix(), sampled=False)
+    ids, logprobs = generate(ep.token_ids)
+    return end_turn(ep, ids, logprobs, codec)
+
+
+def end_turn(ep: Episode, ids: Sequence[int], logprobs: Sequence[float],
+             codec: ChatCodec) -> str:
+    """Append a sampled turn (after its `assistant_prefix`) and close it; its text."""
     end = list(codec.end_of_turn)
+    ids, logprobs = list(ids), list(logprobs)
+    ep.extend(ids, sampled=True, logprobs=logprobs)
+    stopped = bool(end) and ids[-len(end):] == end
+    text = codec.decode(ids[: len(ids) - len(end)] if stopped else ids)
+    if not stopped:
+        ep.extend(end, sampled=False)  # close a truncated turn so the template stays valid
+    ep.extend(codec.after_turn, sampled=False)
+    ep.turns += 1
+    return text
+
+
+def _play(env: Environment, task: EnvTask, generate: Generate, codec: ChatCodec,
+          max_tokens: int) -> Episode:
+    ep = open_episode(task.id, env.initial_messages(task), codec)
     while True:
-        ep.extend(codec.assistant_prefix(), sampled=False)
-        ids, logprobs = generate(ep.token_ids)
-        ids, logprobs = list(ids), list(logprobs)
-        ep.extend(ids, sampled=True, logprobs=logprobs)
-        stopped = bool(end) and ids[-len(end):] == end
-        text = codec.decode(ids[: len(ids) - len(end)] if stopped else ids)
-        if not stopped:
-            ep.extend(end, sampled=False)  # close a truncated turn so the template stays valid
-        ep.extend(codec.after_turn, sampled=False)
-        ep.turns += 1
+        text = sample_turn(ep, generate, codec)
         ep.messages.append({"role": "assistant", "content": text})
         if len(ep.token_ids) >= max_tokens:
             ep.stop_reason = "max_tokens"

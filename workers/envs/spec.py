@@ -346,9 +346,10 @@ class TerminalEnvSpec(_Strict):
         return self
 
 
-TERMINAL_RUN_KINDS = frozenset({"qc"})
-"""Run kinds that can use a terminal environment: the RL and eval drivers do not play
-terminal episodes yet (docs/agents.md, "What remains")."""
+TERMINAL_RUN_KINDS = frozenset({"qc", "train"})
+"""Run kinds that can use a terminal environment: QC plays the reference and the untouched
+workspace, the RL engine plays episodes (workers.envs.terminal.objective); the eval driver does
+not play terminal episodes yet (docs/agents.md, "What remains")."""
 
 EnvSpec = Annotated[BuiltinEnvSpec | VerifiersEnvSpec | TasksEnvSpec | TerminalEnvSpec,
                     Field(discriminator="source")]

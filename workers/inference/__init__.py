@@ -4,7 +4,7 @@ Serves a Hugging Face checkpoint directory (e.g. `<run>/final` or `<run>/step-00
 written by the RL engine) so `verifiers`, the data-synthesis generators and evaluation can call
 "our inference" like any OpenAI endpoint: `POST /v1/chat/completions`, `POST /v1/completions`
 (n, temperature, top_p, max_tokens, stop, seed, logprobs, stream, logit_bias; tools in the
-Hermes / Qwen format, see `workers.inference.tools`; response_format json_object /
+Hermes / Qwen format, see `workers.envs.toolcalls`; response_format json_object /
 json_schema by constrained decoding, see `workers.inference.grammar`), `GET /v1/models`, with
 token usage. Sampling is the RL engine's own: for the Qwen3-MoE policies it trains, a continuous
 scheduler over its lean forward (`workers.inference.continuous`: requests join and leave the

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from workers.inference import tools as tool_format
+from workers.envs import toolcalls as tool_format
 from workers.inference.continuous import ContinuousBatcher, can_serve
 from workers.inference.quantize import quantize_model
 from workers.inference.speculative import DraftModel, NgramProposer, SpeculativeDecoder
@@ -236,7 +236,7 @@ class Policy:
         """A conversation with tools offered or tool calls in its history (OpenAI-shaped
         dicts). A chat template that renders tools itself (Qwen's, Hermes') gets them as
         structured messages, so the model sees exactly its training format; every other
-        format gets the text rendering of `workers.inference.tools`."""
+        format gets the text rendering of `workers.envs.toolcalls`."""
         if self.chat_format == "template":
             template = str(getattr(self.request_tok, "chat_template", "") or "")
             if "tool" in template:

@@ -4,7 +4,7 @@ Fields follow the OpenAI API names so the official client, `verifiers` and other
 OpenAI-compatible callers work unchanged, plus the vLLM extensions RL clients send (token-id
 prompts, `return_token_ids`, `return_tokens_as_token_ids`, `top_k`, `min_p`,
 `repetition_penalty`), and tool calling (`tools`, `tool_choice`, assistant `tool_calls`,
-`tool` messages; the format is `workers.inference.tools`). A field the server cannot honour
+`tool` messages; the format is `workers.envs.toolcalls`). A field the server cannot honour
 (presence/frequency penalties...) is refused with a 400 that names it, instead of
 being silently ignored; purely informational fields (`user`, `metadata`, ...) are accepted
 and ignored, as OpenAI does.

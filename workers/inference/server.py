@@ -36,6 +36,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from workers import threads
+from workers.envs.toolcalls import (
+    Delta,
+    ToolCall,
+    ToolCallStream,
+    forced_prefix,
+    parse_completion,
+)
 from workers.filtering import Mode, screen_text
 from workers.inference.engine import (
     EngineOptions,
@@ -51,13 +58,6 @@ from workers.inference.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
-)
-from workers.inference.tools import (
-    Delta,
-    ToolCall,
-    ToolCallStream,
-    forced_prefix,
-    parse_completion,
 )
 from workers.rl.rollout import Prompt, cut_at_stop
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from workers.rl.objectives import Example, Objective
 from workers.rl.rollout import RolloutBackend, RolloutBatch
 from workers.rl.spec import RolloutSpec
 from workers.rl.triage import TriageCounts, grade
+
+if TYPE_CHECKING:
+    from workers.envs.rollout import Episode
 
 
 @dataclass
@@ -81,6 +84,36 @@ class PlainCodec:
         return self.tok.decode(list(token_ids), skip_special_tokens=True)
 
 
+def transcript_batch(tok: Any, examples: Sequence[Example]) -> EpisodeBatch:
+    """Reference episodes (`Example.turns`) laid out as the rollout driver lays out played
+    ones, for SFT: each piece encoded on its own, a sampled piece followed by eos; the pieces
+    before the first sampled one are the prompt. `loss_mask` is 1 on the sampled pieces (and
+    their eos) only. An example without turns is its prompt and reference, as one turn."""
+    from workers.envs.rollout import Episode, pad_episodes
+
+    def enc(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    episodes = []
+    for ex in examples:
+        pieces = ex.turns or ((ex.prompt, False), (ex.reference, True))
+        if not any(sampled for _, sampled in pieces):
+            raise ValueError("a reference episode has no sampled turn to learn")
+        ep = Episode(task_id=ex.meta.get("task_id", ""))
+        for text, sampled in pieces:
+            if sampled and not any(ep.loss_mask):
+                ep.prompt_len = len(ep.token_ids)
+            ep.extend(enc(text) + ([int(tok.eos_token_id)] if sampled else []), sampled=sampled)
+        if not ep.prompt_len:
+            raise ValueError("a reference episode starts with a sampled turn: it has no prompt")
+        episodes.append(ep)
+    t = pad_episodes(episodes, tok.pad_token_id)
+    return EpisodeBatch(
+        prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"],
+        completion_ids=t["completion_ids"], completion_mask=t["completion_attention_mask"],
+        logprobs=t["logprobs"], texts=[], loss_mask=t["completion_loss_mask"])
+
+
 def plays_episodes(objective: Objective) -> bool:
     """Whether some of the objective's examples play as multi-turn or tool-use episodes."""
     return callable(getattr(objective, "episode_env", None)) and \
@@ -120,6 +153,19 @@ class BackendGenerate:
             self.retokenized += 1
         return out.completion_ids[0, :n].tolist(), out.logprobs[0, :n].tolist()
 
+    def many(self, contexts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float]]]:
+        """One turn for each context, sampled as one batch (episodes played in lockstep)."""
+        batch = [[int(t) for t in c] for c in contexts]
+        out = self.backend.generate(batch, self.spec, self.generator)
+        turns = []
+        for row, context in enumerate(batch):
+            n = int(out.completion_mask[row].sum())
+            self.turns += 1
+            if out.prompt_ids[row][out.prompt_mask[row].bool()].tolist() != context:
+                self.retokenized += 1
+            turns.append((out.completion_ids[row, :n].tolist(), out.logprobs[row, :n].tolist()))
+        return turns
+
 
 @dataclass
 class PlayedGroups:
@@ -146,11 +192,16 @@ def play_groups(
     triage = triage if triage is not None else TriageCounts()
     codec = PlainCodec(tokenizer)
     gen = BackendGenerate(backend, spec, generator)
-    episodes = []
     plays = [src for src in sources for _ in range(group)]
-    for (env, env_task) in sources:
-        episodes += run_episodes(env, [env_task] * group, gen, codec, max_tokens=max_tokens,
-                                 score=False)
+
+    def play(src: Any, count: int) -> list[Episode]:
+        if isinstance(src, tuple):  # (environment, env task): graded below from the text
+            env, env_task = src
+            return run_episodes(env, [env_task] * count, gen, codec, max_tokens=max_tokens,
+                                score=False)
+        return src.play(gen.many, codec, max_tokens, count)  # in lockstep, graded as played
+
+    episodes = [ep for src in sources for ep in play(src, group)]
     triage.failed += sum(ep.infra is not None for ep in episodes)
     for _ in range(retries):
         todo = [i for i, ep in enumerate(episodes) if ep.infra is not None]
@@ -158,17 +209,20 @@ def play_groups(
             break
         triage.retried += len(todo)
         for i in todo:
-            env, env_task = plays[i]
-            episodes[i] = run_episodes(env, [env_task], gen, codec, max_tokens=max_tokens,
-                                       score=False)[0]
+            episodes[i] = play(plays[i], 1)[0]
             triage.recovered += episodes[i].infra is None
     reps = [e for e in examples for _ in range(group)]
     finals = [next(m["content"] for m in reversed(ep.messages) if m["role"] == "assistant")
               for ep in episodes]
     n = len(episodes)
-    live = [i for i, ep in enumerate(episodes) if ep.infra is None]
     rewards, infra = [0.0] * n, [True] * n
     components: dict[str, list[float]] = {}
+    for i, ep in enumerate(episodes):  # played and graded in the sandbox (terminal tasks)
+        if not isinstance(plays[i], tuple) and ep.score is not None and ep.infra is None:
+            rewards[i], infra[i] = ep.score.total, False
+            for name, value in ep.score.components.items():
+                components.setdefault(name, [0.0] * n)[i] = value
+    live = [i for i, ep in enumerate(episodes) if ep.infra is None and isinstance(plays[i], tuple)]
     if live:  # a void episode's last answer is not graded: the episode was cut short
         graded = grade(objective.reward, [reps[i] for i in live], [finals[i] for i in live],
                        retries, triage)
@@ -181,7 +235,8 @@ def play_groups(
         prompt_ids=t["prompt_ids"], prompt_mask=t["prompt_mask"],
         completion_ids=t["completion_ids"], completion_mask=t["completion_attention_mask"],
         logprobs=t["logprobs"], texts=finals, loss_mask=t["completion_loss_mask"],
-        norm_len=max(env.max_turns for env, _ in sources) * spec.max_new_tokens,
+        norm_len=max(src[0].max_turns if isinstance(src, tuple) else src.max_turns
+                     for src in sources) * spec.max_new_tokens,
     )
     attn = int(batch.completion_mask.sum())
     counts = {

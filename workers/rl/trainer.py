@@ -57,6 +57,7 @@ from workers.rl.episodes import (
     norm_len,
     play_groups,
     plays_episodes,
+    transcript_batch,
 )
 from workers.rl.forward import (
     Router,
@@ -281,7 +282,8 @@ class Trainer:
         the pinned SFT datasets' pairs."""
         own = len(self.objective.train) if self.spec.sft.environment else 0
         if index < own:
-            return self.objective.train[index]
+            warm = getattr(self.objective, "warm_start_example", None)  # whole episodes
+            return warm(self.objective.train[index]) if warm else self.objective.train[index]
         prompt, completion = self.pinned.sft[index - own]
         return Example(prompt=prompt, reference=completion)
 
@@ -311,7 +313,9 @@ class Trainer:
             self.warmup_stop("SFT", step)
             g = self.generator(20_000 + step, self.rank)
             idx = torch.randint(n_examples, (per_rank,), generator=g)
-            batch = completion_batch(tok, [self.sft_example(int(i)) for i in idx])
+            examples = [self.sft_example(int(i)) for i in idx]
+            batch = transcript_batch(tok, examples) if any(e.turns for e in examples) \
+                else completion_batch(tok, examples)
             loss = self.sft_loss(engine, batch, moe)
             engine.backward(loss)
             engine.step()
@@ -330,7 +334,7 @@ class Trainer:
         logits, router, flat_mask = forward_completion(
             engine, batch, slice(None), moe, self.device, lean=False
         )
-        mask = batch.completion_mask.to(self.device).float()
+        mask = loss_mask(batch).to(self.device).float()  # a transcript's sampled turns only
         logp = token_logprobs(logits, batch.completion_ids.to(self.device))
         loss = -masked_mean(logp, mask)
         if router is not None:
@@ -351,7 +355,8 @@ class Trainer:
         if any(sources):  # multi-turn / tool use: the held-out reward of whole episodes
             played = play_groups(
                 self.objective, mine, sources, self.spec.trainer.eval_samples, backend,
-                self.episode_tok, self.spec.rollout, self.generator(30_000),
+                # before RL (SFT's starting point) no actor thread shares `tok`
+                self.episode_tok or tok, self.spec.rollout, self.generator(30_000),
                 tok.pad_token_id, getattr(self.objective, "episode_max_tokens", 4096), retries)
             rewards, infra = played.rewards, played.infra
         else:
@@ -1082,3 +1087,6 @@ def train(
         finally:
             if trainer.cache is not None:
                 trainer.cache.close()
+            close = getattr(trainer.objective, "close", None)
+            if close is not None:  # a terminal objective's sandbox sessions and snapshots
+                close()

@@ -102,5 +102,11 @@ def pin_environments(
                 f"terminal tasks, which only {', '.join(sorted(TERMINAL_RUN_KINDS))} runs take "
                 f"so far; a {kind} run cannot play them yet (docs/agents.md).",
                 details={key: [f"{version.environment.slug}@v{version.number}"]})
+        if isinstance(env, dict) and env.get("source") == "terminal" and len(versions) > 1:
+            raise InvalidInput(
+                f"Environment version '{version.environment.slug}@v{version.number}' holds "
+                "terminal tasks, which train alone: pin it as the run's only environment "
+                "(one run per terminal environment).",
+                details={key: [f"{version.environment.slug}@v{version.number}"]})
     check_qc(versions, kind, spec.qc_gate, key)
     return versions

@@ -268,7 +268,7 @@ TERMINAL = {"env": {"source": "terminal", "tasks": [{
                "idle_s": 300}}]}}
 
 
-def test_terminal_tasks_register_and_take_qc_runs_only(member, env):
+def test_terminal_tasks_register_and_take_qc_and_train_runs_only(member, env):
     r = register(member, env, TERMINAL)
     assert r.status_code == 201, r.content
     task = r.json()["spec"]["env"]["tasks"][0]
@@ -283,7 +283,17 @@ def test_terminal_tasks_register_and_take_qc_runs_only(member, env):
     assert ev.json()["errors"]["environment"] == ["arith@v1"]
     train = member.client.post(RUNS, {"project": "main", "kind": "train", "config": {},
                                       "environments": ["arith@v1"]}, format="json")
-    assert train.status_code == 400 and "terminal tasks" in train.json()["message"]
+    assert train.status_code == 400 and train.json()["code"] == "qc_not_passed"
+    assert register(member, env, ARITH).status_code == 201  # v2: single-turn arithmetic
+    # as a passing QC report sets it (the report path is tested above)
+    EnvironmentVersion.objects.update(qc_status="passed")
+    train = member.client.post(RUNS, {"project": "main", "kind": "train", "config": {},
+                                      "environments": ["arith@v1"]}, format="json")
+    assert train.status_code == 201, train.content  # the RL engine plays terminal episodes
+    mixed = member.client.post(RUNS, {"project": "main", "kind": "train", "config": {},
+                                      "environments": ["arith@v1", "arith@v2"]}, format="json")
+    assert mixed.status_code == 400, mixed.content
+    assert "train alone" in mixed.json()["message"]
 
 
 @pytest.mark.parametrize("spec, field", [

@@ -40,7 +40,7 @@ from workers.envs.agent_proxy import (
 )
 from workers.envs.terminal.task import parse_task
 from workers.inference import start_server
-from workers.inference.tools import call_text, tools_prompt
+from workers.envs.toolcalls import call_text, tools_prompt
 from workers.rl import prompt_format
 from workers.rl.objectives import build_objective
 from workers.rl.spec import ArithmeticSpec, TinyMoeSpec

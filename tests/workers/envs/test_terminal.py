@@ -484,5 +484,5 @@ def test_a_terminal_environment_is_not_loaded_as_plain_tasks() -> None:
 
     spec = {"env": {"source": "terminal",
                     "tasks": [answer_task(id="t").model_dump(mode="json")]}}
-    with pytest.raises(ValueError, match="only QC runs take it"):
+    with pytest.raises(ValueError, match="train on it through load_objective"):
         load_environment(spec)

@@ -1,4 +1,4 @@
-"""The Hermes / Qwen tool-call format (workers.inference.tools) on hand-written strings: the
+"""The Hermes / Qwen tool-call format (workers.envs.toolcalls) on hand-written strings: the
 rendered prompt pieces, parsing a finished completion, and the streaming parser fed one
 character (or one odd-sized piece) at a time."""
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from workers.inference.tools import (
+from workers.envs.toolcalls import (
     ToolCallStream,
     call_text,
     forced_prefix,

@@ -13,7 +13,7 @@ import base64
 import binascii
 import io
 import tarfile
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -42,10 +42,21 @@ def _test_files(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+class ReferenceCall(BaseModel):
+    """One tool call of a reference solution, as the policy would make it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["shell", "read_file", "write_file", "edit_file", "run_tests"]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class TerminalTask(BaseModel):
     """One task. `hidden_tests` never enter the policy's session: the grader hands them to its
     runner on stdin in a fork of the final workspace. `visible_tests` are what the `run_tests`
-    tool runs. `reference` is a shell script that solves the task (QC's first check)."""
+    tool runs. `reference` is a shell script that solves the task (QC's first check);
+    `reference_calls`, when given, solve it as tool calls, one a turn: what an SFT warm start
+    imitates (else one `shell` call of `reference`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +67,8 @@ class TerminalTask(BaseModel):
     hidden_tests: dict[str, str] = Field(min_length=1, description="file name -> source")
     visible_tests: dict[str, str] = Field(default_factory=dict)
     reference: str | None = Field(None, max_length=1_000_000, description="a solving script")
+    reference_calls: tuple[ReferenceCall, ...] = Field(
+        (), max_length=100, description="a solving sequence of tool calls, one a turn")
     max_turns: int = Field(20, ge=1, le=500)
     time_budget_s: float = Field(600.0, gt=0, le=86_400, description="wall time for the agent")
     command_timeout_s: float = Field(60.0, gt=0, le=3600, description="cap per shell call")
@@ -81,6 +94,9 @@ class TerminalTask(BaseModel):
 
     @model_validator(mode="after")
     def _budget_fits(self) -> TerminalTask:
+        if len(self.reference_calls) > self.max_turns:
+            raise ValueError(f"reference_calls has {len(self.reference_calls)} calls, more than "
+                             f"max_turns ({self.max_turns}) allows")
         if self.time_budget_s >= self.limits.wall_s:
             raise ValueError(f"time_budget_s ({self.time_budget_s:g}) must be shorter than the "
                              f"session's lifetime limits.wall_s ({self.limits.wall_s})")

@@ -19,12 +19,11 @@ from workers.rl.spec import RunSpec
 def objective_from_spec(spec: RunSpec) -> Objective:
     if spec.environment is None:
         return build_objective(spec.task)
-    from workers.envs.adapter import as_objective
-    from workers.envs.load import load_environment
+    from workers.envs.load import load_objective
 
     env: dict[str, Any] = spec.environment
     if env.get("source") == "tasks" and env.get("dataset") is not None:
         raise ValueError("environment.dataset names a platform dataset version, which a local "
                          "run cannot read: give the records as environment.tasks_file (JSONL) "
                          "or inline environment.tasks")
-    return as_objective(load_environment(env))
+    return load_objective(env)

@@ -1,5 +1,6 @@
 """Tool calling in the Hermes / Qwen chat format: tools offered in the system prompt, calls
-parsed out of the completion text.
+parsed out of the completion text. It sits with the environments because both the policy
+server (workers.inference) and the RL engine's terminal episodes (workers.rl.episodes) read it.
 
 The format (what Qwen2.5/Qwen3 and Hermes models are trained on, and what vLLM's `hermes`
 parser reads):
