@@ -54,10 +54,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import cgroups, process, uids, wspath
+from . import cgroups, egress_proxy, process, uids, wspath
 from .harness import source as harness_source
 from .policy import bwrap, seccomp
-from .spec import Limits, SessionExec, SessionLimits, SessionStatus
+from .spec import EgressPolicy, Limits, SessionExec, SessionLimits, SessionStatus
 
 BASE = Path(os.environ.get("CRUCIBLE_SANDBOX_SESSIONS", "") or "/var/tmp/crucible-sessions")
 PYTHON = "/usr/bin/python3"
@@ -247,9 +247,12 @@ class Session:
     background processes run alongside)."""
 
     def __init__(self, manager: SessionManager, limits: SessionLimits, layers: tuple[str, ...],
-                 layers_owner: int | None, binds: Binds = ()) -> None:
+                 layers_owner: int | None, binds: Binds = (),
+                 egress: EgressPolicy | None = None) -> None:
         self.manager = manager
         self.binds = _check_binds(binds)
+        self.egress = egress
+        self.proxy: egress_proxy.EgressProxy | None = None
         self.id = secrets.token_hex(8)
         self.limits = limits
         self.created = time.monotonic()
@@ -276,6 +279,9 @@ class Session:
                 with contextlib.suppress(OSError):
                     (self.cgroup.dir / "memory.oom.group").write_text("0")
             self.freezer = _Freezer(self.cgroup.name, self.cgroup)
+            if egress is not None:
+                self.proxy = egress_proxy.EgressProxy(egress,
+                                                      open_networks=manager.egress_open)
             self._mount_workspace(layers, layers_owner)
             self._start_agent()
         except BaseException:
@@ -325,13 +331,30 @@ class Session:
         ready = self._receive(10.0)
         if not ready.get("ready"):
             raise SessionError(f"the session agent did not start: {ready}")
+        if self.proxy is not None:  # before the first command: the agent is up, its netns too
+            try:
+                self.proxy.listen_in(self._agent_pid())
+            except (egress_proxy.EgressError, OSError) as exc:
+                raise SessionError(f"cannot lend the session its egress proxy: {exc}") from exc
+
+    def _agent_pid(self) -> int:
+        """The agent's host pid: bwrap's only child (PID 1 of the session's namespaces)."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if len(children) != 1:
+            raise SessionError(f"the session's bwrap has {len(children)} children, not 1")
+        return int(children[0])
 
     def _spawn_agent(self) -> None:
         assert self.cgroup is not None and self.freezer is not None
         limits = Limits(memory_mb=self.limits.memory_mb, pids=min(self.limits.pids, 4096),
                         file_size_mb=min(self.limits.file_size_mb, 4096),
                         open_files=self.limits.open_files, tmpfs_mb=self.limits.tmpfs_mb)
-        sec_fd = seccomp.filter_fd()
+        sec_fd = seccomp.filter_fd(inet=self.proxy is not None)
+        env = {"HOME": "/work"}
+        if self.proxy is not None:
+            env |= egress_proxy.session_env()
         # the agent's source comes on a memfd, so /proc/1/cmdline stays short
         src_fd = process.memfd(harness_source("session_agent.py").encode(), "crucible-agent")
         try:
@@ -339,7 +362,7 @@ class Session:
                 workdir=self.root, argv=[PYTHON, "-I", "-S", "-c",
                                          f"import os;exec(compile(os.read({src_fd},1<<20),"
                                          f"'session_agent','exec'))"],
-                env={"HOME": "/work"}, seccomp_fd=sec_fd,
+                env=env, seccomp_fd=sec_fd,
                 tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=self.binds, as_pid_1=True)
             process.become_subreaper()
             argv = [*process.gate_argv(limits, self.limits.cpu_s * 1000, self.uid), *inner]
@@ -380,6 +403,8 @@ class Session:
         self._seen.clear()
 
     def _teardown(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
         self._stop_processes()
         with contextlib.suppress(SessionError):
             self._unmount_workspace()
@@ -592,8 +617,18 @@ class Session:
 
     def fork(self, snapshot_id: str | None = None,
              limits: SessionLimits | None = None) -> Session:
-        """A new session on a snapshot of this one (taken now unless given)."""
-        return self.manager.fork(snapshot_id or self.snapshot(), limits or self.limits)
+        """A new session on a snapshot of this one (taken now unless given), with this one's
+        egress policy."""
+        return self.manager.fork(snapshot_id or self.snapshot(), limits or self.limits,
+                                 egress=self.egress)
+
+    def egress_log(self) -> dict[str, object]:
+        """The egress proxy's decisions (allowed, refused, failed; host, port, address, rule,
+        bytes), oldest first, with totals; an empty log where the session has no policy."""
+        if self.proxy is None:
+            return {"policy": None, "decisions": [], "stats": {}}
+        return {"policy": self.proxy.policy.model_dump(), "decisions": self.proxy.log(),
+                "stats": self.proxy.stats()}
 
     def usage(self) -> dict[str, int]:
         assert self.cgroup is not None
@@ -607,6 +642,12 @@ class Session:
     def close(self, reason: str = "closed") -> None:
         with self._lock:
             self._close_locked(reason)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _close_locked(self, reason: str) -> None:
         if self.closed_reason is not None:
@@ -633,7 +674,13 @@ class SessionManager:
     """Sessions, snapshots and layers of one process; a watchdog thread enforces lifetimes,
     idle timeouts and CPU quotas."""
 
-    def __init__(self, watch_every_s: float = 0.25) -> None:
+    def __init__(self, watch_every_s: float = 0.25,
+                 egress_open: tuple[egress_proxy.Network, ...] | None = None) -> None:
+        """`egress_open`: networks sessions' proxies may reach although they are not public
+        (the operator's setting, CRUCIBLE_SESSION_EGRESS_OPEN by default; tests open
+        127.0.0.0/8 for their local servers)."""
+        self.egress_open = (egress_proxy.open_networks_from_env() if egress_open is None
+                            else tuple(egress_open))
         self._lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
         self.snapshots: dict[str, Snapshot] = {}
@@ -710,8 +757,11 @@ class SessionManager:
     # sessions ----------------------------------------------------------------------------------
 
     def create(self, limits: SessionLimits | None = None,
-               files: dict[str, bytes] | None = None, binds: Binds = ()) -> Session:
-        session = Session(self, limits or SessionLimits(), (), None, binds)
+               files: dict[str, bytes] | None = None, binds: Binds = (),
+               egress: EgressPolicy | None = None) -> Session:
+        """A new empty session; with `egress`, outbound HTTP(S) through its allow-listed
+        proxy (and nothing else), without it no network at all."""
+        session = Session(self, limits or SessionLimits(), (), None, binds, egress)
         with self._lock:
             self.sessions[session.id] = session
         try:
@@ -723,12 +773,14 @@ class SessionManager:
         return session
 
     def fork(self, snapshot_id: str, limits: SessionLimits | None = None,
-             binds: Binds = ()) -> Session:
+             binds: Binds = (), egress: EgressPolicy | None = None) -> Session:
+        """A new session on a snapshot (nothing copied); a fork's network is its own
+        `egress` policy, never the snapshot's source's."""
         snap = self.snapshot(snapshot_id)
         self.hold(snap.layers)
         try:
             session = Session(self, limits or SessionLimits(), snap.layers, snap.owner_uid,
-                              binds)
+                              binds, egress)
         except BaseException:
             self.release(snap.layers)
             raise
