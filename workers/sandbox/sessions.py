@@ -64,6 +64,7 @@ PYTHON = "/usr/bin/python3"
 READ_LIMIT = 16 << 20
 MAX_LAYERS = 48  # a deeper snapshot is flattened into one layer (overlay's lowerdir has limits)
 _REPLY_GRACE_S = 5.0
+_FORK_THREADS = max(2, min(4, os.cpu_count() or 2))  # fork_many's set-up threads
 _CLOSED_KEPT = 10_000  # closed sessions whose reason the manager still gives
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID, _MS_NODEV = 0x2, 0x4
@@ -248,7 +249,10 @@ class Session:
 
     def __init__(self, manager: SessionManager, limits: SessionLimits, layers: tuple[str, ...],
                  layers_owner: int | None, binds: Binds = (),
-                 egress: EgressPolicy | None = None) -> None:
+                 egress: EgressPolicy | None = None, wait: bool = True) -> None:
+        """`wait=False` returns once the agent is spawned (and inherited files re-owned),
+        before its interpreter is ready: `finish_start()` completes it. `fork_many` uses it
+        to overlap the start-ups of a group."""
         self.manager = manager
         self.binds = _check_binds(binds)
         self.egress = egress
@@ -283,9 +287,19 @@ class Session:
                 self.proxy = egress_proxy.EgressProxy(egress,
                                                       open_networks=manager.egress_open)
             self._mount_workspace(layers, layers_owner)
-            self._start_agent()
+            self._begin_agent()
+            if wait:
+                self._await_agent()
         except BaseException:
             self._teardown()
+            raise
+
+    def finish_start(self) -> None:
+        """Wait for an agent spawned with `wait=False`; on failure the session is closed."""
+        try:
+            self._await_agent()
+        except BaseException:
+            self.close("failed to start")
             raise
 
     # -- set-up and teardown --------------------------------------------------------------------
@@ -322,12 +336,18 @@ class Session:
         _umount(self.scratch)
 
     def _start_agent(self) -> None:
+        self._begin_agent()
+        self._await_agent()
+
+    def _begin_agent(self) -> None:
         """Start the sandbox and its agent; inherited files are re-owned while the agent's
         interpreter starts (the agent touches no file before its first command)."""
         self._spawn_agent()
         if self._needs_reown:
             self._reown()
             self._needs_reown = False
+
+    def _await_agent(self) -> None:
         ready = self._receive(10.0)
         if not ready.get("ready"):
             raise SessionError(f"the session agent did not start: {ready}")
@@ -787,6 +807,53 @@ class SessionManager:
         with self._lock:
             self.sessions[session.id] = session
         return session
+
+    def fork_many(self, snapshot_id: str, n: int, limits: SessionLimits | None = None,
+                  binds: Binds | Callable[[int], Binds] = (),
+                  egress: EgressPolicy | None = None) -> list[Session]:
+        """`n` forks of one snapshot (a GRPO group) made side by side: the forks' set-ups
+        (cgroup, mounts, spawning the sandbox, re-owning the inherited files: syscalls that
+        release the GIL) run on a few threads, and every agent's interpreter starts while the
+        next forks are being set up; then each agent is waited for. `binds` may be a function
+        of the fork's index (one agent socket per episode). All or nothing: if one fork
+        fails, the others are closed and the error raised. Order of the result = index."""
+        if not 1 <= n <= 256:
+            raise ValueError(f"fork_many makes 1 to 256 forks, not {n}")
+        snap = self.snapshot(snapshot_id)
+        limits = limits or SessionLimits()
+
+        def one(i: int) -> Session:
+            self.hold(snap.layers)
+            try:
+                session = Session(self, limits, snap.layers, snap.owner_uid,
+                                  binds(i) if callable(binds) else binds, egress, wait=False)
+            except BaseException:
+                self.release(snap.layers)
+                raise
+            with self._lock:
+                self.sessions[session.id] = session
+            return session
+
+        workers = min(n, _FORK_THREADS)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fork-many") as pool:
+            futures = [pool.submit(one, i) for i in range(n)]
+        started: list[Session] = []
+        error: BaseException | None = None
+        for fut in futures:
+            try:
+                started.append(fut.result())
+            except BaseException as exc:  # noqa: BLE001 - the first is raised below
+                error = error or exc
+        try:
+            if error is not None:
+                raise error
+            for session in started:
+                session.finish_start()
+        except BaseException:
+            for session in started:
+                session.close("failed to start")
+            raise
+        return started
 
     def get(self, session_id: str) -> Session:
         with self._lock:

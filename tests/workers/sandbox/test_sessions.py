@@ -7,8 +7,11 @@ sandbox test, and skip with the host reason where it is missing.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +216,49 @@ def test_fork_is_isolated_from_parent_and_siblings(manager: S.SessionManager,
         for f in forks:
             f.close()
     assert session.exec("cat pkg/a").stdout == b"base\nparent\n"
+
+
+def test_fork_many_makes_a_group_with_overlapped_start_ups(manager: S.SessionManager,
+                                                          session: S.Session) -> None:
+    session.exec("echo base > a && head -c 1000000 /dev/zero > blob")
+    snap = session.snapshot()
+    # one lent folder per fork, as the agent proxy binds an episode's socket (somewhere the
+    # sandbox uid can reach: bubblewrap binds after dropping privileges)
+    top = Path(tempfile.mkdtemp(prefix="crucible-lent-"))
+    top.chmod(0o755)
+    lent = []
+    for i in range(8):
+        folder = top / f"lent{i}"
+        folder.mkdir()
+        (folder / "who").write_text(f"episode {i}\n")
+        folder.chmod(0o755)
+        (folder / "who").chmod(0o644)
+        lent.append(str(folder))
+    group = manager.fork_many(snap, 8, SMALL, binds=lambda i: ((lent[i], "/crucible/lent"),))
+    try:
+        assert len({f.uid for f in group} | {session.uid}) == 9
+        assert all(f.id in manager.sessions for f in group)
+        for i, f in enumerate(group):
+            r = f.exec(f"cat a /crucible/lent/who && echo {i} >> a && id -u")
+            assert r.stdout == f"base\nepisode {i}\n1000\n".encode(), r
+        for i, f in enumerate(group):
+            assert f.read("a") == f"base\n{i}\n".encode()
+        assert session.read("a") == b"base\n"
+    finally:
+        for f in group:
+            f.close()
+    with pytest.raises(ValueError, match="1 to 256"):
+        manager.fork_many(snap, 0, SMALL)
+    with pytest.raises(S.UnknownSnapshot):
+        manager.fork_many("nope", 2, SMALL)
+    # all or nothing: a bad bind for the third fork closes the two already started
+    before = set(manager.sessions)
+    with pytest.raises(ValueError, match="under /crucible/"):
+        manager.fork_many(snap, 4, SMALL, binds=lambda i: ((lent[i], "/work/x" if i == 2
+                                                             else "/crucible/lent"),))
+    assert set(manager.sessions) == before
+    manager.drop_snapshot(snap)
+    shutil.rmtree(top)
 
 
 def test_snapshots_are_dropped_with_their_layers(manager: S.SessionManager,
