@@ -67,7 +67,8 @@ _REPLY_GRACE_S = 5.0
 _FORK_THREADS = max(2, min(4, os.cpu_count() or 2))  # fork_many's set-up threads
 _CLOSED_KEPT = 10_000  # closed sessions whose reason the manager still gives
 _libc = ctypes.CDLL(None, use_errno=True)
-_MS_NOSUID, _MS_NODEV = 0x2, 0x4
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV = 0x1, 0x2, 0x4
+_MS_REMOUNT, _MS_BIND, _MS_SHARED = 0x20, 0x1000, 1 << 20
 _MNT_DETACH = 0x2
 
 
@@ -106,6 +107,12 @@ def _check_binds(binds: Binds) -> Binds:
         if not os.path.isabs(host) or not os.path.exists(host):
             raise ValueError(f"a session bind's host path must exist: {host!r}")
         out.append((host, inside))
+    for _host, inside in out:
+        for _other, other in out:
+            if inside != other and (inside + "/").startswith(other + "/"):
+                raise ValueError(f"session binds may not nest: {inside!r} is inside {other!r}")
+    if len({inside for _h, inside in out}) != len(out):
+        raise ValueError("two session binds name the same path")
     return tuple(out)
 
 
@@ -146,6 +153,24 @@ def _mount(source: str, target: Path, fstype: str, options: str) -> None:
         err = ctypes.get_errno()
         raise SessionError(f"cannot mount {fstype} on {target} ({options[:200]}): "
                            f"{os.strerror(err)} (sessions need root with CAP_SYS_ADMIN)")
+
+
+def _bind(source: str | Path, target: Path, *, read_only: bool = False,
+          shared: bool = False) -> None:
+    """Bind `source` on `target` (read-only, nosuid, nodev when asked; `shared`: mounts made
+    under `target` later propagate to the copies a sandbox made of it, which is how a
+    session's workspace and lent folders reach a sandbox that is already running)."""
+    def call(src: str | None, flags: int) -> None:
+        if _libc.mount(None if src is None else os.fsencode(src), os.fsencode(target), None,
+                       flags, None) != 0:
+            err = ctypes.get_errno()
+            raise SessionError(f"cannot bind {source} on {target}: {os.strerror(err)}")
+
+    call(str(source), _MS_BIND)
+    if read_only:
+        call(None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    if shared:
+        call(None, _MS_SHARED)
 
 
 def _umount(target: Path) -> None:
@@ -249,14 +274,18 @@ class Session:
 
     def __init__(self, manager: SessionManager, limits: SessionLimits, layers: tuple[str, ...],
                  layers_owner: int | None, binds: Binds = (),
-                 egress: EgressPolicy | None = None, wait: bool = True) -> None:
+                 egress: EgressPolicy | None = None, wait: bool = True,
+                 blank: bool = False, inet: bool = False) -> None:
         """`wait=False` returns once the agent is spawned (and inherited files re-owned),
         before its interpreter is ready: `finish_start()` completes it. `fork_many` uses it
-        to overlap the start-ups of a group."""
+        to overlap the start-ups of a group. `blank=True` makes a pre-started sandbox with
+        no workspace yet (`inet`: with the egress policy's seccomp and environment), which
+        `adopt()` later turns into a session of some layers (the manager's warm pool)."""
         self.manager = manager
         self.binds = _check_binds(binds)
         self.egress = egress
         self.proxy: egress_proxy.EgressProxy | None = None
+        self.inet = inet or egress is not None
         self.id = secrets.token_hex(8)
         self.limits = limits
         self.created = time.monotonic()
@@ -270,6 +299,7 @@ class Session:
         self.dir = BASE / "s" / f"{os.getpid()}-{self.id}"
         self.scratch = self.dir / "scratch"
         self.root = self.dir / "root"
+        self.lent = self.dir / "crucible"  # /crucible inside: binds are mounted here
         self.proc: subprocess.Popen[bytes] | None = None
         self.cgroup: cgroups.Cgroup | None = None
         self.freezer: _Freezer | None = None
@@ -278,6 +308,11 @@ class Session:
             self.dir.mkdir(parents=True, mode=0o711)
             self.scratch.mkdir(mode=0o700)
             self.root.mkdir(mode=0o755)
+            self.lent.mkdir(mode=0o755)
+            # shared binds of themselves: the overlay and the lent folders mounted on them,
+            # now or after the agent started, show in the sandbox (a slave copy); one way only
+            _bind(self.root, self.root, shared=True)
+            _bind(self.lent, self.lent, shared=True)  # read-only inside (bwrap --ro-bind)
             self.cgroup = cgroups.create(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
             if isinstance(self.cgroup, cgroups.CgroupV2):  # an OOM kills one process, not all
                 with contextlib.suppress(OSError):
@@ -286,13 +321,55 @@ class Session:
             if egress is not None:
                 self.proxy = egress_proxy.EgressProxy(egress,
                                                       open_networks=manager.egress_open)
-            self._mount_workspace(layers, layers_owner)
-            self._begin_agent()
-            if wait:
+            if blank:
+                self._spawn_agent()
                 self._await_agent()
+            else:
+                self._mount_workspace(layers, layers_owner)
+                self._lend()
+                self._begin_agent()
+                if wait:
+                    self._await_agent()
         except BaseException:
             self._teardown()
             raise
+
+    def adopt(self, layers: tuple[str, ...], layers_owner: int | None, binds: Binds = (),
+              egress: EgressPolicy | None = None) -> None:
+        """Give a pre-started (blank) sandbox its workspace: the overlay is mounted on its
+        shared root (the running sandbox sees it at /work), the inherited files re-owned, the
+        binds lent, the proxy started; its lifetime starts now. On failure it is torn down."""
+        try:
+            if self.inet != (egress is not None):
+                raise SessionError("a pre-started sandbox's network differs from the policy's")
+            self.binds = _check_binds(binds)
+            self.egress = egress
+            if egress is not None:
+                self.proxy = egress_proxy.EgressProxy(egress,
+                                                      open_networks=self.manager.egress_open)
+            self._mount_workspace(layers, layers_owner)
+            if self._needs_reown:
+                self._reown()
+                self._needs_reown = False
+            self._lend()
+            if self.proxy is not None:
+                self.proxy.listen_in(self._agent_pid())
+            self.created = self.last_used = time.monotonic()
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _lend(self) -> None:
+        """Mount each bind read-only under the session's /crucible (a shared mount: it
+        reaches the sandbox whether or not it runs yet)."""
+        for host, inside in self.binds:
+            target = self.lent / inside.removeprefix("/crucible/")
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if os.path.isdir(host):
+                target.mkdir(exist_ok=True, mode=0o755)
+            else:
+                target.touch(mode=0o644, exist_ok=True)
+            _bind(host, target, read_only=True)
 
     def finish_start(self) -> None:
         """Wait for an agent spawned with `wait=False`; on failure the session is closed."""
@@ -371,9 +448,9 @@ class Session:
         limits = Limits(memory_mb=self.limits.memory_mb, pids=min(self.limits.pids, 4096),
                         file_size_mb=min(self.limits.file_size_mb, 4096),
                         open_files=self.limits.open_files, tmpfs_mb=self.limits.tmpfs_mb)
-        sec_fd = seccomp.filter_fd(inet=self.proxy is not None)
+        sec_fd = seccomp.filter_fd(inet=self.inet)
         env = {"HOME": "/work"}
-        if self.proxy is not None:
+        if self.inet:
             env |= egress_proxy.session_env()
         # the agent's source comes on a memfd, so /proc/1/cmdline stays short
         src_fd = process.memfd(harness_source("session_agent.py").encode(), "crucible-agent")
@@ -383,7 +460,8 @@ class Session:
                                          f"import os;exec(compile(os.read({src_fd},1<<20),"
                                          f"'session_agent','exec'))"],
                 env=env, seccomp_fd=sec_fd,
-                tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=self.binds, as_pid_1=True)
+                tmpfs_bytes=self.limits.tmpfs_mb << 20,
+                ro_binds=((str(self.lent), "/crucible"),), as_pid_1=True)
             process.become_subreaper()
             argv = [*process.gate_argv(limits, self.limits.cpu_s * 1000, self.uid), *inner]
             # Forked from the manager's own long-lived thread: bwrap's --die-with-parent is a
@@ -428,6 +506,9 @@ class Session:
         self._stop_processes()
         with contextlib.suppress(SessionError):
             self._unmount_workspace()
+        for shared in (self.lent, self.root):  # the binds lent (detached with it), the root
+            with contextlib.suppress(SessionError):
+                _umount(shared)
         if self.freezer is not None:
             self.freezer.remove()
         clean = True
@@ -690,6 +771,24 @@ class Session:
                 self._lock.release()
 
 
+class _Done:
+    """A future-like result computed on the spot (fork_many of one fork)."""
+
+    def __init__(self, fn: Callable[[int], Session], i: int) -> None:
+        self._value: Session | None = None
+        self._error: BaseException | None = None
+        try:
+            self._value = fn(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+
+    def result(self) -> Session:
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
 class SessionManager:
     """Sessions, snapshots and layers of one process; a watchdog thread enforces lifetimes,
     idle timeouts and CPU quotas."""
@@ -714,6 +813,11 @@ class SessionManager:
         self._empty = self.layers_dir / "empty"
         self._empty.mkdir(exist_ok=True, mode=0o755)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-spawn")
+        # pre-started blank sandboxes per (limits, network), kept at the asked count
+        self._warm: dict[tuple[str, bool], list[Session]] = {}
+        self._warm_target: dict[tuple[str, bool], int] = {}
+        self._warm_pending: dict[tuple[str, bool], int] = {}
+        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-warm")
         self._stop = threading.Event()
         self._watch_every = watch_every_s
         self._watchdog = threading.Thread(target=self._watch, name="session-watchdog",
@@ -724,6 +828,82 @@ class SessionManager:
         """Run `start` (a Popen) on the manager's spawning thread, which lives as long as the
         manager: a session's sandbox dies with the thread that forked it."""
         return self._spawner.submit(start).result()
+
+    # pre-started sandboxes -------------------------------------------------------------------
+
+    @staticmethod
+    def _warm_key(limits: SessionLimits, inet: bool) -> tuple[str, bool]:
+        return limits.model_dump_json(), inet
+
+    def keep_warm(self, limits: SessionLimits, n: int, *, egress: bool = False) -> None:
+        """Keep `n` sandboxes with these limits (and the egress policy's network, when
+        `egress`) started ahead, so that `fork` and `fork_many` skip the sandbox's and its
+        agent's start-up: they mount the workspace into a running sandbox. Filled and
+        refilled in the background; `n=0` stops it. Each costs what an idle session does
+        (≈11 MB, a uid, a cgroup)."""
+        if not 0 <= n <= 256:
+            raise ValueError(f"keep_warm keeps 0 to 256 sandboxes, not {n}")
+        key = self._warm_key(limits, egress)
+        with self._lock:
+            self._warm_target[key] = n
+            extra = self._warm.get(key, [])[n:]
+            self._warm[key] = self._warm.get(key, [])[:n]
+        for blank in extra:
+            blank.close("not needed")
+        self._refill(key, limits)
+
+    def wait_warm(self, timeout: float = 30.0) -> bool:
+        """Whether every pool reached its count within `timeout` (benchmarks, tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(len(self._warm.get(k, [])) >= n for k, n in self._warm_target.items()):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def _refill(self, key: tuple[str, bool], limits: SessionLimits) -> None:
+        with self._lock:
+            missing = (self._warm_target.get(key, 0) - len(self._warm.get(key, []))
+                       - self._warm_pending.get(key, 0))
+            if missing <= 0 or self._stop.is_set():
+                return
+            self._warm_pending[key] = self._warm_pending.get(key, 0) + missing
+
+        def make() -> None:
+            try:
+                blank = Session(self, limits, (), None, blank=True, inet=key[1])
+            except (SessionError, OSError, cgroups.CgroupError):
+                with self._lock:
+                    self._warm_pending[key] -= 1
+                return
+            with self._lock:
+                self._warm_pending[key] -= 1
+                if not self._stop.is_set() and \
+                        len(self._warm.get(key, [])) < self._warm_target.get(key, 0):
+                    self._warm.setdefault(key, []).append(blank)
+                    blank = None  # type: ignore[assignment]
+            if blank is not None:
+                blank.close("not needed")
+
+        for _ in range(missing):
+            with contextlib.suppress(RuntimeError):  # the manager is closing
+                self._warmer.submit(make)
+
+    def _take_warm(self, limits: SessionLimits, inet: bool, n: int) -> list[Session]:
+        key = self._warm_key(limits, inet)
+        with self._lock:
+            pool = self._warm.get(key, [])
+            taken, self._warm[key] = pool[:n], pool[n:]
+        live = []
+        for blank in taken:  # one whose agent died while it waited is dropped
+            if blank.proc is not None and blank.proc.poll() is None:
+                live.append(blank)
+            else:
+                blank.close("lost while pre-started")
+        if key in self._warm_target:
+            self._refill(key, limits)
+        return live
 
     # layers ------------------------------------------------------------------------------------
 
@@ -796,17 +976,7 @@ class SessionManager:
              binds: Binds = (), egress: EgressPolicy | None = None) -> Session:
         """A new session on a snapshot (nothing copied); a fork's network is its own
         `egress` policy, never the snapshot's source's."""
-        snap = self.snapshot(snapshot_id)
-        self.hold(snap.layers)
-        try:
-            session = Session(self, limits or SessionLimits(), snap.layers, snap.owner_uid,
-                              binds, egress)
-        except BaseException:
-            self.release(snap.layers)
-            raise
-        with self._lock:
-            self.sessions[session.id] = session
-        return session
+        return self.fork_many(snapshot_id, 1, limits, binds, egress)[0]
 
     def fork_many(self, snapshot_id: str, n: int, limits: SessionLimits | None = None,
                   binds: Binds | Callable[[int], Binds] = (),
@@ -821,12 +991,18 @@ class SessionManager:
             raise ValueError(f"fork_many makes 1 to 256 forks, not {n}")
         snap = self.snapshot(snapshot_id)
         limits = limits or SessionLimits()
+        warm = self._take_warm(limits, egress is not None, n)
 
         def one(i: int) -> Session:
+            lend = binds(i) if callable(binds) else binds
             self.hold(snap.layers)
             try:
-                session = Session(self, limits, snap.layers, snap.owner_uid,
-                                  binds(i) if callable(binds) else binds, egress, wait=False)
+                if i < len(warm):  # a pre-started sandbox: mount the workspace into it
+                    session = warm[i]
+                    session.adopt(snap.layers, snap.owner_uid, lend, egress)
+                else:
+                    session = Session(self, limits, snap.layers, snap.owner_uid, lend, egress,
+                                      wait=False)
             except BaseException:
                 self.release(snap.layers)
                 raise
@@ -834,9 +1010,12 @@ class SessionManager:
                 self.sessions[session.id] = session
             return session
 
-        workers = min(n, _FORK_THREADS)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fork-many") as pool:
-            futures = [pool.submit(one, i) for i in range(n)]
+        if n == 1:  # no thread for a single fork
+            futures = [_Done(one, 0)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(n, _FORK_THREADS),
+                                    thread_name_prefix="fork-many") as pool:
+                futures = [pool.submit(one, i) for i in range(n)]
         started: list[Session] = []
         error: BaseException | None = None
         for fut in futures:
@@ -844,10 +1023,12 @@ class SessionManager:
                 started.append(fut.result())
             except BaseException as exc:  # noqa: BLE001 - the first is raised below
                 error = error or exc
-        try:
-            if error is not None:
-                raise error
+        if error is not None:
             for session in started:
+                session.close("failed to start")
+            raise error
+        try:
+            for session in started[len(warm):]:
                 session.finish_start()
         except BaseException:
             for session in started:
@@ -895,7 +1076,14 @@ class SessionManager:
         with self._lock:
             live = list(self.sessions.values())
             snaps = list(self.snapshots)
-        for s in live:
+        with self._lock:
+            blanks = [b for pool in self._warm.values() for b in pool]
+            self._warm.clear()
+        self._warmer.shutdown(wait=True, cancel_futures=True)
+        with self._lock:  # made while shutting down
+            blanks += [b for pool in self._warm.values() for b in pool]
+            self._warm.clear()
+        for s in [*live, *blanks]:
             s.close("manager closed")
         for snap_id in snaps:
             with contextlib.suppress(UnknownSnapshot):
@@ -914,7 +1102,7 @@ def sweep_orphans() -> None:
     for entry in (BASE / "s").glob("*-*"):
         pid = entry.name.split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            for sub in ("root", "scratch"):
+            for sub in ("root", "root", "scratch", "crucible"):  # root: overlay, then bind
                 with contextlib.suppress(SessionError):
                     _umount(entry / sub)
             shutil.rmtree(entry, ignore_errors=True)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.skips import sandbox_unavailable
 from workers.sandbox import sessions as S
-from workers.sandbox.spec import SessionExec, SessionLimits, SessionStatus
+from workers.sandbox.spec import EgressPolicy, SessionExec, SessionLimits, SessionStatus
 from workers.sandbox.wspath import PathRefused
 
 SERVER = b"""
@@ -259,6 +259,57 @@ def test_fork_many_makes_a_group_with_overlapped_start_ups(manager: S.SessionMan
     assert set(manager.sessions) == before
     manager.drop_snapshot(snap)
     shutil.rmtree(top)
+
+
+def test_pre_started_sandboxes_take_a_workspace_when_forked() -> None:
+    """keep_warm: forks mount their workspace (and lent folders, and the egress proxy) into
+    sandboxes started ahead; they behave as any fork, and the pool refills."""
+    reason = sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    top = Path(tempfile.mkdtemp(prefix="crucible-lent-"))
+    (top / "who").write_text("lent\n")
+    top.chmod(0o755)
+    (top / "who").chmod(0o644)
+    with S.SessionManager(watch_every_s=0.05) as mgr:
+        session = mgr.create(SMALL)
+        session.exec("echo base > a && mkdir -p d && echo deep > d/b")
+        snap = session.snapshot()
+        mgr.keep_warm(SMALL, 3)
+        assert mgr.wait_warm()
+        key = mgr._warm_key(SMALL, False)
+        blanks = list(mgr._warm[key])
+        assert blanks[0].exec("ls -A /work /crucible").stdout == b"/crucible:\n\n/work:\n"
+        group = mgr.fork_many(snap, 5, SMALL, binds=((str(top), "/crucible/lent"),))
+        try:
+            assert group[:3] == blanks  # the three started ahead, then two cold ones
+            for i, f in enumerate(group):
+                r = f.exec(f"cat a d/b /crucible/lent/who && echo {i} >> a && touch d/new{i}")
+                assert r.stdout == b"base\ndeep\nlent\n", r
+                assert f.exec("echo x > /crucible/lent/w").status == SessionStatus.RE
+            assert [f.read("a") for f in group] == [f"base\n{i}\n".encode() for i in range(5)]
+            assert session.read("a") == b"base\n"
+            # a restore in an adopted sandbox works as in any other
+            group[0].restore(snap)
+            assert group[0].read("a") == b"base\n"
+            assert mgr.wait_warm()  # refilled in the background
+            assert len(mgr._warm[key]) == 3 and not set(mgr._warm[key]) & set(group)
+        finally:
+            for f in group:
+                f.close()
+        # the pool's network must match: a policy fork takes no plain pre-started sandbox
+        policy = EgressPolicy(allow=["pypi.org"])
+        f = mgr.fork(snap, SMALL, egress=policy)
+        try:
+            assert f not in blanks and f.exec("echo $http_proxy").stdout == \
+                b"http://127.0.0.1:3128\n"
+        finally:
+            f.close()
+        mgr.keep_warm(SMALL, 0)
+        assert mgr._warm[key] == []
+    shutil.rmtree(top)
+    with pytest.raises(ValueError, match="may not nest"):
+        S._check_binds(((str(top.parent), "/crucible/a"), (str(top.parent), "/crucible/a/b")))
 
 
 def test_snapshots_are_dropped_with_their_layers(manager: S.SessionManager,
