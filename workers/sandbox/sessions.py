@@ -29,6 +29,11 @@ the parent's file unless every writer breaks the link first (nothing in the sand
 supervisor is root on the host, so overlayfs needs neither a user namespace nor
 fuse-overlayfs. Measured figures are in docs/sandbox.md.
 
+A group of forks (`fork_many`) is set up side by side, and `keep_warm` keeps sandboxes started
+ahead: the session's root and /crucible are shared bind mounts of themselves, so the overlay and
+the lent folders the host mounts on them later propagate into the running sandbox's (slave) copy
+of them; a fork then costs the mounts and the chown, not a sandbox and interpreter start-up.
+
 Sessions live in the process that created them (`--die-with-parent`): a session host process
 (`session_host.py`) keeps them for the control plane.
 """
@@ -90,8 +95,9 @@ class UnknownSnapshot(KeyError):
 
 Binds = tuple[tuple[str, str], ...]
 """Read-only binds into a session, (host path, path inside): what the engine chooses to lend
-it (e.g. an agent harness's model socket and libraries), never a tenant's input. The sandbox
-uid must be able to reach the host path (bubblewrap binds it after dropping privileges)."""
+it (e.g. an agent harness's model socket and libraries), never a tenant's input. The host
+mounts each one read-only under the session's /crucible (a shared mount the sandbox sees), so a
+pre-started sandbox can be lent them after its start; binds may not nest."""
 
 _BIND_TARGETS = ("/crucible/",)
 
