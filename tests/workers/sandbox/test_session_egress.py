@@ -278,6 +278,34 @@ def test_forks_and_restores_keep_their_proxy(open_manager: S.SessionManager, web
         open_manager.drop_snapshot(snap)
 
 
+def test_a_pre_started_sandbox_gets_its_proxy_when_forked(open_manager: S.SessionManager,
+                                                           web: int) -> None:
+    policy = EgressPolicy(allow=[f"127.0.0.1:{web}"])
+    with open_manager.create(SMALL, egress=policy) as s:
+        snap = s.snapshot()
+        open_manager.keep_warm(SMALL, 2, egress=True)
+        try:
+            assert open_manager.wait_warm()
+            blanks = list(open_manager._warm[open_manager._warm_key(SMALL, True)])
+            # started with the policy's network, but no proxy until it is adopted
+            r = _run(blanks[0], f"curl -sS http://127.0.0.1:{web}/early")
+            assert r.status == SessionStatus.RE and b"Failed to connect" in r.stderr
+            group = open_manager.fork_many(snap, 2, SMALL, egress=policy)
+            try:
+                assert group == blanks
+                for f in group:
+                    assert _code(f, f"http://127.0.0.1:{web}/adopted")[0] == "200"
+                    assert _code(f, "http://pypi.org/")[0] == "403"
+                    assert [d["verdict"] for d in f.egress_log()["decisions"]] == [
+                        "allowed", "refused"]
+            finally:
+                for f in group:
+                    f.close()
+        finally:
+            open_manager.keep_warm(SMALL, 0, egress=True)
+        open_manager.drop_snapshot(snap)
+
+
 def test_the_policy_is_validated_with_reasons() -> None:
     ok = EgressPolicy(allow=["PyPI.org.", "*.example.com:443", "10.0.0.1:8080", "::1",
                              "pypi.org"])
