@@ -106,11 +106,13 @@ class Decision:
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, reason: str, verdict: str = "refused") -> None:
+    def __init__(self, status: int, reason: str, verdict: str = "refused",
+                 rule: str | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.verdict = verdict
+        self.rule = rule  # the allow rule the host matched, where the address was refused
 
 
 def _host_local(address: Address) -> bool:
@@ -187,7 +189,10 @@ class EgressProxy:
         self.max_bytes = policy.max_mb << 20
         self._resolve = resolver
         self._lock = threading.Lock()
-        self._log: deque[Decision] = deque(maxlen=LOG_KEPT)
+        # connections made and refusals are kept apart, so a flood of refused requests cannot
+        # push the record of where bytes went out of the log
+        self._made: deque[Decision] = deque(maxlen=LOG_KEPT)
+        self._refused: deque[Decision] = deque(maxlen=LOG_KEPT)
         self._logged = 0
         self._active: set[socket.socket] = set()
         self._bytes = 0
@@ -229,9 +234,11 @@ class EgressProxy:
     # -- the log -----------------------------------------------------------------------------
 
     def log(self) -> list[dict[str, object]]:
-        """The decisions, oldest first (the last LOG_KEPT; `stats` counts them all)."""
+        """The decisions, oldest first: the last LOG_KEPT connections made and the last
+        LOG_KEPT refusals (`stats` counts them all)."""
         with self._lock:
-            return [asdict(d) for d in self._log]
+            both = sorted([*self._made, *self._refused], key=lambda d: d.at)
+            return [asdict(d) for d in both]
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -240,7 +247,7 @@ class EgressProxy:
 
     def _record(self, decision: Decision) -> Decision:
         with self._lock:
-            self._log.append(decision)
+            (self._made if decision.verdict == "allowed" else self._refused).append(decision)
             self._logged += 1
         return decision
 
@@ -292,7 +299,7 @@ class EgressProxy:
                 decision, upstream = self._admit(req.method, req.host, req.port)
             except _Refused as exc:
                 self._record(Decision(time.time(), exc.verdict, req.method, req.host, req.port,
-                                      None, None, exc.reason))
+                                      None, exc.rule, exc.reason))
                 with contextlib.suppress(OSError):
                     conn.sendall(_response(exc.status, f"{req.method} {req.host}:{req.port}: "
                                            f"{exc.reason}"))
@@ -333,7 +340,7 @@ class EgressProxy:
             why = self._address_refused(address)
             if why:
                 raise _Refused(403, f"{host} resolves to {address}, {why}; refused (rule "
-                                    f"{rule} names the host, not the address)")
+                                    f"{rule} names the host, not the address)", rule=str(rule))
         last: OSError | None = None
         for address in addresses:  # connect to what was checked, never to the name again
             family = socket.AF_INET6 if address.version == 6 else socket.AF_INET

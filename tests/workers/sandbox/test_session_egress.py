@@ -240,7 +240,7 @@ def test_private_and_loopback_addresses_are_refused_by_default(
     assert [(d["verdict"], d["method"]) for d in log] == [
         ("refused", "GET"), ("refused", "CONNECT"), ("refused", "GET"), ("refused", "GET")]
     assert all(d["address"] is None for d in log)
-    assert "loopback" in log[1]["reason"] and log[1]["rule"] is None
+    assert "loopback" in log[1]["reason"] and log[1]["rule"] == f"localhost:{web}"
 
 
 def test_caps_connections_and_bytes(open_manager: S.SessionManager, web: int) -> None:
@@ -264,6 +264,27 @@ print(third.recv(200).split(b"\\r\\n")[0].decode())
     cut = [d for d in log["decisions"] if d["verdict"] == "allowed"]
     assert len(cut) == 1 and "cut" in cut[0]["reason"]
     assert log["stats"]["bytes"] > 1 << 20
+
+
+def test_a_flood_of_refusals_keeps_the_record_of_connections(open_manager: S.SessionManager,
+                                                              web: int) -> None:
+    flood = f"""
+import socket
+for i in range({egress_proxy.LOG_KEPT + 100}):
+    s = socket.create_connection(("127.0.0.1", {egress_proxy.PORT}))
+    s.sendall(b"CONNECT evil%d.test:443 HTTP/1.1\\r\\n\\r\\n" % i)
+    s.recv(100)
+    s.close()
+"""
+    with open_manager.create(SMALL, egress=EgressPolicy(allow=[f"127.0.0.1:{web}"])) as s:
+        assert _code(s, f"http://127.0.0.1:{web}/before")[0] == "200"
+        s.write("flood.py", flood.encode())
+        assert _run(s, "python3 flood.py").status == SessionStatus.OK
+        log = s.egress_log()
+    assert log["stats"]["decisions"] == egress_proxy.LOG_KEPT + 101
+    assert len(log["decisions"]) == egress_proxy.LOG_KEPT + 1
+    assert log["decisions"][0]["verdict"] == "allowed"  # the flood did not push it out
+    assert log["decisions"][-1]["host"] == f"evil{egress_proxy.LOG_KEPT + 99}.test"
 
 
 def test_forks_and_restores_keep_their_proxy(open_manager: S.SessionManager, web: int) -> None:
