@@ -213,3 +213,9 @@ def endpoint_allow_from_env() -> EndpointAllow:
 
 def model_roots_from_env() -> tuple[Path, ...]:
     return parse_roots(os.environ.get("CRUCIBLE_MODEL_PATH_ROOTS", ""))
+
+
+def resolve(host: str, port: int | None) -> list[Address]:
+    """Every address ``host`` resolves to here (TCP), deduplicated, in answer order; [] when
+    it does not resolve. For proxies that check a name and then connect to what they checked."""
+    return _resolve(host, port)

@@ -168,7 +168,7 @@ class WorkerExecutionViewSet(WorkerViewSet):
 class SessionSerializer(serializers.ModelSerializer):
     class Meta:
         model = SandboxSession
-        fields = ["id", "state", "limits", "forked_from", "closed_reason", "execs",
+        fields = ["id", "state", "limits", "egress", "forked_from", "closed_reason", "execs",
                   "created_at", "closed_at"]
         read_only_fields = fields
 
@@ -218,10 +218,14 @@ class SandboxSessionViewSet(TeamScopedViewSet):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: SessionSerializer})
     def create(self, request: Request, team: str) -> Response:
-        """Body: ``{"limits": {cpu_s, memory_mb, disk_mb, pids, wall_s, idle_s, ...}}``."""
+        """Body: ``{"limits": {cpu_s, memory_mb, disk_mb, pids, wall_s, idle_s, ...},
+        "egress": {"allow": ["pypi.org", "*.example.com:443"], ...}}`` (egress optional: a
+        session without it has no network)."""
         body = _body(request)
         limits = sessions.validate_limits(body.get("limits"))
-        row = sessions.create_session(actor=self.actor, team=self.team, limits=limits)
+        egress = sessions.validate_egress(body.get("egress"))
+        row = sessions.create_session(actor=self.actor, team=self.team, limits=limits,
+                                      egress=egress)
         return Response(SessionSerializer(row).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request: Request, team: str, session: str) -> Response:
@@ -251,6 +255,13 @@ class SandboxSessionViewSet(TeamScopedViewSet):
         return Response({"path": path, "data": base64.b64encode(data).decode()})
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"])
+    def egress(self, request: Request, team: str, session: str) -> Response:
+        """The egress proxy's decisions: ``{"policy", "decisions": [{"verdict", "method",
+        "host", "port", "address", "rule", "reason", "bytes_up", "bytes_down"}], "stats"}``."""
+        return Response(sessions.egress_log(session=self._row()))
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"], url_path="list")
     def listing(self, request: Request, team: str, session: str) -> Response:
         """``?path=`` -> ``{"entries": [{"name", "kind", "size"}]}``."""
@@ -276,15 +287,17 @@ class SandboxSessionViewSet(TeamScopedViewSet):
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: SessionSerializer})
     @action(detail=True, methods=["post"])
     def fork(self, request: Request, team: str, session: str) -> Response:
-        """Body: ``{"snapshot": id (default: one taken now), "limits": {...}}`` -> a new
-        session on that snapshot."""
+        """Body: ``{"snapshot": id (default: one taken now), "limits": {...}, "egress":
+        {...} or null}`` -> a new session on that snapshot (limits and egress default to this
+        session's)."""
         row = self._row()
         body = _body(request)
         snap = (self._snapshot(body["snapshot"]) if body.get("snapshot")
                 else sessions.snapshot(actor=self.actor, session=row))
         limits = sessions.validate_limits(body.get("limits") or row.limits)
+        egress = sessions.validate_egress(body.get("egress", row.egress))
         new = sessions.create_session(actor=self.actor, team=self.team, limits=limits,
-                                      forked_from=snap)
+                                      forked_from=snap, egress=egress)
         return Response(SessionSerializer(new).data, status=status.HTTP_201_CREATED)
 
 

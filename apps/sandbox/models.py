@@ -66,6 +66,9 @@ class SandboxSession(models.Model):
     state = models.CharField(max_length=10, default=OPEN,
                              choices=[(OPEN, "open"), (CLOSED, "closed")])
     limits = models.JSONField()
+    # the session's EgressPolicy (allow-listed outbound HTTP(S) through the engine's proxy);
+    # null: no network at all
+    egress = models.JSONField(null=True, blank=True)
     forked_from = models.ForeignKey("sandbox.SandboxSnapshot", on_delete=models.SET_NULL,
                                     null=True, blank=True, related_name="forks")
     closed_reason = models.CharField(max_length=200, blank=True)

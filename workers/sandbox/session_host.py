@@ -9,8 +9,9 @@ nothing of teams. Standard library HTTP (one thread per request; calls on one se
 serialised by the session itself).
 
 Routes (JSON bodies; file bytes base64):
-  POST   /sessions                      {"limits": {...}}            -> {"id"}
+  POST   /sessions                      {"limits": {...}, "egress"?}  -> {"id"}
   GET    /sessions/<id>                                              -> {"id", "usage"}
+  GET    /sessions/<id>/egress                                       -> the proxy's log
   DELETE /sessions/<id>
   POST   /sessions/<id>/exec            SessionExec                  -> exec result
   POST   /sessions/<id>/files           {"path", "data", "mode"}
@@ -18,7 +19,7 @@ Routes (JSON bodies; file bytes base64):
   GET    /sessions/<id>/list?path=p                                  -> {"entries"}
   POST   /sessions/<id>/snapshot                                     -> {"id", "bytes"}
   POST   /sessions/<id>/restore         {"snapshot"}
-  POST   /snapshots/<id>/fork           {"limits": {...}}            -> {"id"}
+  POST   /snapshots/<id>/fork           {"limits": {...}, "egress"?}  -> {"id"}
   DELETE /snapshots/<id>
 """
 
@@ -41,7 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import ValidationError
 
 from . import sessions as S
-from .spec import SessionExec, SessionLimits
+from .spec import EgressPolicy, SessionExec, SessionLimits
 from .wspath import PathRefused
 
 MAX_BODY = 24 << 20
@@ -57,6 +58,12 @@ def _limits(body: dict[str, Any]) -> SessionLimits:
     return SessionLimits.model_validate(body.get("limits") or {})
 
 
+def _egress(body: dict[str, Any]) -> EgressPolicy | None:
+    """The session's egress policy (docs/sandbox.md, Egress); none: no network at all."""
+    raw = body.get("egress")
+    return None if raw is None else EgressPolicy.model_validate(raw)
+
+
 class SessionHost:
     """The routes over one SessionManager."""
 
@@ -70,9 +77,11 @@ class SessionHost:
         m = self.manager
         match (method, parts):
             case ("POST", ["sessions"]):
-                return 201, {"id": m.create(_limits(body)).id}
+                return 201, {"id": m.create(_limits(body), egress=_egress(body)).id}
             case ("GET", ["sessions", sid]):
                 return 200, {"id": sid, "usage": m.get(sid).usage()}
+            case ("GET", ["sessions", sid, "egress"]):
+                return 200, m.get(sid).egress_log()
             case ("DELETE", ["sessions", sid]):
                 m.get(sid).close()
                 return 200, {"closed": sid}
@@ -104,7 +113,7 @@ class SessionHost:
                 m.get(sid).restore(str(body.get("snapshot", "")))
                 return 200, {"restored": body.get("snapshot")}
             case ("POST", ["snapshots", snap_id, "fork"]):
-                return 201, {"id": m.fork(snap_id, _limits(body)).id}
+                return 201, {"id": m.fork(snap_id, _limits(body), egress=_egress(body)).id}
             case ("DELETE", ["snapshots", snap_id]):
                 m.drop_snapshot(snap_id)
                 return 200, {"dropped": snap_id}

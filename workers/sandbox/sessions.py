@@ -29,6 +29,11 @@ the parent's file unless every writer breaks the link first (nothing in the sand
 supervisor is root on the host, so overlayfs needs neither a user namespace nor
 fuse-overlayfs. Measured figures are in docs/sandbox.md.
 
+A group of forks (`fork_many`) is set up side by side, and `keep_warm` keeps sandboxes started
+ahead: the session's root and /crucible are shared bind mounts of themselves, so the overlay and
+the lent folders the host mounts on them later propagate into the running sandbox's (slave) copy
+of them; a fork then costs the mounts and the chown, not a sandbox and interpreter start-up.
+
 Sessions live in the process that created them (`--die-with-parent`): a session host process
 (`session_host.py`) keeps them for the control plane.
 """
@@ -54,19 +59,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import cgroups, process, uids, wspath
+from . import cgroups, egress_proxy, process, uids, wspath
 from .harness import source as harness_source
 from .policy import bwrap, seccomp
-from .spec import Limits, SessionExec, SessionLimits, SessionStatus
+from .spec import EgressPolicy, Limits, SessionExec, SessionLimits, SessionStatus
 
 BASE = Path(os.environ.get("CRUCIBLE_SANDBOX_SESSIONS", "") or "/var/tmp/crucible-sessions")
 PYTHON = "/usr/bin/python3"
 READ_LIMIT = 16 << 20
 MAX_LAYERS = 48  # a deeper snapshot is flattened into one layer (overlay's lowerdir has limits)
 _REPLY_GRACE_S = 5.0
+_FORK_THREADS = max(2, min(4, os.cpu_count() or 2))  # fork_many's set-up threads
 _CLOSED_KEPT = 10_000  # closed sessions whose reason the manager still gives
 _libc = ctypes.CDLL(None, use_errno=True)
-_MS_NOSUID, _MS_NODEV = 0x2, 0x4
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV = 0x1, 0x2, 0x4
+_MS_REMOUNT, _MS_BIND, _MS_SHARED = 0x20, 0x1000, 1 << 20
 _MNT_DETACH = 0x2
 
 
@@ -88,8 +95,9 @@ class UnknownSnapshot(KeyError):
 
 Binds = tuple[tuple[str, str], ...]
 """Read-only binds into a session, (host path, path inside): what the engine chooses to lend
-it (e.g. an agent harness's model socket and libraries), never a tenant's input. The sandbox
-uid must be able to reach the host path (bubblewrap binds it after dropping privileges)."""
+it (e.g. an agent harness's model socket and libraries), never a tenant's input. The host
+mounts each one read-only under the session's /crucible (a shared mount the sandbox sees), so a
+pre-started sandbox can be lent them after its start; binds may not nest."""
 
 _BIND_TARGETS = ("/crucible/",)
 
@@ -105,6 +113,12 @@ def _check_binds(binds: Binds) -> Binds:
         if not os.path.isabs(host) or not os.path.exists(host):
             raise ValueError(f"a session bind's host path must exist: {host!r}")
         out.append((host, inside))
+    for _host, inside in out:
+        for _other, other in out:
+            if inside != other and (inside + "/").startswith(other + "/"):
+                raise ValueError(f"session binds may not nest: {inside!r} is inside {other!r}")
+    if len({inside for _h, inside in out}) != len(out):
+        raise ValueError("two session binds name the same path")
     return tuple(out)
 
 
@@ -145,6 +159,24 @@ def _mount(source: str, target: Path, fstype: str, options: str) -> None:
         err = ctypes.get_errno()
         raise SessionError(f"cannot mount {fstype} on {target} ({options[:200]}): "
                            f"{os.strerror(err)} (sessions need root with CAP_SYS_ADMIN)")
+
+
+def _bind(source: str | Path, target: Path, *, read_only: bool = False,
+          shared: bool = False) -> None:
+    """Bind `source` on `target` (read-only, nosuid, nodev when asked; `shared`: mounts made
+    under `target` later propagate to the copies a sandbox made of it, which is how a
+    session's workspace and lent folders reach a sandbox that is already running)."""
+    def call(src: str | None, flags: int) -> None:
+        if _libc.mount(None if src is None else os.fsencode(src), os.fsencode(target), None,
+                       flags, None) != 0:
+            err = ctypes.get_errno()
+            raise SessionError(f"cannot bind {source} on {target}: {os.strerror(err)}")
+
+    call(str(source), _MS_BIND)
+    if read_only:
+        call(None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    if shared:
+        call(None, _MS_SHARED)
 
 
 def _umount(target: Path) -> None:
@@ -247,9 +279,19 @@ class Session:
     background processes run alongside)."""
 
     def __init__(self, manager: SessionManager, limits: SessionLimits, layers: tuple[str, ...],
-                 layers_owner: int | None, binds: Binds = ()) -> None:
+                 layers_owner: int | None, binds: Binds = (),
+                 egress: EgressPolicy | None = None, wait: bool = True,
+                 blank: bool = False, inet: bool = False) -> None:
+        """`wait=False` returns once the agent is spawned (and inherited files re-owned),
+        before its interpreter is ready: `finish_start()` completes it. `fork_many` uses it
+        to overlap the start-ups of a group. `blank=True` makes a pre-started sandbox with
+        no workspace yet (`inet`: with the egress policy's seccomp and environment), which
+        `adopt()` later turns into a session of some layers (the manager's warm pool)."""
         self.manager = manager
         self.binds = _check_binds(binds)
+        self.egress = egress
+        self.proxy: egress_proxy.EgressProxy | None = None
+        self.inet = inet or egress is not None
         self.id = secrets.token_hex(8)
         self.limits = limits
         self.created = time.monotonic()
@@ -263,6 +305,7 @@ class Session:
         self.dir = BASE / "s" / f"{os.getpid()}-{self.id}"
         self.scratch = self.dir / "scratch"
         self.root = self.dir / "root"
+        self.lent = self.dir / "crucible"  # /crucible inside: binds are mounted here
         self.proc: subprocess.Popen[bytes] | None = None
         self.cgroup: cgroups.Cgroup | None = None
         self.freezer: _Freezer | None = None
@@ -271,15 +314,75 @@ class Session:
             self.dir.mkdir(parents=True, mode=0o711)
             self.scratch.mkdir(mode=0o700)
             self.root.mkdir(mode=0o755)
+            self.lent.mkdir(mode=0o755)
+            # shared binds of themselves: the overlay and the lent folders mounted on them,
+            # now or after the agent started, show in the sandbox (a slave copy); one way only
+            _bind(self.root, self.root, shared=True)
+            _bind(self.lent, self.lent, shared=True)  # read-only inside (bwrap --ro-bind)
             self.cgroup = cgroups.create(memory_bytes=limits.memory_mb << 20, pids=limits.pids)
             if isinstance(self.cgroup, cgroups.CgroupV2):  # an OOM kills one process, not all
                 with contextlib.suppress(OSError):
                     (self.cgroup.dir / "memory.oom.group").write_text("0")
             self.freezer = _Freezer(self.cgroup.name, self.cgroup)
-            self._mount_workspace(layers, layers_owner)
-            self._start_agent()
+            if egress is not None:
+                self.proxy = egress_proxy.EgressProxy(egress,
+                                                      open_networks=manager.egress_open)
+            if blank:
+                self._spawn_agent()
+                self._await_agent()
+            else:
+                self._mount_workspace(layers, layers_owner)
+                self._lend()
+                self._begin_agent()
+                if wait:
+                    self._await_agent()
         except BaseException:
             self._teardown()
+            raise
+
+    def adopt(self, layers: tuple[str, ...], layers_owner: int | None, binds: Binds = (),
+              egress: EgressPolicy | None = None) -> None:
+        """Give a pre-started (blank) sandbox its workspace: the overlay is mounted on its
+        shared root (the running sandbox sees it at /work), the inherited files re-owned, the
+        binds lent, the proxy started; its lifetime starts now. On failure it is torn down."""
+        try:
+            if self.inet != (egress is not None):
+                raise SessionError("a pre-started sandbox's network differs from the policy's")
+            self.binds = _check_binds(binds)
+            self.egress = egress
+            if egress is not None:
+                self.proxy = egress_proxy.EgressProxy(egress,
+                                                      open_networks=self.manager.egress_open)
+            self._mount_workspace(layers, layers_owner)
+            if self._needs_reown:
+                self._reown()
+                self._needs_reown = False
+            self._lend()
+            if self.proxy is not None:
+                self.proxy.listen_in(self._agent_pid())
+            self.created = self.last_used = time.monotonic()
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _lend(self) -> None:
+        """Mount each bind read-only under the session's /crucible (a shared mount: it
+        reaches the sandbox whether or not it runs yet)."""
+        for host, inside in self.binds:
+            target = self.lent / inside.removeprefix("/crucible/")
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if os.path.isdir(host):
+                target.mkdir(exist_ok=True, mode=0o755)
+            else:
+                target.touch(mode=0o644, exist_ok=True)
+            _bind(host, target, read_only=True)
+
+    def finish_start(self) -> None:
+        """Wait for an agent spawned with `wait=False`; on failure the session is closed."""
+        try:
+            self._await_agent()
+        except BaseException:
+            self.close("failed to start")
             raise
 
     # -- set-up and teardown --------------------------------------------------------------------
@@ -316,22 +419,45 @@ class Session:
         _umount(self.scratch)
 
     def _start_agent(self) -> None:
+        self._begin_agent()
+        self._await_agent()
+
+    def _begin_agent(self) -> None:
         """Start the sandbox and its agent; inherited files are re-owned while the agent's
         interpreter starts (the agent touches no file before its first command)."""
         self._spawn_agent()
         if self._needs_reown:
             self._reown()
             self._needs_reown = False
+
+    def _await_agent(self) -> None:
         ready = self._receive(10.0)
         if not ready.get("ready"):
             raise SessionError(f"the session agent did not start: {ready}")
+        if self.proxy is not None:  # before the first command: the agent is up, its netns too
+            try:
+                self.proxy.listen_in(self._agent_pid())
+            except (egress_proxy.EgressError, OSError) as exc:
+                raise SessionError(f"cannot lend the session its egress proxy: {exc}") from exc
+
+    def _agent_pid(self) -> int:
+        """The agent's host pid: bwrap's only child (PID 1 of the session's namespaces)."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if len(children) != 1:
+            raise SessionError(f"the session's bwrap has {len(children)} children, not 1")
+        return int(children[0])
 
     def _spawn_agent(self) -> None:
         assert self.cgroup is not None and self.freezer is not None
         limits = Limits(memory_mb=self.limits.memory_mb, pids=min(self.limits.pids, 4096),
                         file_size_mb=min(self.limits.file_size_mb, 4096),
                         open_files=self.limits.open_files, tmpfs_mb=self.limits.tmpfs_mb)
-        sec_fd = seccomp.filter_fd()
+        sec_fd = seccomp.filter_fd(inet=self.inet)
+        env = {"HOME": "/work"}
+        if self.inet:
+            env |= egress_proxy.session_env()
         # the agent's source comes on a memfd, so /proc/1/cmdline stays short
         src_fd = process.memfd(harness_source("session_agent.py").encode(), "crucible-agent")
         try:
@@ -339,8 +465,9 @@ class Session:
                 workdir=self.root, argv=[PYTHON, "-I", "-S", "-c",
                                          f"import os;exec(compile(os.read({src_fd},1<<20),"
                                          f"'session_agent','exec'))"],
-                env={"HOME": "/work"}, seccomp_fd=sec_fd,
-                tmpfs_bytes=self.limits.tmpfs_mb << 20, ro_binds=self.binds, as_pid_1=True)
+                env=env, seccomp_fd=sec_fd,
+                tmpfs_bytes=self.limits.tmpfs_mb << 20,
+                ro_binds=((str(self.lent), "/crucible"),), as_pid_1=True)
             process.become_subreaper()
             argv = [*process.gate_argv(limits, self.limits.cpu_s * 1000, self.uid), *inner]
             # Forked from the manager's own long-lived thread: bwrap's --die-with-parent is a
@@ -380,9 +507,14 @@ class Session:
         self._seen.clear()
 
     def _teardown(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
         self._stop_processes()
         with contextlib.suppress(SessionError):
             self._unmount_workspace()
+        for shared in (self.lent, self.root):  # the binds lent (detached with it), the root
+            with contextlib.suppress(SessionError):
+                _umount(shared)
         if self.freezer is not None:
             self.freezer.remove()
         clean = True
@@ -592,8 +724,18 @@ class Session:
 
     def fork(self, snapshot_id: str | None = None,
              limits: SessionLimits | None = None) -> Session:
-        """A new session on a snapshot of this one (taken now unless given)."""
-        return self.manager.fork(snapshot_id or self.snapshot(), limits or self.limits)
+        """A new session on a snapshot of this one (taken now unless given), with this one's
+        egress policy."""
+        return self.manager.fork(snapshot_id or self.snapshot(), limits or self.limits,
+                                 egress=self.egress)
+
+    def egress_log(self) -> dict[str, object]:
+        """The egress proxy's decisions (allowed, refused, failed; host, port, address, rule,
+        bytes), oldest first, with totals; an empty log where the session has no policy."""
+        if self.proxy is None:
+            return {"policy": None, "decisions": [], "stats": {}}
+        return {"policy": self.proxy.policy.model_dump(), "decisions": self.proxy.log(),
+                "stats": self.proxy.stats()}
 
     def usage(self) -> dict[str, int]:
         assert self.cgroup is not None
@@ -607,6 +749,12 @@ class Session:
     def close(self, reason: str = "closed") -> None:
         with self._lock:
             self._close_locked(reason)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _close_locked(self, reason: str) -> None:
         if self.closed_reason is not None:
@@ -629,11 +777,35 @@ class Session:
                 self._lock.release()
 
 
+class _Done:
+    """A future-like result computed on the spot (fork_many of one fork)."""
+
+    def __init__(self, fn: Callable[[int], Session], i: int) -> None:
+        self._value: Session | None = None
+        self._error: BaseException | None = None
+        try:
+            self._value = fn(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+
+    def result(self) -> Session:
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
 class SessionManager:
     """Sessions, snapshots and layers of one process; a watchdog thread enforces lifetimes,
     idle timeouts and CPU quotas."""
 
-    def __init__(self, watch_every_s: float = 0.25) -> None:
+    def __init__(self, watch_every_s: float = 0.25,
+                 egress_open: tuple[egress_proxy.Network, ...] | None = None) -> None:
+        """`egress_open`: networks sessions' proxies may reach although they are not public
+        (the operator's setting, CRUCIBLE_SESSION_EGRESS_OPEN by default; tests open
+        127.0.0.0/8 for their local servers)."""
+        self.egress_open = (egress_proxy.open_networks_from_env() if egress_open is None
+                            else tuple(egress_open))
         self._lock = threading.Lock()
         self.sessions: dict[str, Session] = {}
         self.snapshots: dict[str, Snapshot] = {}
@@ -647,6 +819,11 @@ class SessionManager:
         self._empty = self.layers_dir / "empty"
         self._empty.mkdir(exist_ok=True, mode=0o755)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-spawn")
+        # pre-started blank sandboxes per (limits, network), kept at the asked count
+        self._warm: dict[tuple[str, bool], list[Session]] = {}
+        self._warm_target: dict[tuple[str, bool], int] = {}
+        self._warm_pending: dict[tuple[str, bool], int] = {}
+        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-warm")
         self._stop = threading.Event()
         self._watch_every = watch_every_s
         self._watchdog = threading.Thread(target=self._watch, name="session-watchdog",
@@ -657,6 +834,82 @@ class SessionManager:
         """Run `start` (a Popen) on the manager's spawning thread, which lives as long as the
         manager: a session's sandbox dies with the thread that forked it."""
         return self._spawner.submit(start).result()
+
+    # pre-started sandboxes -------------------------------------------------------------------
+
+    @staticmethod
+    def _warm_key(limits: SessionLimits, inet: bool) -> tuple[str, bool]:
+        return limits.model_dump_json(), inet
+
+    def keep_warm(self, limits: SessionLimits, n: int, *, egress: bool = False) -> None:
+        """Keep `n` sandboxes with these limits (and the egress policy's network, when
+        `egress`) started ahead, so that `fork` and `fork_many` skip the sandbox's and its
+        agent's start-up: they mount the workspace into a running sandbox. Filled and
+        refilled in the background; `n=0` stops it. Each costs what an idle session does
+        (≈11 MB, a uid, a cgroup)."""
+        if not 0 <= n <= 256:
+            raise ValueError(f"keep_warm keeps 0 to 256 sandboxes, not {n}")
+        key = self._warm_key(limits, egress)
+        with self._lock:
+            self._warm_target[key] = n
+            extra = self._warm.get(key, [])[n:]
+            self._warm[key] = self._warm.get(key, [])[:n]
+        for blank in extra:
+            blank.close("not needed")
+        self._refill(key, limits)
+
+    def wait_warm(self, timeout: float = 30.0) -> bool:
+        """Whether every pool reached its count within `timeout` (benchmarks, tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(len(self._warm.get(k, [])) >= n for k, n in self._warm_target.items()):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def _refill(self, key: tuple[str, bool], limits: SessionLimits) -> None:
+        with self._lock:
+            missing = (self._warm_target.get(key, 0) - len(self._warm.get(key, []))
+                       - self._warm_pending.get(key, 0))
+            if missing <= 0 or self._stop.is_set():
+                return
+            self._warm_pending[key] = self._warm_pending.get(key, 0) + missing
+
+        def make() -> None:
+            try:
+                blank = Session(self, limits, (), None, blank=True, inet=key[1])
+            except (SessionError, OSError, cgroups.CgroupError):
+                with self._lock:
+                    self._warm_pending[key] -= 1
+                return
+            with self._lock:
+                self._warm_pending[key] -= 1
+                if not self._stop.is_set() and \
+                        len(self._warm.get(key, [])) < self._warm_target.get(key, 0):
+                    self._warm.setdefault(key, []).append(blank)
+                    blank = None  # type: ignore[assignment]
+            if blank is not None:
+                blank.close("not needed")
+
+        for _ in range(missing):
+            with contextlib.suppress(RuntimeError):  # the manager is closing
+                self._warmer.submit(make)
+
+    def _take_warm(self, limits: SessionLimits, inet: bool, n: int) -> list[Session]:
+        key = self._warm_key(limits, inet)
+        with self._lock:
+            pool = self._warm.get(key, [])
+            taken, self._warm[key] = pool[:n], pool[n:]
+        live = []
+        for blank in taken:  # one whose agent died while it waited is dropped
+            if blank.proc is not None and blank.proc.poll() is None:
+                live.append(blank)
+            else:
+                blank.close("lost while pre-started")
+        if key in self._warm_target:
+            self._refill(key, limits)
+        return live
 
     # layers ------------------------------------------------------------------------------------
 
@@ -710,8 +963,11 @@ class SessionManager:
     # sessions ----------------------------------------------------------------------------------
 
     def create(self, limits: SessionLimits | None = None,
-               files: dict[str, bytes] | None = None, binds: Binds = ()) -> Session:
-        session = Session(self, limits or SessionLimits(), (), None, binds)
+               files: dict[str, bytes] | None = None, binds: Binds = (),
+               egress: EgressPolicy | None = None) -> Session:
+        """A new empty session; with `egress`, outbound HTTP(S) through its allow-listed
+        proxy (and nothing else), without it no network at all."""
+        session = Session(self, limits or SessionLimits(), (), None, binds, egress)
         with self._lock:
             self.sessions[session.id] = session
         try:
@@ -723,18 +979,68 @@ class SessionManager:
         return session
 
     def fork(self, snapshot_id: str, limits: SessionLimits | None = None,
-             binds: Binds = ()) -> Session:
+             binds: Binds = (), egress: EgressPolicy | None = None) -> Session:
+        """A new session on a snapshot (nothing copied); a fork's network is its own
+        `egress` policy, never the snapshot's source's."""
+        return self.fork_many(snapshot_id, 1, limits, binds, egress)[0]
+
+    def fork_many(self, snapshot_id: str, n: int, limits: SessionLimits | None = None,
+                  binds: Binds | Callable[[int], Binds] = (),
+                  egress: EgressPolicy | None = None) -> list[Session]:
+        """`n` forks of one snapshot (a GRPO group) made side by side: the forks' set-ups
+        (cgroup, mounts, spawning the sandbox, re-owning the inherited files: syscalls that
+        release the GIL) run on a few threads, and every agent's interpreter starts while the
+        next forks are being set up; then each agent is waited for. `binds` may be a function
+        of the fork's index (one agent socket per episode). All or nothing: if one fork
+        fails, the others are closed and the error raised. Order of the result = index."""
+        if not 1 <= n <= 256:
+            raise ValueError(f"fork_many makes 1 to 256 forks, not {n}")
         snap = self.snapshot(snapshot_id)
-        self.hold(snap.layers)
+        limits = limits or SessionLimits()
+        warm = self._take_warm(limits, egress is not None, n)
+
+        def one(i: int) -> Session:
+            lend = binds(i) if callable(binds) else binds
+            self.hold(snap.layers)
+            try:
+                if i < len(warm):  # a pre-started sandbox: mount the workspace into it
+                    session = warm[i]
+                    session.adopt(snap.layers, snap.owner_uid, lend, egress)
+                else:
+                    session = Session(self, limits, snap.layers, snap.owner_uid, lend, egress,
+                                      wait=False)
+            except BaseException:
+                self.release(snap.layers)
+                raise
+            with self._lock:
+                self.sessions[session.id] = session
+            return session
+
+        if n == 1:  # no thread for a single fork
+            futures = [_Done(one, 0)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(n, _FORK_THREADS),
+                                    thread_name_prefix="fork-many") as pool:
+                futures = [pool.submit(one, i) for i in range(n)]
+        started: list[Session] = []
+        error: BaseException | None = None
+        for fut in futures:
+            try:
+                started.append(fut.result())
+            except BaseException as exc:  # noqa: BLE001 - the first is raised below
+                error = error or exc
+        if error is not None:
+            for session in started:
+                session.close("failed to start")
+            raise error
         try:
-            session = Session(self, limits or SessionLimits(), snap.layers, snap.owner_uid,
-                              binds)
+            for session in started[len(warm):]:
+                session.finish_start()
         except BaseException:
-            self.release(snap.layers)
+            for session in started:
+                session.close("failed to start")
             raise
-        with self._lock:
-            self.sessions[session.id] = session
-        return session
+        return started
 
     def get(self, session_id: str) -> Session:
         with self._lock:
@@ -776,7 +1082,14 @@ class SessionManager:
         with self._lock:
             live = list(self.sessions.values())
             snaps = list(self.snapshots)
-        for s in live:
+        with self._lock:
+            blanks = [b for pool in self._warm.values() for b in pool]
+            self._warm.clear()
+        self._warmer.shutdown(wait=True, cancel_futures=True)
+        with self._lock:  # made while shutting down
+            blanks += [b for pool in self._warm.values() for b in pool]
+            self._warm.clear()
+        for s in [*live, *blanks]:
             s.close("manager closed")
         for snap_id in snaps:
             with contextlib.suppress(UnknownSnapshot):
@@ -795,7 +1108,7 @@ def sweep_orphans() -> None:
     for entry in (BASE / "s").glob("*-*"):
         pid = entry.name.split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            for sub in ("root", "scratch"):
+            for sub in ("root", "root", "scratch", "crucible"):  # root: overlay, then bind
                 with contextlib.suppress(SessionError):
                     _umount(entry / sub)
             shutil.rmtree(entry, ignore_errors=True)

@@ -6,6 +6,9 @@ run config that embeds one) without importing the engine itself.
 
 from __future__ import annotations
 
+import ipaddress
+import re
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -384,6 +387,126 @@ class SessionLimits(BaseModel):
     tmpfs_mb: int = Field(64, ge=1, le=4096, description="scratch /tmp (not in snapshots)")
     open_files: int = Field(1024, ge=16, le=65_536)
     file_size_mb: int = Field(1024, ge=1, le=65_536, description="largest single file")
+
+
+DEFAULT_EGRESS_PORTS = (80, 443)
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+@dataclass(frozen=True)
+class EgressRule:
+    """One allow-list entry: a DNS name (or `*.suffix`, any name strictly below the suffix) or
+    an IP literal, and the ports it opens (80 and 443 when the rule names none)."""
+
+    host: str
+    ports: tuple[int, ...]
+
+    @property
+    def wildcard(self) -> bool:
+        return self.host.startswith("*.")
+
+    def matches(self, host: str, port: int) -> bool:
+        if port not in self.ports:
+            return False
+        if self.wildcard:
+            return host.endswith(self.host[1:]) and host != self.host[2:]
+        return host == self.host
+
+    def __str__(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return shown if self.ports == DEFAULT_EGRESS_PORTS else f"{shown}:{self.ports[0]}"
+
+
+def normalise_host(host: str) -> str | None:
+    """A request's host as rules compare it (lower case, no trailing dot), or None when it is
+    neither a DNS name nor an IP literal (a proxy refuses such a name outright)."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > 253 or len(labels) < 1 or not all(_LABEL.fullmatch(lb) for lb in labels):
+        return None
+    return host
+
+
+def parse_egress_rule(raw: str) -> EgressRule:
+    """`pypi.org`, `*.example.com:443`, `10.1.2.3:8080`, `[2001:db8::1]:443`; ValueError with
+    the reason otherwise."""
+    text = raw.strip().lower()
+    if not text:
+        raise ValueError("an empty rule")
+    if "/" in text or "@" in text or "://" in text:
+        raise ValueError(f"{raw!r}: give a host and an optional port (`pypi.org`, "
+                         "`*.example.com:443`), not a URL or a network")
+    port_text = ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"{raw!r}: an IPv6 literal is written `[addr]` or `[addr]:port`")
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host = text
+    ports: tuple[int, ...] = DEFAULT_EGRESS_PORTS
+    if port_text:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65_535:
+            raise ValueError(f"{raw!r}: the port must be a number from 1 to 65535")
+        ports = (int(port_text),)
+    wildcard = host.startswith("*.")
+    bare = normalise_host(host[2:] if wildcard else host)
+    if bare is None or "*" in host[1:]:
+        raise ValueError(f"{raw!r}: {host!r} is not a DNS name, `*.name` or an IP literal "
+                         "(a wildcard is only the whole first label)")
+    if wildcard:
+        try:
+            ipaddress.ip_address(bare)
+        except ValueError:
+            pass
+        else:
+            raise ValueError(f"{raw!r}: a wildcard cannot cover an IP address")
+        if "." not in bare:
+            raise ValueError(f"{raw!r}: a wildcard must sit below a name of two labels at "
+                             "least (`*.example.com`, not `*.com`)")
+    return EgressRule(host=f"*.{bare}" if wildcard else bare, ports=ports)
+
+
+class EgressPolicy(BaseModel):
+    """Outbound HTTP(S) a session may make, through the engine's proxy only (docs/sandbox.md,
+    Egress): hosts on `allow`, each name resolved and checked on the host (private, loopback
+    and link-local addresses are refused unless the operator opened them), within the
+    connection and byte caps. A session without a policy has no network at all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow: list[str] = Field(min_length=1, max_length=64, description=(
+        "`host`, `*.suffix` or an IP literal, with an optional `:port` (default 80 and 443)"))
+    max_connections: int = Field(16, ge=1, le=256, description="open through the proxy at once")
+    max_mb: int = Field(512, ge=1, le=65_536, description="bytes both ways, over the session")
+    idle_timeout_s: int = Field(60, ge=1, le=3600, description="a silent connection is closed")
+
+    @field_validator("allow")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for i, raw in enumerate(value):
+            try:
+                rule = parse_egress_rule(raw)
+            except ValueError as exc:
+                raise ValueError(f"allow[{i}]: {exc}") from None
+            if str(rule) not in out:
+                out.append(str(rule))
+        return out
+
+    def rules(self) -> tuple[EgressRule, ...]:
+        return tuple(parse_egress_rule(raw) for raw in self.allow)
+
+    def match(self, host: str, port: int) -> EgressRule | None:
+        return next((r for r in self.rules() if r.matches(host, port)), None)
 
 
 class SessionStatus(StrEnum):

@@ -7,14 +7,17 @@ sandbox test, and skip with the host reason where it is missing.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.skips import sandbox_unavailable
 from workers.sandbox import sessions as S
-from workers.sandbox.spec import SessionExec, SessionLimits, SessionStatus
+from workers.sandbox.spec import EgressPolicy, SessionExec, SessionLimits, SessionStatus
 from workers.sandbox.wspath import PathRefused
 
 SERVER = b"""
@@ -213,6 +216,100 @@ def test_fork_is_isolated_from_parent_and_siblings(manager: S.SessionManager,
         for f in forks:
             f.close()
     assert session.exec("cat pkg/a").stdout == b"base\nparent\n"
+
+
+def test_fork_many_makes_a_group_with_overlapped_start_ups(manager: S.SessionManager,
+                                                          session: S.Session) -> None:
+    session.exec("echo base > a && head -c 1000000 /dev/zero > blob")
+    snap = session.snapshot()
+    # one lent folder per fork, as the agent proxy binds an episode's socket (somewhere the
+    # sandbox uid can reach: bubblewrap binds after dropping privileges)
+    top = Path(tempfile.mkdtemp(prefix="crucible-lent-"))
+    top.chmod(0o755)
+    lent = []
+    for i in range(8):
+        folder = top / f"lent{i}"
+        folder.mkdir()
+        (folder / "who").write_text(f"episode {i}\n")
+        folder.chmod(0o755)
+        (folder / "who").chmod(0o644)
+        lent.append(str(folder))
+    group = manager.fork_many(snap, 8, SMALL, binds=lambda i: ((lent[i], "/crucible/lent"),))
+    try:
+        assert len({f.uid for f in group} | {session.uid}) == 9
+        assert all(f.id in manager.sessions for f in group)
+        for i, f in enumerate(group):
+            r = f.exec(f"cat a /crucible/lent/who && echo {i} >> a && id -u")
+            assert r.stdout == f"base\nepisode {i}\n1000\n".encode(), r
+        for i, f in enumerate(group):
+            assert f.read("a") == f"base\n{i}\n".encode()
+        assert session.read("a") == b"base\n"
+    finally:
+        for f in group:
+            f.close()
+    with pytest.raises(ValueError, match="1 to 256"):
+        manager.fork_many(snap, 0, SMALL)
+    with pytest.raises(S.UnknownSnapshot):
+        manager.fork_many("nope", 2, SMALL)
+    # all or nothing: a bad bind for the third fork closes the two already started
+    before = set(manager.sessions)
+    with pytest.raises(ValueError, match="under /crucible/"):
+        manager.fork_many(snap, 4, SMALL, binds=lambda i: ((lent[i], "/work/x" if i == 2
+                                                             else "/crucible/lent"),))
+    assert set(manager.sessions) == before
+    manager.drop_snapshot(snap)
+    shutil.rmtree(top)
+
+
+def test_pre_started_sandboxes_take_a_workspace_when_forked() -> None:
+    """keep_warm: forks mount their workspace (and lent folders, and the egress proxy) into
+    sandboxes started ahead; they behave as any fork, and the pool refills."""
+    reason = sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    top = Path(tempfile.mkdtemp(prefix="crucible-lent-"))
+    (top / "who").write_text("lent\n")
+    top.chmod(0o755)
+    (top / "who").chmod(0o644)
+    with S.SessionManager(watch_every_s=0.05) as mgr:
+        session = mgr.create(SMALL)
+        session.exec("echo base > a && mkdir -p d && echo deep > d/b")
+        snap = session.snapshot()
+        mgr.keep_warm(SMALL, 3)
+        assert mgr.wait_warm()
+        key = mgr._warm_key(SMALL, False)
+        blanks = list(mgr._warm[key])
+        assert blanks[0].exec("ls -A /work /crucible").stdout == b"/crucible:\n\n/work:\n"
+        group = mgr.fork_many(snap, 5, SMALL, binds=((str(top), "/crucible/lent"),))
+        try:
+            assert group[:3] == blanks  # the three started ahead, then two cold ones
+            for i, f in enumerate(group):
+                r = f.exec(f"cat a d/b /crucible/lent/who && echo {i} >> a && touch d/new{i}")
+                assert r.stdout == b"base\ndeep\nlent\n", r
+                assert f.exec("echo x > /crucible/lent/w").status == SessionStatus.RE
+            assert [f.read("a") for f in group] == [f"base\n{i}\n".encode() for i in range(5)]
+            assert session.read("a") == b"base\n"
+            # a restore in an adopted sandbox works as in any other
+            group[0].restore(snap)
+            assert group[0].read("a") == b"base\n"
+            assert mgr.wait_warm()  # refilled in the background
+            assert len(mgr._warm[key]) == 3 and not set(mgr._warm[key]) & set(group)
+        finally:
+            for f in group:
+                f.close()
+        # the pool's network must match: a policy fork takes no plain pre-started sandbox
+        policy = EgressPolicy(allow=["pypi.org"])
+        f = mgr.fork(snap, SMALL, egress=policy)
+        try:
+            assert f not in blanks and f.exec("echo $http_proxy").stdout == \
+                b"http://127.0.0.1:3128\n"
+        finally:
+            f.close()
+        mgr.keep_warm(SMALL, 0)
+        assert mgr._warm[key] == []
+    shutil.rmtree(top)
+    with pytest.raises(ValueError, match="may not nest"):
+        S._check_binds(((str(top.parent), "/crucible/a"), (str(top.parent), "/crucible/a/b")))
 
 
 def test_snapshots_are_dropped_with_their_layers(manager: S.SessionManager,

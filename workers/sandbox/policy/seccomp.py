@@ -44,12 +44,14 @@ _NAMESPACE_FLAGS: tuple[int, ...] = (
     0x40000000,  # CLONE_NEWNET
 )
 
-_cache: bytes | None = None
+_cache: dict[bool, bytes] = {}
 _lock = threading.Lock()
 
 
-def build_filter() -> sc.SyscallFilter:
-    """The filter as a libseccomp object (default: allow; listed calls fail with an errno)."""
+def build_filter(inet: bool = False) -> sc.SyscallFilter:
+    """The filter as a libseccomp object (default: allow; listed calls fail with an errno).
+    `inet` also allows AF_INET sockets: for a session whose egress policy lends it the proxy
+    in its own network namespace, where only that namespace's loopback exists."""
     f = sc.SyscallFilter(defaction=sc.ALLOW)
     eperm = sc.ERRNO(errno.EPERM)
     for name in DENIED_SYSCALLS:
@@ -59,7 +61,12 @@ def build_filter() -> sc.SyscallFilter:
             continue  # a syscall this architecture does not have
     # Only AF_UNIX sockets: no inet (empty netns anyway), no vsock, netlink, packet, alg...
     no_family = sc.ERRNO(errno.EAFNOSUPPORT)
-    f.add_rule(no_family, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    if inet:  # AF_UNIX (1) and AF_INET (2): refuse everything below and above the pair
+        assert (socket.AF_UNIX, socket.AF_INET) == (1, 2)
+        f.add_rule(no_family, "socket", sc.Arg(0, sc.LT, socket.AF_UNIX))
+        f.add_rule(no_family, "socket", sc.Arg(0, sc.GT, socket.AF_INET))
+    else:
+        f.add_rule(no_family, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
     f.add_rule(no_family, "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
     for flag in _NAMESPACE_FLAGS:
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
@@ -68,28 +75,27 @@ def build_filter() -> sc.SyscallFilter:
     return f
 
 
-def filter_bpf() -> bytes:
+def filter_bpf(inet: bool = False) -> bytes:
     """The compiled BPF program, built once per process (bwrap --seccomp reads it from an fd)."""
-    global _cache
     with _lock:
-        if _cache is None:
+        if inet not in _cache:
             fd = os.memfd_create("crucible-seccomp")
             try:
                 with os.fdopen(os.dup(fd), "w+b") as fh:
-                    build_filter().export_bpf(fh)
+                    build_filter(inet).export_bpf(fh)
                 os.lseek(fd, 0, os.SEEK_SET)
                 chunks = []
                 while chunk := os.read(fd, 65536):
                     chunks.append(chunk)
-                _cache = b"".join(chunks)
+                _cache[inet] = b"".join(chunks)
             finally:
                 os.close(fd)
-        return _cache
+        return _cache[inet]
 
 
-def filter_fd() -> int:
+def filter_fd(inet: bool = False) -> int:
     """A fresh readable fd holding the filter; the caller passes it to bwrap and closes it."""
     fd = os.memfd_create("crucible-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, filter_bpf())
+    os.write(fd, filter_bpf(inet))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
