@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -21,8 +22,15 @@ from tests.skips import sandbox_unavailable
 from workers.envs.adapter import SEPARATOR, message_text
 from workers.envs.base import Example
 from workers.envs.load import load_objective
+from workers.envs.terminal.episode import prepare
 from workers.envs.terminal.objective import TerminalObjective, TerminalPlay
-from workers.envs.terminal.play import DONE_TEXT, opening, play_terminal, reference_turns
+from workers.envs.terminal.play import (
+    DONE_TEXT,
+    opening,
+    play_terminal,
+    play_terminal_group,
+    reference_turns,
+)
 from workers.envs.terminal.task import TerminalTask, parse_task
 from workers.envs.toolcalls import call_text
 from workers.rl.episodes import PlainCodec, play_groups, transcript_batch
@@ -189,6 +197,37 @@ def test_a_session_lost_mid_episode_voids_it(manager: SessionManager, tok: Any) 
                        PlainCodec(tok), 4096)
     assert ep.stop_reason == "infra" and ep.infra and "idle for 300 s" in ep.infra
     assert ep.score is not None and ep.score.infra
+
+
+def test_a_group_plays_in_lockstep_and_one_lost_session_voids_only_its_episode(
+        manager: SessionManager, tok: Any) -> None:
+    """Three episodes of one task from one snapshot: each turn is one batch of three contexts;
+    the platform reclaiming one session mid-episode voids that episode alone."""
+    task = code_task(517)
+    snap = prepare(manager, task)
+    batches: list[int] = []
+    before = set(manager.sessions)
+    scripted = Scripted(tok, [CAT, write(517)])
+
+    def many(contexts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float]]]:
+        batches.append(len(contexts))
+        if len(batches) == 2:  # the second turn: reclaim the first episode's session
+            first = min(set(manager.sessions) - before)
+            manager.sessions[first].close("idle for 300 s")
+        turn = scripted.turns[len(batches) - 1]
+        ids = enc(tok, turn) + [int(tok.eos_token_id)]
+        return [(ids, [-0.25] * len(ids)) for _ in contexts]
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            eps = play_terminal_group(manager, task, snap, 3, many, PlainCodec(tok), 4096, pool)
+    finally:
+        manager.drop_snapshot(snap)
+    assert batches == [3, 3]
+    void = [ep for ep in eps if ep.infra is not None]
+    assert len(void) == 1 and "idle for 300 s" in str(void[0].infra)
+    assert [ep.score.total for ep in eps if ep.infra is None] == [1.0, 1.0]  # type: ignore[union-attr]
+    assert not set(manager.sessions) - before  # every session of the group is closed
 
 
 def test_max_tokens_stops_before_the_context_overflows(manager: SessionManager, tok: Any) -> None:
