@@ -117,9 +117,14 @@ class TerminalObjective:
         """The session manager and the task's prepared snapshot (made on first use)."""
         with self._lock:
             if self._manager is None:
+                from workers.envs.terminal.grader import GRADER_LIMITS
                 from workers.sandbox.sessions import SessionManager
 
                 self._manager = SessionManager()
+                # Episodes and gradings fork into sandboxes started ahead, in the background
+                kinds = {t.limits.model_dump_json(): t.limits for t in self.tasks.values()}
+                for limits in [*kinds.values(), GRADER_LIMITS]:
+                    self._manager.keep_warm(limits, GROUP_THREADS)
             if task.id not in self._snapshots:
                 from workers.envs.terminal.episode import prepare
 

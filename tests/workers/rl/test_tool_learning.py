@@ -1,0 +1,108 @@
+"""Proof of learning with tools in a sandbox: a tiny MoE, SFT-warm-started on transcripts the
+platform makes by playing each task's reference calls in a session, learns with GRPO to inspect
+a file with the shell tool and write what it found, better than its warm start on held-out tasks.
+
+The task family (`code_tasks`): the workspace holds `secret.txt` with a 3-digit code; the
+instruction is always "Read secret.txt and write its code to answer.txt."; the hidden test
+checks `answer.txt`. Nothing in the prompt tells one task from another: the policy must call
+`shell` (`cat secret.txt`), read the code in the tool result, and copy it into a `write_file`
+call (two turns; `max_turns` 2 ends the episode after the second call). Held-out tasks have
+codes no training task has. Every episode runs in a real session forked from its task's
+prepared workspace, and the reward is the hidden test's verdict on the final workspace.
+
+Setup: a 4-layer Qwen3-MoE (8 experts, top-2) from the preset and a 1024-token BPE trained on
+the objective's corpus (the repeated system prompt and the calls compress to a few tokens; the
+digits stay single tokens, so the copy is three tokens from the tool result). SFT_STEPS of SFT
+on the transcripts (loss on the two assistant turns only) leave a policy that samples the right
+code about half the time at temperature 1.0; STEPS of GRPO (8 tasks x 8 episodes a step, lr
+1e-3, cosine) sharpen the copy.
+
+The statistic is the share of the headroom closed, (after - before) / (1 - before), as in
+test_rl_learning.py: where the warm start lands moves with each CPU's rounding, and the share
+of what it left to learn does not depend on that start. A model that does not learn fails it:
+with the RL learning rate at 1e-12 the held-out reward after training equals the warm start's
+(the evaluation draws the same samples from the same weights), a share of 0.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.skips import sandbox_unavailable
+from tests.workers.rl.test_rl_learning import closed_share
+from workers.rl.sinks import JsonlSink, read_jsonl
+from workers.rl.spec import parse_spec
+from workers.rl.trainer import train
+
+STEPS = 40
+SFT_STEPS = 100
+HELD_OUT_CLOSED = 0.15  # share of the held-out headroom GRPO must close
+TRAIN_CLOSED = 0.2  # the same for the training reward, first vs last 5 steps
+WARM_START = (0.1, 0.85)  # learned something, and left room to measure learning
+LIMITS = {"wall_s": 300, "cpu_s": 60, "idle_s": 120}
+
+
+def code_tasks(n_train: int, n_eval: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Task records: distinct 3-digit codes, the first n_train for training."""
+    codes = random.Random(seed).sample(range(100, 1000), n_train + n_eval)
+    return [{
+        "id": f"code-{code}", "instruction": "Read secret.txt and write its code to answer.txt.",
+        "files": {"secret.txt": f"{code}\n"},
+        "hidden_tests": {"test_answer.py": "from pathlib import Path\n\n\ndef test_answer():\n"
+                         f"    assert Path('answer.txt').read_text().strip() == '{code}'\n"},
+        "reference_calls": [
+            {"name": "shell", "arguments": {"command": "cat secret.txt"}},
+            {"name": "write_file", "arguments": {"path": "answer.txt", "content": str(code)}}],
+        "max_turns": 2, "time_budget_s": 60, "command_timeout_s": 10, "test_timeout_s": 30,
+        "limits": LIMITS, "split": "train" if i < n_train else "eval",
+    } for i, code in enumerate(codes)]
+
+
+def learning_run(folder: Path, seed: int, lr: float = 1e-3, steps: int = STEPS
+                 ) -> dict[str, Any]:
+    spec = parse_spec({
+        "name": "tool-learning",
+        "environment": {"source": "terminal", "tasks": code_tasks(48, 16)},
+        "tokenizer": {"vocab_size": 1024},
+        "model": {"preset": {"num_layers": 4}},
+        "sft": {"steps": SFT_STEPS, "lr": 3e-3, "batch_size": 16},
+        "rollout": {"group_size": 8, "max_new_tokens": 12, "temperature": 1.0},
+        "algorithm": {"advantage": "grpo"},
+        "trainer": {"steps": steps, "prompts_per_step": 8, "micro_batch_size": 64, "lr": lr,
+                    "schedule": "cosine", "zero_stage": 0, "seed": seed,
+                    "eval_samples": 8, "eval_every": steps},
+        "checkpoint": {"dir": str(folder / "ckpt"), "save_final": False},
+        "output": {"stdout": False},
+    })
+    result = train(spec, JsonlSink(folder / "m.jsonl"))
+    steps_logged = [r["metrics"] for r in read_jsonl(folder / "m.jsonl")
+                    if r["kind"] == "metrics" and "reward_mean" in r["metrics"]]
+    rewards = [m["reward_mean"] for m in steps_logged]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    return {"before": result.eval_reward[0], "after": result.eval_reward[steps],
+            "train": (first, last), "steps": steps_logged,
+            "steps_per_s": result.steps_per_s}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 4 CPU-minutes; several times that under load
+def test_grpo_learns_to_use_the_shell_and_beats_its_warm_start_on_held_out_tasks(tmp_path):
+    reason = sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    r = learning_run(tmp_path / "run", seed=0)
+    held_out = closed_share(r["before"], r["after"])
+    trained = closed_share(*r["train"])
+    print(f"held-out reward {r['before']:.3f} -> {r['after']:.3f} (closed {held_out:.2f} of "
+          f"the headroom); training reward {r['train'][0]:.3f} -> {r['train'][1]:.3f} "
+          f"(closed {trained:.2f}); {r['steps_per_s']:.2f} RL steps/s")
+    assert WARM_START[0] <= r["before"] <= WARM_START[1]
+    assert len(r["steps"]) == STEPS
+    assert all(m["infra/failed"] == 0 for m in r["steps"])  # every episode really played
+    assert all(m["episode/retokenized_turns"] == 0 for m in r["steps"])
+    assert held_out >= HELD_OUT_CLOSED
+    assert trained >= TRAIN_CLOSED
