@@ -4,16 +4,14 @@ loopback): lifecycle, files, snapshot/restore/fork, audit, and tenant isolation.
 from __future__ import annotations
 
 import base64
-import secrets
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from apps.core.models import AuditLog
 from apps.sandbox.models import SandboxSession, SandboxSnapshot
-from tests.skips import sandbox_unavailable
+from tests.apps.sandbox.served import serve_sessions
 
 URL = "/api/v1/teams/acme/sandbox-sessions"
 LIMITS = {"memory_mb": 256, "disk_mb": 32, "pids": 48, "cpu_s": 60}
@@ -21,25 +19,8 @@ LIMITS = {"memory_mb": 256, "disk_mb": 32, "pids": 48, "cpu_s": 60}
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[tuple[str, str]]:
-    reason = sandbox_unavailable()
-    if reason:
-        pytest.skip(reason)
-    from workers.sandbox import session_host, sessions  # noqa: PLC0415 - engine only here
-
-    token = secrets.token_hex(16)
-    with sessions.SessionManager() as manager:
-        server = session_host.serve(session_host.SessionHost(manager, token), ("127.0.0.1", 0))
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}", token
-        finally:
-            server.shutdown()
-            server.server_close()
-
-
-@pytest.fixture
-def hosted(host: tuple[str, str], settings: Any) -> None:
-    settings.CRUCIBLE = {**settings.CRUCIBLE, "SESSION_HOST_URL": host[0],
-                         "SESSION_HOST_TOKEN": host[1]}
+    with serve_sessions() as served:
+        yield served
 
 
 def _b64(data: bytes) -> str:

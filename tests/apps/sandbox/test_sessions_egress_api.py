@@ -4,15 +4,13 @@ dropping it, and the proxy's decision log per session, team-scoped."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from apps.core.models import AuditLog
 from apps.sandbox.models import SandboxSession
-from tests.skips import sandbox_unavailable
+from tests.apps.sandbox.served import serve_sessions
 
 URL = "/api/v1/teams/acme/sandbox-sessions"
 LIMITS = {"memory_mb": 256, "disk_mb": 32, "pids": 48, "cpu_s": 60}
@@ -21,25 +19,8 @@ EGRESS = {"allow": ["pypi.org", "*.example.com:443"], "max_connections": 4}
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[tuple[str, str]]:
-    reason = sandbox_unavailable()
-    if reason:
-        pytest.skip(reason)
-    from workers.sandbox import session_host, sessions  # noqa: PLC0415 - engine only here
-
-    token = secrets.token_hex(16)
-    with sessions.SessionManager(egress_open=()) as manager:
-        server = session_host.serve(session_host.SessionHost(manager, token), ("127.0.0.1", 0))
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}", token
-        finally:
-            server.shutdown()
-            server.server_close()
-
-
-@pytest.fixture
-def hosted(host: tuple[str, str], settings: Any) -> None:
-    settings.CRUCIBLE = {**settings.CRUCIBLE, "SESSION_HOST_URL": host[0],
-                         "SESSION_HOST_TOKEN": host[1]}
+    with serve_sessions(egress_open=()) as served:
+        yield served
 
 
 def test_egress_policy_create_log_fork_and_audit(member, hosted) -> None:

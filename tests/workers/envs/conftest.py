@@ -6,11 +6,16 @@ without them those tests are skipped with the reason."""
 from __future__ import annotations
 
 import atexit
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.skips import sandbox_unavailable
 from workers.envs.checkers import Sandbox
+
+if TYPE_CHECKING:
+    from workers.sandbox.sessions import SessionManager
 
 # Terminal-Bench task fixtures: their tests/ are data for the importer, not tests of this suite.
 collect_ignore = ["terminal_bench"]
@@ -37,3 +42,15 @@ def sandbox() -> Sandbox:
     if reason:
         pytest.skip(reason)
     return shared_sandbox()
+
+
+@pytest.fixture(scope="module")
+def manager() -> Iterator[SessionManager]:
+    """A session manager per test module (terminal tasks, their play); skips without sandbox."""
+    reason = sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from workers.sandbox.sessions import SessionManager
+
+    with SessionManager(watch_every_s=0.1) as mgr:
+        yield mgr

@@ -39,8 +39,8 @@ from workers.envs.agent_proxy import (
     segments,
 )
 from workers.envs.terminal.task import parse_task
-from workers.inference import start_server
 from workers.envs.toolcalls import call_text, tools_prompt
+from workers.inference import start_server
 from workers.rl import prompt_format
 from workers.rl.objectives import build_objective
 from workers.rl.spec import ArithmeticSpec, TinyMoeSpec

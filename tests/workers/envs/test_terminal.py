@@ -12,13 +12,11 @@ import io
 import json
 import shlex
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.skips import sandbox_unavailable
 from workers.envs.base import InfraError
 from workers.envs.terminal import TOOL_SCHEMAS, TerminalTask, ToolExecutor, run_episode
 from workers.envs.terminal.episode import TerminalEpisode, prepare, run_script
@@ -54,15 +52,6 @@ def answer_task(**fields: Any) -> TerminalTask:
         "reference": "printf 'open(\"answer.txt\", \"w\").write(\"42\\\\n\")\\n' > solve.py",
         "limits": LIMITS, "max_turns": 10, **fields}
     return parse_task(record)
-
-
-@pytest.fixture(scope="module")
-def manager() -> Iterator[SessionManager]:
-    reason = sandbox_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with SessionManager(watch_every_s=0.1) as mgr:
-        yield mgr
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

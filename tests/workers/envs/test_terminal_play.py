@@ -11,14 +11,13 @@ the host's reason where it is missing, like every session test.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import torch
 
-from tests.skips import sandbox_unavailable
 from workers.envs.adapter import SEPARATOR, message_text
 from workers.envs.base import Example
 from workers.envs.load import load_objective
@@ -59,15 +58,6 @@ def code_task(code: int, split: str = "train", **fields: Any) -> TerminalTask:
 
 def write(code: int | str) -> str:
     return call_text("write_file", {"path": "answer.txt", "content": str(code)})
-
-
-@pytest.fixture(scope="module")
-def manager() -> Iterator[SessionManager]:
-    reason = sandbox_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with SessionManager(watch_every_s=0.1) as mgr:
-        yield mgr
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from workers.rl.spec import parse_spec
 from workers.rl.trainer import train
 
 STEPS = 40
-SFT_STEPS = 100
+SFT_STEPS = int(__import__("os").environ.get("SFT_STEPS", 200))
 HELD_OUT_CLOSED = 0.15  # share of the held-out headroom GRPO must close
 TRAIN_CLOSED = 0.2  # the same for the training reward, first vs last 5 steps
 WARM_START = (0.1, 0.85)  # learned something, and left room to measure learning
