@@ -12,10 +12,20 @@ prepared workspace, and the reward is the hidden test's verdict on the final wor
 
 Setup: a 4-layer Qwen3-MoE (8 experts, top-2) from the preset and a 1024-token BPE trained on
 the objective's corpus (the repeated system prompt and the calls compress to a few tokens; the
-digits stay single tokens, so the copy is three tokens from the tool result). SFT_STEPS of SFT
-on the transcripts (loss on the two assistant turns only) leave a policy that samples the right
-code about half the time at temperature 1.0; STEPS of GRPO (8 tasks x 8 episodes a step, lr
-1e-3, cosine) sharpen the copy.
+digits stay single tokens, so the copy is three tokens from the tool result). 200 SFT steps on
+the transcripts (loss on the two assistant turns only) teach the copy, but sampling at
+temperature 1.6 the warm start writes the right code on about a fifth of the held-out tasks;
+40 GRPO steps (8 tasks x 8 episodes a step, lr 1e-3, cosine, max 12 new tokens a turn)
+sharpen it. Seen on the 2-core development VM: held-out 0.195 -> 0.625 (0.53 of the headroom
+closed), training reward 0.24 -> 0.62.
+
+Why these settings: at 100 SFT steps the copy is on the edge of being learned, and the warm
+start swung from 0.08 to 0.51 with the seed and the CPU's kernels; at 200 it is learned
+(sampling at temperature 1.0 then gave 0.85 on seed 1), leaving little to measure. Temperature 1.6
+on a warm start that knows the copy is the regime RL reliably improves: it moves probability
+onto what the model already ranks first (as in test_rl_learning.py). lr 2e-3 collapsed within
+three steps; 12 new tokens a turn stops a turn that runs on after its call (a policy that
+learned to keep writing calls after the right one, which cost a tool execution each).
 
 The statistic is the share of the headroom closed, (after - before) / (1 - before), as in
 test_rl_learning.py: where the warm start lands moves with each CPU's rounding, and the share
@@ -39,10 +49,11 @@ from workers.rl.spec import parse_spec
 from workers.rl.trainer import train
 
 STEPS = 40
-SFT_STEPS = int(__import__("os").environ.get("SFT_STEPS", 200))
-HELD_OUT_CLOSED = 0.15  # share of the held-out headroom GRPO must close
-TRAIN_CLOSED = 0.2  # the same for the training reward, first vs last 5 steps
-WARM_START = (0.1, 0.85)  # learned something, and left room to measure learning
+SFT_STEPS = 200
+TEMPERATURE = 1.6
+HELD_OUT_CLOSED = 0.25  # share of the held-out headroom GRPO must close (seen 0.53)
+TRAIN_CLOSED = 0.25  # the same for the training reward, first vs last 5 steps (seen 0.50)
+WARM_START = (0.05, 0.8)  # learned something, and left room to measure learning
 LIMITS = {"wall_s": 300, "cpu_s": 60, "idle_s": 120}
 
 
@@ -70,7 +81,7 @@ def learning_run(folder: Path, seed: int, lr: float = 1e-3, steps: int = STEPS
         "tokenizer": {"vocab_size": 1024},
         "model": {"preset": {"num_layers": 4}},
         "sft": {"steps": SFT_STEPS, "lr": 3e-3, "batch_size": 16},
-        "rollout": {"group_size": 8, "max_new_tokens": 12, "temperature": 1.0},
+        "rollout": {"group_size": 8, "max_new_tokens": 12, "temperature": TEMPERATURE},
         "algorithm": {"advantage": "grpo"},
         "trainer": {"steps": steps, "prompts_per_step": 8, "micro_batch_size": 64, "lr": lr,
                     "schedule": "cosine", "zero_stage": 0, "seed": seed,
@@ -89,7 +100,7 @@ def learning_run(folder: Path, seed: int, lr: float = 1e-3, steps: int = STEPS
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # about 4 CPU-minutes; several times that under load
+@pytest.mark.timeout(1800)  # about 4 minutes quiet; several times that under load
 def test_grpo_learns_to_use_the_shell_and_beats_its_warm_start_on_held_out_tasks(tmp_path):
     reason = sandbox_unavailable()
     if reason:
