@@ -7,7 +7,8 @@ argmax after any input (every layer's output projection zeroed, so the last hidd
 the last token's embedding, whose first coordinate is set to 1; the final norm keeps only that
 coordinate; the output head maps it to the call token alone). The server's own rendering of
 tools and tool messages, sampling, Hermes parsing and `tool_calls` assembly then run for real,
-turn after turn."""
+turn after turn. The checkpoint records the raw episode prompt format, as an RL-trained terminal
+checkpoint does, so the server renders each turn in the layout the trainer plays."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ import torch
 from tests.skips import sandbox_unavailable
 from tests.workers.envs.test_terminal import LIMITS
 from tests.workers.inference.conftest import save_tiny_policy
+from workers.envs.adapter import SEPARATOR, message_text, render_opening
+from workers.envs.terminal.episode import SYSTEM_PROMPT
+from workers.envs.terminal.play import opening
+from workers.envs.terminal.task import parse_task
 from workers.envs.terminal.tools import TOOL_SCHEMAS
 from workers.envs.toolcalls import call_text, tools_prompt
+from workers.inference.engine import raw_tool_chat
+from workers.rl import prompt_format
 from workers.rl.objectives import build_objective
 from workers.rl.spec import ArithmeticSpec, TinyMoeSpec
 from workers.rl.tokenizer import train_bpe
@@ -62,7 +69,25 @@ def rigged_dir(tmp_path_factory):
         model.lm_head.weight.zero_()
         model.lm_head.weight[call_id, 0] = 10.0
     model.save_pretrained(folder)
+    prompt_format.write(folder, prompt_format.PromptFormat(format="raw", layout="episode"))
     return folder
+
+
+def test_a_raw_episode_checkpoint_is_shown_the_layout_it_trained_in() -> None:
+    """What the server renders for an eval turn equals what the RL engine's terminal play
+    builds (`opening`, the sampled call and eos, `[shell result]` and the tool's text)."""
+    t = parse_task(task("forty-two", "42"))
+    calls = [{"id": "call_1", "type": "function", "function": {
+        "name": "shell", "arguments": '{"command": "echo 42 > answer.txt"}'}}]
+    # what TerminalEpisode sends an endpoint: the tools go as `tools`, not in the text
+    messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": t.instruction},
+                {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_1", "content": "status: OK"}]
+    played = (render_opening(opening(t)) + CALL + "<eos>" + SEPARATOR
+              + message_text({"role": "tool", "name": "shell", "content": "status: OK"}))
+    assert raw_tool_chat(messages, list(TOOL_SCHEMAS), "episode", "<eos>") == played
+    assert "[shell result]\nstatus: OK" in played and "<tool_response>" not in played
 
 
 def test_run_eval_serves_a_checkpoint_that_plays_terminal_tasks(rigged_dir) -> None:
