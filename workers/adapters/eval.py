@@ -12,6 +12,7 @@ from typing import Any
 
 from workers.adapters.common import (
     ApiReporter,
+    JobError,
     check_endpoint,
     check_model_path,
     dataset_resolver,
@@ -33,6 +34,10 @@ def model_dir(cfg: EvalRunConfig, reporter: ApiReporter, env: PinnedEnvironment,
     unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
     the report names it."""
     model = cfg.model or ModelSpec()
+    if model.source == "preset" and (env.spec.get("env") or {}).get("source") == "terminal":
+        raise JobError(f"{env.label} holds terminal tasks: evaluate an endpoint or a trained "
+                       "checkpoint on them (base_model '<run>@<step>' or a path); the preset is "
+                       "an untrained model whose tokenizer is built for other environments")
     if model.source == "preset":
         from workers.rl.preset import preset_model_dir
 

@@ -60,3 +60,17 @@ def test_an_eval_run_plays_terminal_tasks(project, api, pool, object_store, monk
     assert '"name": "write_file"' in samples[0].completion
     done = [e for e in RunEvent.objects.filter(run_id=run["id"]) if "eval done" in e.message]
     assert done and "pass@1=1.000" in done[0].message
+
+
+def test_a_preset_model_on_terminal_tasks_is_refused_with_the_reason(project, api, pool):
+    from workers.adapters.common import JobError
+
+    env = env_services.environment_create(actor=Actor.system(), team=project.team,
+                                          project=project, slug="answers")
+    env_services.version_create(actor=Actor.system(), environment=env, spec={"env": {
+        "source": "terminal", "tasks": [tasks()[0].model_dump(mode="json")]}})
+    run = api.launch_run("acme", project="main", kind="eval", environment="answers@v1",
+                         base_model="preset")
+    session = pool.claim("cpu", "w1", run_id=run["id"])
+    with pytest.raises(JobError, match="holds terminal tasks: evaluate an endpoint"):
+        eval_adapter.run(session)
