@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from workers.adapters.common import (
     ApiReporter,
+    JobError,
     check_endpoint,
     check_model_path,
     dataset_resolver,
@@ -32,6 +34,10 @@ def model_dir(cfg: EvalRunConfig, reporter: ApiReporter, env: PinnedEnvironment,
     unpacked into this host's model cache, kept from pruning while ``hold`` is open) and how
     the report names it."""
     model = cfg.model or ModelSpec()
+    if model.source == "preset" and (env.spec.get("env") or {}).get("source") == "terminal":
+        raise JobError(f"{env.label} holds terminal tasks: evaluate an endpoint or a trained "
+                       "checkpoint on them (base_model '<run>@<step>' or a path); the preset is "
+                       "an untrained model whose tokenizer is built for other environments")
     if model.source == "preset":
         from workers.rl.preset import preset_model_dir
 
@@ -71,23 +77,46 @@ def serve_options(cfg: EvalRunConfig, reporter: ApiReporter, store: ObjectStore,
                                     num_speculative_tokens=serving.num_speculative_tokens)}
 
 
+def evaluator(env: PinnedEnvironment, store: ObjectStore, kwargs: dict[str, Any]
+              ) -> tuple[Callable[[Any], dict[str, Any]], dict[str, str]]:
+    """How to evaluate a policy on the pinned version, and each task's prompt by id (for the
+    run's samples): terminal tasks are played in sandbox sessions
+    (`workers.envs.terminal.evaluate`), any other source by `workers.envs.eval.evaluate`."""
+    from workers.envs.load import load_environment, terminal_tasks
+    from workers.envs.spec import TerminalEnvSpec, parse_environment_spec
+
+    spec = parse_environment_spec(dict(env.spec))
+    resolve = dataset_resolver(env, store)
+    if isinstance(spec.env, TerminalEnvSpec):
+        from workers.envs.terminal.evaluate import evaluate_terminal
+
+        tasks = terminal_tasks(spec.env, resolve)
+        return (lambda policy: evaluate_terminal(tasks, policy, name=env.environment,
+                                                 **kwargs),
+                {t.id: t.instruction for t in tasks})
+    from workers.envs.eval import evaluate
+
+    loaded = load_environment(spec, resolve_dataset=resolve)
+    return (lambda policy: evaluate(loaded, policy, **kwargs),
+            {t.id: t.prompt for t in loaded.tasks})
+
+
 def run(session: WorkerSession) -> None:
     """Evaluate, store the reports, and report metrics, samples and a closing event."""
-    from workers.envs.eval import EndpointPolicy, evaluate, render_html
-    from workers.envs.load import load_environment
+    from workers.envs.eval import EndpointPolicy, render_html
 
     store = default_store()
     reporter = ApiReporter(session, store)
     env = pinned_environment(session)
     cfg = EvalRunConfig.model_validate(session.run.config)
-    loaded = load_environment(env.spec, resolve_dataset=dataset_resolver(env, store))
     kwargs: dict[str, Any] = {**cfg.evaluate_kwargs(), "include_samples": True,
                               "exclude": env.quarantined_ids}
+    evaluate, prompts = evaluator(env, store, kwargs)
     if cfg.policy is not None:
         check_endpoint(cfg.policy.base_url)
         named: dict[str, Any] = {"kind": "endpoint", "base_url": cfg.policy.base_url}
         reporter.event("info", f"evaluating endpoint policy on {env.label}", named)
-        report = evaluate(loaded, EndpointPolicy(cfg.policy), **kwargs)
+        report = evaluate(EndpointPolicy(cfg.policy))
     else:
         from workers.inference import start_server
 
@@ -112,9 +141,8 @@ def run(session: WorkerSession) -> None:
                                f"(served here, chat format {named['chat_format']})",
                                {"policy": named})
                 endpoint = EndpointPolicySpec(base_url=server.url, model="policy")
-                report = evaluate(loaded, EndpointPolicy(endpoint), **kwargs)
+                report = evaluate(EndpointPolicy(endpoint))
     report["policy"]["source"] = named
-    prompts = {t.id: t.prompt for t in loaded.tasks}
     samples = report.pop("samples", None) or []
     uri = store.put_bytes(run_key(session.run, "eval-report.json"), dump(report))
     store.put_bytes(run_key(session.run, "eval-report.html"), render_html(report).encode())

@@ -7,6 +7,10 @@ engine serves checkpoints this way). Each task gets `samples_per_task` independe
 batch. The report gives pass@k (unbiased estimator), mean reward, breakdowns by difficulty,
 topic and reward component, and latency and tokens per task. `render_html` turns a report into
 an escaped HTML fragment; `compare_reports` lines two reports up and marks regressions.
+
+Terminal tasks are played in sandbox sessions by `workers.envs.terminal.evaluate`, with
+`EndpointPolicy.chat_tools` (OpenAI tools, assistant tool_calls and tool messages) and the same
+`build_report`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 @dataclass
 class Completion:
     text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float = 0.0
+
+
+@dataclass
+class ToolCompletion:
+    """An assistant message of a tool-using chat: `message` is OpenAI-shaped (`role`,
+    `content`, and `tool_calls` when the model called tools)."""
+
+    message: dict[str, Any]
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float = 0.0
@@ -142,6 +157,51 @@ class EndpointPolicy:
         usage = data.get("usage") or {}
         return Completion(text=text or "", prompt_tokens=usage.get("prompt_tokens"),
                           completion_tokens=usage.get("completion_tokens"), latency_s=latency)
+
+    def chat_tools(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
+                   sampling: SamplingSpec) -> ToolCompletion:
+        """One assistant turn of a tool-using chat: `messages` go as they are (assistant
+        `tool_calls`, `tool` messages with their `tool_call_id`), `tools` as OpenAI function
+        schemas; the reply's content and tool calls come back (PolicyError when the server
+        fails or answers in another shape)."""
+        import httpx
+
+        if self.spec.api != "chat":
+            raise PolicyError(f"{self.name}: tool use needs the chat API (api: chat), not "
+                              f"{self.spec.api!r}")
+        keep = ("role", "content", "tool_calls", "tool_call_id", "name")
+        body: dict[str, Any] = {
+            "model": self.spec.model, "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "messages": [{k: m[k] for k in keep if k in m} for m in messages],
+            "tools": list(tools), "tool_choice": "auto"}
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        start = time.perf_counter()
+        try:
+            response = self.client.post("/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"{self.name}: request failed: {exc}") from exc
+        latency = time.perf_counter() - start
+        if response.status_code != 200:
+            raise PolicyError(f"{self.name}: HTTP {response.status_code}: "
+                              f"{response.text[:500]}")
+        try:
+            data = response.json()
+            reply = data["choices"][0]["message"]
+            content, calls = reply.get("content"), reply.get("tool_calls")
+            if not (content is None or isinstance(content, str)) or \
+                    not (calls is None or isinstance(calls, list)):
+                raise TypeError("content must be a string, tool_calls a list")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise PolicyError(f"{self.name}: unexpected response shape ({exc}): "
+                              f"{response.text[:300]}") from exc
+        message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+        if calls:
+            message["tool_calls"] = calls
+        usage = data.get("usage") or {}
+        return ToolCompletion(message, prompt_tokens=usage.get("prompt_tokens"),
+                              completion_tokens=usage.get("completion_tokens"), latency_s=latency)
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -266,15 +326,40 @@ def _group(rows: list[dict[str, Any]], key: str, ks: Sequence[int]) -> dict[str,
             for name, items in sorted(groups.items())}
 
 
+class ReportTask(Protocol):
+    """What a report row needs of a task (an `EnvTask`, or a terminal task's stand-in)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def difficulty(self) -> str | None: ...
+    @property
+    def topic(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ReportEnvironment:
+    """What a report says of an environment that is not an `Environment` (terminal tasks):
+    its summary (name, digest, ...) and its reward components as (name, weight)."""
+
+    summary: dict[str, Any]
+    components: tuple[tuple[str, float], ...]
+
+
 def build_report(
-    env: Environment, tasks: Sequence[EnvTask], samples: Sequence[Sample], *, k: Sequence[int],
-    threshold: float, split: str, samples_per_task: int,
+    env: Environment | ReportEnvironment, tasks: Sequence[ReportTask],
+    samples: Sequence[Sample], *, k: Sequence[int], threshold: float, split: str,
+    samples_per_task: int,
 ) -> dict[str, Any]:
     """Aggregate scored samples into the report (pure: no policy, no scoring)."""
+    if isinstance(env, ReportEnvironment):
+        summary, weights = env.summary, list(env.components)
+    else:
+        summary, weights = env.summary(), [(c.name, c.weight) for c in env.rubric.components]
     by_task: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
         by_task[sample.task_id].append(sample)
-    names = [c.name for c in env.rubric.components]
+    names = [c for c, _ in weights]
     rows: list[dict[str, Any]] = []
     for task in tasks:
         mine = by_task[task.id]
@@ -302,7 +387,7 @@ def build_report(
     ptok = [r["prompt_tokens"] for r in rows if r["prompt_tokens"] is not None]
     return {
         "schema": REPORT_SCHEMA,
-        "environment": env.summary(),
+        "environment": summary,
         "split": split,
         "samples_per_task": samples_per_task,
         "k": list(k),
@@ -318,7 +403,7 @@ def build_report(
         },
         "components": {c: {"weight": w, "mean": _mean([s.components.get(c, 0.0)
                                                       for s in samples])}
-                       for c, w in ((c.name, c.weight) for c in env.rubric.components)},
+                       for c, w in weights},
         "by_difficulty": _group(rows, "difficulty", k),
         "by_topic": _group(rows, "topic", k),
         "tasks": rows,

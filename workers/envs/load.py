@@ -123,7 +123,8 @@ def load_environment(
     if isinstance(env, TerminalEnvSpec):
         raise ValueError("a terminal environment is played in sandbox sessions "
                          "(workers.envs.terminal), not as single- or multi-turn tasks: train "
-                         "on it through load_objective, QC it with workers.qc.terminal")
+                         "on it through load_objective, QC it with workers.qc.terminal, "
+                         "evaluate it with workers.envs.terminal.evaluate (run_eval does)")
     from workers.envs.builtins.uploaded import TasksEnvironment
 
     return TasksEnvironment(env, _records(env, resolve_dataset), sandbox)

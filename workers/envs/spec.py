@@ -346,10 +346,10 @@ class TerminalEnvSpec(_Strict):
         return self
 
 
-TERMINAL_RUN_KINDS = frozenset({"qc", "train"})
+TERMINAL_RUN_KINDS = frozenset({"eval", "qc", "train"})
 """Run kinds that can use a terminal environment: QC plays the reference and the untouched
-workspace, the RL engine plays episodes (workers.envs.terminal.objective); the eval driver does
-not play terminal episodes yet (docs/agents.md, "What remains")."""
+workspace, the RL engine plays episodes (workers.envs.terminal.objective), the eval driver plays
+them with an endpoint that speaks OpenAI tools (workers.envs.terminal.evaluate)."""
 
 EnvSpec = Annotated[BuiltinEnvSpec | VerifiersEnvSpec | TasksEnvSpec | TerminalEnvSpec,
                     Field(discriminator="source")]

@@ -28,6 +28,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from workers.envs import toolcalls as tool_format
+from workers.envs.adapter import SEPARATOR, message_text
 from workers.inference.continuous import ContinuousBatcher, can_serve
 from workers.inference.quantize import quantize_model
 from workers.inference.speculative import DraftModel, NgramProposer, SpeculativeDecoder
@@ -126,6 +127,39 @@ def raw_chat(messages: list[tuple[str, str]], layout: Layout = "single_turn",
         return prompt_formats.render(messages, layout, eos_token)
     except prompt_formats.PromptFormatError as exc:
         raise ChatFormatError(f"chat format 'raw': {exc}") from None
+
+
+def raw_tool_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  layout: Layout = "single_turn", eos_token: str = "") -> str:
+    """A tool conversation for a raw-prompt checkpoint. In the `episode` layout it is the text
+    the RL engine trains terminal episodes on (`workers.envs.terminal.play`): the tools block
+    after the system prompt, each assistant turn its text and `<tool_call>` blocks closed by
+    the end-of-turn token, and each tool result as `[<tool name> result]` and its content (the
+    name found from the call it answers), not a `<tool_response>` block. So an evaluation
+    shows a trained checkpoint the layout it learnt in."""
+    if layout != "episode":
+        return raw_chat(tool_format.text_messages(messages, tools), layout, eos_token)
+    if messages and messages[-1].get("role") == "assistant":
+        raise ChatFormatError("chat format 'raw': a raw-prompt model cannot continue an "
+                              "assistant message; end the conversation with a user (or tool) "
+                              "message")
+    rendered = tool_format.text_messages(messages, tools)
+    offset = len(rendered) - len(messages)  # 1 when a tools block became the first message
+    names = {c.get("id"): c["function"].get("name", "tool")
+             for m in messages if m.get("role") == "assistant"
+             for c in m.get("tool_calls") or []
+             if isinstance(c, dict) and isinstance(c.get("function"), dict)}
+    out = [message_text({"role": r, "content": t}) for r, t in rendered[:offset]]
+    for m, (role, text) in zip(messages, rendered[offset:], strict=True):
+        if role == "assistant":
+            out.append(text + eos_token + SEPARATOR)
+        elif role == "tool":
+            out.append(message_text({
+                "role": "tool", "name": names.get(m.get("tool_call_id"), "tool"),
+                "content": m.get("content") or ""}))
+        else:
+            out.append(message_text({"role": role, "content": text}))
+    return "".join(out)
 
 
 ROPE_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
@@ -250,6 +284,8 @@ class Policy:
                     structured, tools=list(tools) if tools else None, tokenize=False,
                     add_generation_prompt=True)
             return self.render_chat(tool_format.text_messages(messages, tools, tool_role="user"))
+        if self.chat_format == "raw":
+            return raw_tool_chat(messages, tools, self.layout, self.request_tok.eos_token or "")
         return self.render_chat(tool_format.text_messages(messages, tools))
 
     def encode(self, prompt: Prompt) -> list[int]:
