@@ -55,7 +55,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -291,6 +291,7 @@ class Session:
         self.binds = _check_binds(binds)
         self.egress = egress
         self.proxy: egress_proxy.EgressProxy | None = None
+        self._needs_reown: bool = False  # set when the workspace is mounted
         self.inet = inet or egress is not None
         self.id = secrets.token_hex(8)
         self.limits = limits
@@ -1016,6 +1017,7 @@ class SessionManager:
                 self.sessions[session.id] = session
             return session
 
+        futures: list[_Done] | list[Future[Session]]
         if n == 1:  # no thread for a single fork
             futures = [_Done(one, 0)]
         else:

@@ -8,12 +8,10 @@ missing, like every session test.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.skips import sandbox_unavailable
 from tests.workers.envs.chat_server import USAGE, chat_server, tool_call
 from tests.workers.envs.test_terminal import answer_task
 from workers.envs.eval import EndpointPolicy, PolicyError, compare_reports, render_html, sample_seed
@@ -25,15 +23,6 @@ from workers.sandbox.sessions import SessionManager
 SOLVE = "Write solve.py so that it writes 42 to answer.txt (first task)."
 UNSOLVED = "Write solve.py so that it writes 42 to answer.txt (second task)."
 SOLUTION = 'open("answer.txt", "w").write("42\\n")\n'
-
-
-@pytest.fixture(scope="module")
-def manager() -> Iterator[SessionManager]:
-    reason = sandbox_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with SessionManager(watch_every_s=0.1) as mgr:
-        yield mgr
 
 
 def tasks() -> list[Any]:

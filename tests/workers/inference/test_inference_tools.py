@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from tests.workers.inference.conftest import save_tiny_policy
-from workers.inference.engine import Batcher, SamplingParams, plain_chat
 from workers.envs.toolcalls import forced_prefix, text_messages, tools_prompt
+from workers.inference.engine import Batcher, SamplingParams, plain_chat
 from workers.rl.objectives import build_objective
 from workers.rl.spec import ArithmeticSpec, TinyMoeSpec
 from workers.rl.tokenizer import train_bpe

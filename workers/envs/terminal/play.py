@@ -121,9 +121,9 @@ def play_terminal_group(
                     active.append(i)
         graded = [i for i in sorted(episodes) if eps[i].infra is None]
         for i, grade in zip(graded, each(lambda i: episodes[i].grade(), graded), strict=True):
-            eps[i].score = grade.as_score()
+            score = eps[i].score = grade.as_score()
             if grade.infra:
-                eps[i].stop_reason, eps[i].infra = "infra", eps[i].score.infra
+                eps[i].stop_reason, eps[i].infra = "infra", score.infra
     finally:
         for episode in episodes.values():
             if episode.session.closed_reason is None:
