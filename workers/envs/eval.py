@@ -120,8 +120,22 @@ class EndpointPolicy:
     def close(self) -> None:
         self.client.close()
 
-    def chat(self, messages: Sequence[Message], sampling: SamplingSpec) -> Completion:
+    def _post(self, path: str, body: dict[str, Any]) -> tuple[Any, float]:
+        """POST to the endpoint: the 200 response and its latency, else PolicyError."""
         import httpx
+
+        start = time.perf_counter()
+        try:
+            response = self.client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"{self.name}: request failed: {exc}") from exc
+        latency = time.perf_counter() - start
+        if response.status_code != 200:
+            raise PolicyError(f"{self.name}: HTTP {response.status_code}: "
+                              f"{response.text[:500]}")
+        return response, latency
+
+    def chat(self, messages: Sequence[Message], sampling: SamplingSpec) -> Completion:
 
         body: dict[str, Any] = {"model": self.spec.model, "max_tokens": sampling.max_tokens,
                                 "temperature": sampling.temperature, "top_p": sampling.top_p}
@@ -139,15 +153,7 @@ class EndpointPolicy:
         else:
             path = "/completions"
             body["prompt"] = "\n\n".join(m["content"] for m in messages)
-        start = time.perf_counter()
-        try:
-            response = self.client.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise PolicyError(f"{self.name}: request failed: {exc}") from exc
-        latency = time.perf_counter() - start
-        if response.status_code != 200:
-            raise PolicyError(f"{self.name}: HTTP {response.status_code}: "
-                              f"{response.text[:500]}")
+        response, latency = self._post(path, body)
         data = response.json()
         try:
             choice = data["choices"][0]
@@ -164,7 +170,6 @@ class EndpointPolicy:
         `tool_calls`, `tool` messages with their `tool_call_id`), `tools` as OpenAI function
         schemas; the reply's content and tool calls come back (PolicyError when the server
         fails or answers in another shape)."""
-        import httpx
 
         if self.spec.api != "chat":
             raise PolicyError(f"{self.name}: tool use needs the chat API (api: chat), not "
@@ -177,15 +182,7 @@ class EndpointPolicy:
             "tools": list(tools), "tool_choice": "auto"}
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        start = time.perf_counter()
-        try:
-            response = self.client.post("/chat/completions", json=body)
-        except httpx.HTTPError as exc:
-            raise PolicyError(f"{self.name}: request failed: {exc}") from exc
-        latency = time.perf_counter() - start
-        if response.status_code != 200:
-            raise PolicyError(f"{self.name}: HTTP {response.status_code}: "
-                              f"{response.text[:500]}")
+        response, latency = self._post("/chat/completions", body)
         try:
             data = response.json()
             reply = data["choices"][0]["message"]
