@@ -169,3 +169,12 @@ def qa(project: Project) -> Any:
     make_version(dataset)
     dataset.refresh_from_db()
     return dataset
+
+
+@pytest.fixture
+def api(wsgi: Any, member: Caller) -> Iterator[Any]:
+    """The SDK client (`workers.client.CrucibleClient`) as the member, over `wsgi`."""
+    from workers.client import CrucibleClient
+
+    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
+        yield c

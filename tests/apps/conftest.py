@@ -3,6 +3,7 @@ that applies to every test here, and the team, project, caller and worker fixtur
 
 from tests.django_fixtures import (  # noqa: F401 - pytest finds fixtures by name here
     admin,
+    api,
     fast_password_hashing,
     isolated_cache,
     make_caller,

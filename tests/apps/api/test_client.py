@@ -10,15 +10,9 @@ from apps.datasets.models import DatasetVersion
 from apps.metrics.models import MetricPoint
 from apps.runs.models import Run, RunEvent
 from tests.factories import put_run_object
-from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession
+from workers.client import ApiError, LeaseLost, WorkerSession
 
 RECORDS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(6)]
-
-
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 @pytest.fixture

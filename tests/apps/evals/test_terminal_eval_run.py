@@ -17,15 +17,8 @@ from tests.skips import sandbox_unavailable
 from tests.workers.envs.chat_server import chat_server
 from tests.workers.envs.test_terminal_eval import SOLVE, solver, tasks
 from workers.adapters import eval as eval_adapter
-from workers.client import CrucibleClient
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 def test_an_eval_run_plays_terminal_tasks(project, api, pool, object_store, monkeypatch):

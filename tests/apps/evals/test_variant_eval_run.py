@@ -11,15 +11,8 @@ import torch
 
 from apps.runs.models import Run, RunEvent
 from workers.adapters import eval as eval_adapter
-from workers.client import CrucibleClient
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 def test_eval_worker_serves_the_variant(arith, api, pool, object_store, monkeypatch):

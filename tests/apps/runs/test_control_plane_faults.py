@@ -43,12 +43,6 @@ def var_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_VAR_DIR", str(tmp_path / "var"))
 
 
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
-
-
 def _stream_seqs(run_id: str) -> list[int]:
     events = RunEvent.objects.filter(run_id=run_id).values_list("seq", flat=True)
     batches = MetricBatch.objects.filter(run_id=run_id).values_list("stream_seq", flat=True)

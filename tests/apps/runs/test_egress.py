@@ -9,7 +9,6 @@ import pytest
 from workers.adapters import eval as eval_adapter
 from workers.adapters.common import JobError
 from workers.adapters.train import prepare_train
-from workers.client import CrucibleClient
 
 RUNS = "/api/v1/teams/acme/runs"
 ENVS = "/api/v1/teams/acme/environments"
@@ -102,14 +101,6 @@ def test_no_model_directory_is_allowed_until_roots_are_configured(member, projec
 
 
 # --- the worker checks again, with its own environment ---------------------------------------
-
-
-@pytest.fixture
-def api(wsgi, member):
-    """Launches in-process too (Django's test client would reconnect the request signals
-    that close the test's connection)."""
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 def test_the_worker_refuses_a_model_path_its_own_roots_do_not_hold(

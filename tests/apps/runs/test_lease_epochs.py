@@ -23,12 +23,6 @@ from workers.client import ApiError, CrucibleClient, LeaseLost, WorkerSession
 SYSTEM = Actor.system()
 
 
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
-
-
 @pytest.fixture(autouse=True)
 def var_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_VAR_DIR", str(tmp_path / "var"))

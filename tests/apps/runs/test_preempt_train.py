@@ -35,12 +35,6 @@ CONFIG = {
 }
 
 
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
-
-
 @pytest.fixture(autouse=True)
 def worker_env(tmp_path, monkeypatch, object_store):
     """The worker's scratch folder, and the web's object store as the worker's."""

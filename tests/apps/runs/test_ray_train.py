@@ -43,12 +43,6 @@ def platform_config() -> dict[str, Any]:
     return config
 
 
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
-
-
 @pytest.fixture(autouse=True)
 def worker_env(tmp_path, monkeypatch, object_store):
     """The worker's scratch folder (every node of the local cluster sees it: one host), and

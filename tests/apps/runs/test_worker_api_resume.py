@@ -21,14 +21,8 @@ from workers import adapters
 from workers.adapters import execute, retryable
 from workers.adapters.common import ApiReporter
 from workers.adapters.train import environment_objective, prepare_train
-from workers.client import CrucibleClient, LeaseLost
+from workers.client import LeaseLost
 from workers.reporting import Stopped
-
-
-@pytest.fixture
-def api(wsgi, member):
-    with CrucibleClient("http://testserver", member.token, transport=wsgi, retries=0) as c:
-        yield c
 
 
 @pytest.fixture(autouse=True)
