@@ -28,11 +28,14 @@ onto what the model already ranks first (as in test_rl_learning.py). lr 2e-3 col
 three steps; 12 new tokens a turn stops a turn that runs on after its call (a policy that
 learned to keep writing calls after the right one, which cost a tool execution each).
 
-The statistic is the share of the headroom closed, (after - before) / (1 - before), pooled over
-two seeds as in test_rl_learning.py (the summed gains over the summed headroom, 0.34 here): where
-the warm start lands moves with each CPU's rounding, the share of what it left to learn does not
-depend on that start, and one run's share moves with its trajectory (0.13 to 0.53 above), which
-pooling averages out. The two seeds run side by side, a process each (one core each). Every run
+The statistic is the share of the headroom closed, (after - before) / (1 - before), as in
+test_rl_learning.py: where the warm start lands moves with each CPU's rounding, and the share of
+what it left to learn does not depend on that start. Seed 0 closed 0.53 on the default AVX2
+kernels and 0.46 with `ATEN_CPU_CAPABILITY=default`, against a bar of 0.25. One run's share also
+moves with its trajectory: seed 1 closed only 0.13 (pooled with seed 0: 0.34), so a machine
+whose rounding sends seed 0 down seed 1's path would fail the bar. Pooling both seeds (run side
+by side, a process each) held on every run seen, but cost 9 minutes of a 33-minute suite, so the
+suite runs seed 0 alone; `SEEDS = (0, 1)` with a pooled bar of 0.2 is the stronger check. The run
 must also end above its own warm start. A model that does not learn fails it: with the RL
 learning rate at 1e-12 the held-out reward after training equals the warm start's exactly (the
 evaluation draws the same samples from the same weights: 0.195 -> 0.195), a share of 0.
@@ -58,12 +61,12 @@ from workers.rl.spec import parse_spec
 from workers.rl.trainer import train
 
 STEPS = 40
-SEEDS = (0, 1)
+SEEDS = (0,)  # seed 1 as well doubled the test's cost (9 minutes of a 33-minute suite)
 TASKS = (48, 16)  # training and held-out tasks
 SFT_STEPS = 200
 TEMPERATURE = 1.6
-HELD_OUT_CLOSED = 0.2  # share of the held-out headroom closed, pooled over SEEDS (seen 0.34)
-TRAIN_CLOSED = 0.25  # the same for the training reward, first vs last 5 steps (seen 0.43)
+HELD_OUT_CLOSED = 0.25  # share of the held-out headroom closed (seen 0.53; 0.46 on default kernels)
+TRAIN_CLOSED = 0.25  # the same for the training reward, first vs last 5 steps (seen 0.50, 0.42)
 WARM_START = (0.05, 0.8)  # learned something, and left room to measure learning
 LIMITS = {"wall_s": 300, "cpu_s": 60, "idle_s": 120}
 
@@ -122,7 +125,7 @@ def seeded_run(folder: str, seed: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # about 4 minutes quiet for both seeds; several times that under load
+@pytest.mark.timeout(1800)  # a few minutes quiet; several times that under load
 def test_grpo_learns_to_use_the_shell_and_beats_its_warm_start_on_held_out_tasks(tmp_path):
     reason = sandbox_unavailable()
     if reason:
