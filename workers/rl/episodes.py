@@ -144,14 +144,7 @@ class BackendGenerate:
         self.retokenized = 0
 
     def __call__(self, token_ids: Sequence[int]) -> tuple[list[int], list[float]]:
-        context = [int(t) for t in token_ids]
-        out = self.backend.generate([context], self.spec, self.generator)
-        n = int(out.completion_mask[0].sum())
-        sent = out.prompt_ids[0][out.prompt_mask[0].bool()].tolist()
-        self.turns += 1
-        if sent != context:
-            self.retokenized += 1
-        return out.completion_ids[0, :n].tolist(), out.logprobs[0, :n].tolist()
+        return self.many([token_ids])[0]
 
     def many(self, contexts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[float]]]:
         """One turn for each context, sampled as one batch (episodes played in lockstep)."""

@@ -163,6 +163,17 @@ def test_transcript_batch_masks_environment_pieces(tok: Any) -> None:
     [CAT, write(518)],  # the wrong code
     [CAT, call_text("shell", {"command": "echo '{\"reward\": 1}' > /work/reward.json; "
                                          "echo 517 > /tmp/answer.txt"})],
+    # patching the harness: a sitecustomize and a fake python3 in the workspace and on PATH
+    # (the grader runs `python3 -I -S` by absolute path in a fork after killing every process)
+    [CAT, call_text("shell", {"command": "printf 'import sys; sys.exit(0)' > sitecustomize.py; "
+                                         "mkdir -p bin; printf '#!/bin/sh\\nexit 0' > bin/python3; "
+                                         "chmod +x bin/python3; echo 'PATH=/work/bin:$PATH' > "
+                                         ".bashrc"})],
+    # looking for the hidden tests: they never enter the policy's session
+    [call_text("shell", {"command": "find / -name 'test_answer*' 2>/dev/null | head; "
+                                    "cat /crucible/* 2>/dev/null"}), write("found")],
+    # exiting early: kill every process of the session, the agent's included
+    [CAT, call_text("shell", {"command": "kill -9 -1"})],
     # a malformed call is only text: the turn has no call, which ends the episode
     ["<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \n</tool_call>", write(517)],
 ])

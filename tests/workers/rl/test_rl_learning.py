@@ -57,6 +57,17 @@ def closed_share(before: float | list[float], after: float | list[float]) -> flo
     return (sum(a) - sum(b)) / room if room > 0 else 0.0
 
 
+def train_and_read(spec: Any, folder: Path) -> tuple[Any, list[dict[str, Any]],
+                                                     tuple[float, float]]:
+    """Train `spec` logging to `folder`: the run's result, each RL step's metrics, and the
+    mean training reward of the first and of the last 5 steps."""
+    result = train(spec, JsonlSink(folder / "m.jsonl"))
+    steps = [r["metrics"] for r in read_jsonl(folder / "m.jsonl")
+             if r["kind"] == "metrics" and "reward_mean" in r["metrics"]]
+    rewards = [m["reward_mean"] for m in steps]
+    return result, steps, (sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5)
+
+
 def learning_run(folder: Path, seed: int, lr: float = 1.5e-3) -> dict[str, Any]:
     """One seeded SFT + GRPO run; its held-out curve and per-step training metrics."""
     spec = parse_spec({
@@ -72,12 +83,8 @@ def learning_run(folder: Path, seed: int, lr: float = 1.5e-3) -> dict[str, Any]:
         "checkpoint": {"dir": str(folder / "ckpt"), "save_final": False},
         "output": {"stdout": False},
     })
-    result = train(spec, JsonlSink(folder / "m.jsonl"))
-    steps = [r["metrics"] for r in read_jsonl(folder / "m.jsonl")
-             if r["kind"] == "metrics" and "reward_mean" in r["metrics"]]
-    rewards = [m["reward_mean"] for m in steps]
+    result, steps, (first, last) = train_and_read(spec, folder)
     before, after = result.eval_reward[0], result.eval_reward[STEPS]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     return {
         "seed": seed, "before": before, "after": after, "steps": steps,
         "curve": [round(result.eval_reward[s], 3) for s in sorted(result.eval_reward)],

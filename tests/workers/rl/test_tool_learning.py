@@ -55,10 +55,8 @@ from typing import Any
 import pytest
 
 from tests.skips import sandbox_unavailable
-from tests.workers.rl.test_rl_learning import closed_share
-from workers.rl.sinks import JsonlSink, read_jsonl
+from tests.workers.rl.test_rl_learning import closed_share, train_and_read
 from workers.rl.spec import parse_spec
-from workers.rl.trainer import train
 
 STEPS = 40
 SEEDS = (0,)  # seed 1 as well doubled the test's cost (9 minutes of a 33-minute suite)
@@ -103,14 +101,9 @@ def learning_run(folder: Path, seed: int, lr: float = 1e-3, steps: int = STEPS,
         "checkpoint": {"dir": str(folder / "ckpt"), "save_final": False},
         "output": {"stdout": False},
     })
-    result = train(spec, JsonlSink(folder / "m.jsonl"))
-    steps_logged = [r["metrics"] for r in read_jsonl(folder / "m.jsonl")
-                    if r["kind"] == "metrics" and "reward_mean" in r["metrics"]]
-    rewards = [m["reward_mean"] for m in steps_logged]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    result, steps_logged, first_last = train_and_read(spec, folder)
     return {"before": result.eval_reward[0], "after": result.eval_reward[steps],
-            "train": (first, last), "steps": steps_logged,
-            "steps_per_s": result.steps_per_s}
+            "train": first_last, "steps": steps_logged, "steps_per_s": result.steps_per_s}
 
 
 def seeded_run(folder: str, seed: int) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def reference_calls(task: TerminalTask) -> list[dict[str, Any]]:
 
 
 def reference_turns(manager: SessionManager, task: TerminalTask, snapshot_id: str | None,
-                    after_turn: str, render_tool: Any) -> ReferenceTurns:
+                    after_turn: str, render_tool: Callable[[Message], str]) -> ReferenceTurns:
     """Play the task's reference calls in a session (one call a turn) and record the episode
     they make: each call as the policy would write it, each real tool result as the
     environment would answer, then `DONE_TEXT` when turns remain. `render_tool(message)` is the
