@@ -23,7 +23,12 @@ group sampling of `--groups` prompts of about `--rollout-prompt` tokens x `--gro
 samples of 32 tokens, temperature 1, with each group's prompt prefilled once and its keys copied
 to the group's rows (`share_prefix`, the default) against every row prefilling its own copy;
 and the same through the serving scheduler (one n-sample request per group, against n
-single-sample requests with the prefix cache off).
+single-sample requests with the prefix cache off). Then the RL engine's two rollout engines on
+the same batches (`rollout.engine`): `continuous` (`workers.rl.continuous.ContinuousRollout`,
+the serving scheduler) against `batch` (`HFRollout`): GRPO groups, and `--turns`-turn episodes
+of `--group-size` distinct contexts (token in, token out: each turn's prompt is the previous
+context, its completion and a 16-token tool result), where the continuous engine reuses the
+keys of the context each turn continues and the batch engine prefills it again.
 
 Run from the repository root: `.venv/bin/python -m tests.benchmarks.bench_serve` (needs the
 `rl` and `bench` extras). Ends with DESIGN.md's lines:
@@ -141,13 +146,30 @@ async def load(url: str, model: str, prompts: list[str], concurrency: int,
             "tokens": tokens, "wall": wall}
 
 
+def multi_turn(backend, contexts: list[list[int]], turns: int, spec, seed: int) -> int:
+    """Play `turns` turns of token-in episodes; returns the tokens generated."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    tool_result = list(range(5, 21))  # 16 token ids standing in for a tool's answer
+    total = 0
+    for _ in range(turns):
+        b = backend.generate(contexts, spec, gen)
+        total += b.num_tokens
+        contexts = [ctx + row[keep.bool()].tolist() + tool_result for ctx, row, keep
+                    in zip(contexts, b.completion_ids, b.completion_mask, strict=True)]
+    return total
+
+
 def rollout_figures(ckpt: Path, groups: int, group_size: int, prompt_words: int,
-                    rounds: int) -> dict[str, float]:
+                    rounds: int, turns: int) -> dict[str, float]:
     """Generated tokens/s of GRPO group sampling, shared prefill against per-row prefill, in
-    the hf rollout backend and in the serving scheduler."""
+    the hf rollout backend and in the serving scheduler; and of both rollout engines on
+    groups and on multi-turn episodes."""
     import torch
 
     from workers.inference.engine import EngineOptions, Policy, SamplingParams, make_batcher
+    from workers.rl.continuous import ContinuousRollout
     from workers.rl.rollout import HFRollout
     from workers.rl.spec import RolloutSpec
 
@@ -157,8 +179,11 @@ def rollout_figures(ckpt: Path, groups: int, group_size: int, prompt_words: int,
     prompts = [words(rng, prompt_words) for _ in range(groups)]
     batch = [p for p in prompts for _ in range(group_size)]
     spec = RolloutSpec(max_new_tokens=32, temperature=1.0)
-    out: dict[str, list[float]] = {k: [] for k in ("hf_shared", "hf_unshared", "cb_shared",
-                                                     "cb_unshared")}
+    out: dict[str, list[float]] = {k: [] for k in (
+        "hf_shared", "hf_unshared", "cb_shared", "cb_unshared", "engine_continuous",
+        "engine_batch", "turns_continuous", "turns_batch")}
+    contexts = [list(policy.tok(words(rng, prompt_words), add_special_tokens=False)
+                     ["input_ids"]) for _ in range(group_size)]
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32)
     for r in range(rounds):
         for share in (True, False):
@@ -181,6 +206,17 @@ def rollout_figures(ckpt: Path, groups: int, group_size: int, prompt_words: int,
                     n / (time.perf_counter() - t0))
             finally:
                 eng.close()
+        for name in ("continuous", "batch"):
+            backend = (ContinuousRollout(policy.model, policy.tok) if name == "continuous"
+                       else HFRollout(policy.model, policy.tok))
+            t0 = time.perf_counter()
+            b = backend.generate(batch, spec, torch.Generator().manual_seed(r))
+            out[f"engine_{name}"].append(b.num_tokens / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            n = multi_turn(backend, contexts, turns, spec, r)
+            out[f"turns_{name}"].append(n / (time.perf_counter() - t0))
+            if isinstance(backend, ContinuousRollout):
+                backend.close()
     return {k: statistics.median(v) for k, v in out.items()}
 
 
@@ -204,6 +240,8 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--rollout-prompt", type=int, default=120,
                         help="words per rollout prompt (a few hundred tokens)")
+    parser.add_argument("--turns", type=int, default=4,
+                        help="turns of each multi-turn rollout episode")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--skip-rollout", action="store_true")
     args = parser.parse_args()
@@ -267,11 +305,15 @@ def main() -> None:
                                       ".3f"))
         if not args.skip_rollout:
             roll = rollout_figures(ckpt, args.groups, args.group_size, args.rollout_prompt,
-                                   max(1, args.rounds))
+                                   max(1, args.rounds), args.turns)
             lines.append(line("rollout_group_tokens_per_s", roll["hf_shared"], "unshared",
                               roll["hf_unshared"], ">=1"))
             lines.append(line("serve_group_tokens_per_s", roll["cb_shared"], "unshared",
                               roll["cb_unshared"], ">=1"))
+            lines.append(line("rollout_engine_group_tokens_per_s", roll["engine_continuous"],
+                              "batch", roll["engine_batch"], ">=1"))
+            lines.append(line(f"rollout_engine_{args.turns}turn_tokens_per_s",
+                              roll["turns_continuous"], "batch", roll["turns_batch"], ">=1"))
         print(f"load average: {os.getloadavg()}")
         for text in lines:
             print(text)

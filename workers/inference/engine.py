@@ -20,7 +20,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,76 +38,15 @@ from workers.rl.prompt_format import Layout
 from workers.rl.rollout import (
     HFRollout,
     Prompt,
-    SamplingControls,
-    TokenConstraint,
     cut_at_stop,
 )
+from workers.rl.sampling import Job, Sample, SamplingParams, TokenEvent
 from workers.rl.spec import RolloutSpec
 from workers.rl.tokenizer import load_tokenizer
 
 ChatFormat = Literal["auto", "template", "plain", "raw"]
 # HFRollout samples at temperature > 0; this one makes sampling an argmax in float32.
 GREEDY_TEMPERATURE = 1e-6
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Requests with equal params can share a batch."""
-
-    temperature: float  # 0 = greedy
-    top_p: float
-    max_tokens: int
-    stop: tuple[str, ...] = ()
-    top_logprobs: int = 0  # alternatives per position to return
-    top_k: int = 0  # vLLM's controls (0 / 0.0 / 1.0: off)
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted
-    # structured output: builds each row's constraint (grammar.Grammar); None: free text
-    constraint: Callable[[], TokenConstraint] | None = None
-
-    def controls(self) -> SamplingControls:
-        return SamplingControls(self.top_k, self.min_p, self.repetition_penalty,
-                                self.logit_bias, self.constraint)
-
-
-@dataclass
-class Sample:
-    token_ids: list[int]  # sampled tokens, including a final eos
-    logprobs: list[float]  # per token, under the sampling distribution (see `Policy.generate`)
-    top_logprobs: list[list[tuple[int, float]]]  # per token, when requested
-    text: str  # decoded, cut at the first stop string
-    finish_reason: Literal["stop", "length"]
-    eos: bool = False  # the last token is the end of sequence (a stop signal, not text)
-
-    @property
-    def text_tokens(self) -> int:
-        """Completion tokens as usage counts them: the eos is not one."""
-        return len(self.token_ids) - int(self.eos)
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One sampled token of one row (the request's own row: prompt-major, n per prompt)."""
-
-    row: int
-    token_id: int
-    logprob: float
-    top_logprobs: list[tuple[int, float]]
-
-
-@dataclass
-class Job:
-    prompts: list[Prompt]
-    n: int
-    params: SamplingParams
-    seed: int | None
-    future: Future = field(default_factory=Future)
-    on_token: Callable[[TokenEvent], None] | None = None  # called on the batcher's thread
-
-    @property
-    def rows(self) -> int:
-        return len(self.prompts) * self.n
 
 
 class ChatFormatError(ValueError):

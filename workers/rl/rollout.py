@@ -444,7 +444,18 @@ class HFRollout:
         return out
 
 
-def make_backend(name: str, model: torch.nn.Module, tokenizer, lockstep: bool) -> RolloutBackend:
+def make_backend(name: str, model: torch.nn.Module, tokenizer, lockstep: bool,
+                 engine: str = "batch") -> RolloutBackend:
+    """The `hf` backend: `HFRollout`, or on `engine = "continuous"` the server's scheduler
+    (imported here: `workers.rl.continuous` builds on this module)."""
+    if name == "hf" and engine == "continuous":
+        if lockstep:
+            raise ValueError("rollout.engine = 'continuous' cannot run in lockstep (ZeRO-3 or "
+                             "expert parallelism: every rank must run the same forwards); use "
+                             "rollout.engine = 'batch'")
+        from workers.rl.continuous import ContinuousRollout
+
+        return ContinuousRollout(model, tokenizer)
     if name == "hf":
         return HFRollout(model, tokenizer, lockstep=lockstep)
     raise ValueError(f"unknown rollout backend {name!r}; available: 'hf'")

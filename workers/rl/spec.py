@@ -157,6 +157,13 @@ class TokenizerSpec(_Strict):
 class RolloutSpec(_Strict):
     # "hf": transformers generate (CPU or GPU); "vllm": GPU pools, configured by `vllm`.
     backend: Literal["hf", "vllm"] = "hf"
+    # How the hf backend schedules its rows. "batch": one padded batch decoded until every row
+    # has finished. "continuous": the inference server's scheduler (workers/rl/continuous.py):
+    # finished rows leave the batch, and a multi-turn episode's next turn reuses the keys of
+    # the context it continues. Both sample the same distribution and return the same layout
+    # (tokens, logprobs, routes); they draw from the generator differently, so one seed gives
+    # other samples on each.
+    engine: Literal["batch", "continuous"] = "batch"
     group_size: Annotated[int, Field(ge=2)] = 8
     max_new_tokens: PosInt = 6
     temperature: Annotated[float, Field(gt=0.0)] = 1.0
@@ -527,6 +534,14 @@ class RunSpec(_Strict):
                              "routed-experts output is not wired (it could not be verified "
                              "against an installed vLLM); use rollout.backend = 'hf' or "
                              "moe.router_replay = false")
+        if self.rollout.engine == "continuous":
+            if self.rollout.backend != "hf":
+                raise ValueError("rollout.engine = 'continuous' schedules the 'hf' backend; "
+                                 "vLLM schedules its own rows: drop rollout.engine")
+            if self.trainer.zero_stage == 3 or self.moe.expert_parallel > 1:
+                raise ValueError("rollout.engine = 'continuous' cannot run ZeRO-3 or expert "
+                                 "parallelism, whose ranks must run the same forwards in "
+                                 "lockstep: use rollout.engine = 'batch'")
         if self.moe.expert_parallel > 1:
             self._check_expert_parallel()
         if self.moe.balance == "aux_free" and self.rollout.backend == "vllm":

@@ -85,7 +85,7 @@ from workers.rl.objectives.environment import objective_from_spec
 from workers.rl.pinned_data import PinnedData
 from workers.rl.preference import check_pinned, preference_phase
 from workers.rl.prompt_format import PromptFormat
-from workers.rl.rollout import HFRollout, RolloutBatch, make_backend
+from workers.rl.rollout import RolloutBatch, make_backend
 from workers.rl.route_taps import replayable_routers
 from workers.rl.routing import MismatchMeter, check_replayed
 from workers.rl.samples import finish_reason, pick_samples, reports_at
@@ -494,7 +494,7 @@ class Trainer:
         # With rollout actors vLLM runs on their GPUs; the rank evaluates with its own module.
         if spec.rollout.backend != "vllm" or self.rollouts is not None:
             return make_backend("hf" if self.rollouts is not None else spec.rollout.backend,
-                                engine.module, tok, self.lockstep())
+                                engine.module, tok, self.lockstep(), spec.rollout.engine)
         from workers.rl.vllm_rollout import VllmRollout
 
         return VllmRollout(self.vllm_dir(engine, tok, sft_dir), tok, spec.vllm, version=0)
@@ -552,7 +552,9 @@ class Trainer:
             return None
         gen_model = rollout_copy(lrn.model_spec, tok, self.device, use_bf16(ts), aux_free)
         store.publish(start, self.snapshot(lrn))
-        actor = AsyncActor(lrn.producer, gen_model, HFRollout(gen_model, copy.deepcopy(tok)),
+        backend = make_backend("hf", gen_model, copy.deepcopy(tok), False,
+                               self.spec.rollout.engine)
+        actor = AsyncActor(lrn.producer, gen_model, backend,
                            store, start, ts.steps, ts.max_async_steps, ts.sync_timeout_s)
         actor.start()
         return actor
@@ -588,6 +590,9 @@ class Trainer:
         elif lrn.vllm:  # the generator holds its own copy: push the update, versioned
             lrn.backend.load_state(weight_snapshot(lrn.engine.module, ts.zero_stage,
                                                    merged=True), step + 1)
+        else:  # updated in place: a backend keeping derived state (fused weights, cached
+            # keys: the continuous engine) rebuilds it; HFRollout reads the module each call
+            lrn.backend.sync_weights(lrn.engine.module)
         if self.cache is not None:
             metrics.update(self.cache.window())
         t_total = time.perf_counter() - t_step
