@@ -185,8 +185,11 @@ def test_zero3_on_several_ranks_is_refused_for_episodic_objectives(tmp_path):
     Trainer(spec, NullSink(), as_objective(env), 0, 1)  # one rank: fine
 
 
-@pytest.mark.parametrize("async_steps", [0, 1])
-def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch, async_steps):
+@pytest.mark.parametrize(("async_steps", "engine"), [
+    (0, "batch"), (1, "batch"), (0, "continuous"), (1, "continuous")])
+def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch, async_steps,
+                                                           engine):
+    """On either rollout engine (`continuous`: turn 2 reuses the keys of turn 1's context)."""
     sandbox = _sandbox()
     env = load_environment({"source": "builtin", "name": "code_repair",
                             "params": {"max_turns": 2}}, sandbox=sandbox)
@@ -195,7 +198,7 @@ def test_code_repair_trains_with_feedback_turns_masked_out(tmp_path, monkeypatch
         "model": {"preset": {"num_layers": 1, "num_experts": 2, "experts_per_token": 1,
                              "hidden_size": 32, "moe_intermediate_size": 32}},
         "tokenizer": {"vocab_size": 400},
-        "rollout": {"group_size": 2, "max_new_tokens": 6},
+        "rollout": {"group_size": 2, "max_new_tokens": 6, "engine": engine},
         "algorithm": {"kl_coef": 0.05},
         "trainer": {"steps": 2, "prompts_per_step": 1, "micro_batch_size": 2,
                     "eval_samples": 1, "zero_stage": 0, "max_async_steps": async_steps},
