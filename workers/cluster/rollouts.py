@@ -113,7 +113,7 @@ class RolloutActor:
         from workers.rl.actor import AsyncActor, WeightStore, rollout_copy
         from workers.rl.distributed import on_cuda
         from workers.rl.lora import load_weights
-        from workers.rl.rollout import HFRollout
+        from workers.rl.rollout import make_backend
 
         torch.set_grad_enabled(False)
         self.layout, self.verify = layout, verify
@@ -135,11 +135,12 @@ class RolloutActor:
         else:
             model = rollout_copy(setup.model_spec, setup.tokenizer, self.device, setup.bf16,
                                  setup.aux_free)
-            backend = HFRollout(model, setup.tokenizer)
+            backend = make_backend("hf", model, setup.tokenizer, False, setup.engine)
             copy_ = model
 
             def load(version: int, state: dict[str, torch.Tensor]) -> None:
                 load_weights(copy_, state)
+                backend.sync_weights(copy_)  # the continuous engine drops its cached keys
                 self._loaded(version, copy_)
 
         self.actor = AsyncActor(setup.producer, model, backend, store, setup.start,

@@ -484,6 +484,7 @@ class RolloutSetup:
     aux_free: bool  # MoE selection bias: it arrives with the weights
     vllm_dir: str | None = None  # vLLM: the directory its engine starts from (else HF)
     vllm: Any = None  # the run's VllmSpec when vllm_dir is set
+    engine: str = "batch"  # rollout.engine of the hf backend (else vLLM's own scheduler)
 
 
 class RolloutLauncher(Protocol):

@@ -546,7 +546,7 @@ class Trainer:
                 start=start, total=ts.steps, bound=ts.max_async_steps,
                 timeout=ts.sync_timeout_s, bf16=use_bf16(ts), aux_free=aux_free,
                 vllm_dir=str(self.vllm_dir(lrn.engine, tok, sft_dir)) if vllm else None,
-                vllm=self.spec.vllm if vllm else None)
+                vllm=self.spec.vllm if vllm else None, engine=self.spec.rollout.engine)
             return self.rollouts.start(setup, self.snapshot(lrn))
         if not ts.max_async_steps:
             return None
