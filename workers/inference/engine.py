@@ -19,7 +19,6 @@ import json
 import secrets
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +39,7 @@ from workers.rl.rollout import (
     Prompt,
     cut_at_stop,
 )
-from workers.rl.sampling import Job, Sample, SamplingParams, TokenEvent
+from workers.rl.sampling import Job, JobInbox, Sample, SamplingParams, TokenEvent
 from workers.rl.spec import RolloutSpec
 from workers.rl.tokenizer import load_tokenizer
 
@@ -342,37 +341,16 @@ def make_batcher(policy: Policy, max_rows: int, options: EngineOptions | None = 
                              prefix_caching=opts.prefix_caching)
 
 
-class Batcher:
+class Batcher(JobInbox):
     """Runs jobs on one thread; merges queued jobs with equal params (and no seed)."""
 
     def __init__(self, policy: Policy, max_rows: int = 64) -> None:
+        super().__init__()
         self.policy, self.max_rows = policy, max_rows
-        self._jobs: list[Job] = []
-        self._cv = threading.Condition()
-        self._closed = False
         self.batches = 0  # batches run, for tests and logs
         self._thread = threading.Thread(target=self._loop, name="inference-batcher",
                                         daemon=True)
         self._thread.start()
-
-    def submit(self, prompts: list[Prompt], n: int, params: SamplingParams,
-               seed: int | None, on_token: Callable[[TokenEvent], None] | None = None
-               ) -> Future:
-        """Future of `list[list[Sample]]`: per prompt, its n samples. `on_token` (called on the
-        batcher's thread) receives each of the job's tokens as it is sampled."""
-        job = Job(prompts, n, params, seed, on_token=on_token)
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("the inference server is shutting down")
-            self._jobs.append(job)
-            self._cv.notify()
-        return job.future
-
-    def close(self, timeout: float = 30.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout)
 
     def _take(self) -> list[Job] | None:
         with self._cv:

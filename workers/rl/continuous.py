@@ -42,7 +42,6 @@ import threading
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -68,7 +67,7 @@ from workers.rl.rollout import (
     top_p_filter,
 )
 from workers.rl.routing import NO_ROUTE
-from workers.rl.sampling import Job, Sample, SamplingParams, TokenEvent
+from workers.rl.sampling import Job, JobInbox, Sample, SamplingParams, TokenEvent
 from workers.rl.spec import RolloutSpec
 
 PREFIX_BLOCK = 16  # cached prefixes are matched at multiples of this many tokens
@@ -357,7 +356,7 @@ class _JobState:
     left: int
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(JobInbox):
     """The `Batcher` interface (`submit`, `close`, `batches`) over a continuous scheduler.
 
     `tok` is used on the scheduler's thread only (fast tokenizers refuse concurrent calls);
@@ -368,6 +367,7 @@ class ContinuousScheduler:
                  max_rows: int = 64, *, prefill_chunk: int = 512,
                  prefix_cache_tokens: int = 16384, prefix_caching: bool = True,
                  record_routes: bool = False) -> None:
+        super().__init__()
         self.model, self.tok, self.max_rows = model, tok, max_rows
         self.max_n = max_rows  # a prompt's samples run side by side
         self.prefill_chunk = prefill_chunk
@@ -377,12 +377,9 @@ class ContinuousScheduler:
         self.record_routes = record_routes
         self.prefix = PrefixCache(prefix_cache_tokens if prefix_caching else 0)
         self.eos = tok.eos_token_id
-        self._waiting: deque[Any] = deque()
         self._groups: deque[_Group] = deque()
         self._running: list[_Seq] = []
         self._state: dict[int, _JobState] = {}
-        self._cv = threading.Condition()
-        self._closed = False
         self.batches = 0  # decode steps run
         self.prefill_tokens = 0  # prompt tokens fed (cache hits are not)
         self.max_running = 0  # the most rows decoded together, for tests and logs
@@ -392,25 +389,10 @@ class ContinuousScheduler:
 
     # ---- the interface ---------------------------------------------------------------------
 
-    def submit(self, prompts: list[Prompt], n: int, params: SamplingParams,
-               seed: int | None, on_token: Callable[[TokenEvent], None] | None = None
-               ) -> Future:
+    def _check(self, n: int) -> None:
         if n > self.max_rows:
             raise ValueError(f"n={n} exceeds this server's batch of {self.max_rows} rows "
                              "(--max-batch)")
-        job = Job(prompts, n, params, seed, on_token=on_token)
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("the inference server is shutting down")
-            self._waiting.append(job)
-            self._cv.notify()
-        return job.future
-
-    def close(self, timeout: float = 30.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout)
 
     # ---- the scheduler ---------------------------------------------------------------------
 
@@ -419,7 +401,7 @@ class ContinuousScheduler:
         them) and, unless the caller knows the weights are unchanged, drop the cached
         prefixes, whose keys older weights computed. Only between requests."""
         with self._cv:
-            if self._waiting or self._groups or self._running:
+            if self._jobs or self._groups or self._running:
                 raise RuntimeError("refresh() while requests are in flight")
             self.cache.refresh()
             if not keep_prefixes:
@@ -431,12 +413,12 @@ class ContinuousScheduler:
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not (self._waiting or self._groups or self._running or self._closed):
+                while not (self._jobs or self._groups or self._running or self._closed):
                     self._cv.wait()
-                if self._closed and not (self._waiting or self._groups or self._running):
+                if self._closed and not (self._jobs or self._groups or self._running):
                     return
-                new = list(self._waiting)
-                self._waiting.clear()
+                new = list(self._jobs)
+                self._jobs.clear()
             for job in new:
                 self._admit(job)
             try:

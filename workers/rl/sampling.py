@@ -4,6 +4,7 @@ rollouts, which run on that one scheduler."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -76,3 +77,39 @@ class Job:
     @property
     def rows(self) -> int:
         return len(self.prompts) * self.n
+
+
+class JobInbox:
+    """Where request threads leave `Job`s for the one thread that owns the model (the
+    server's batchers, the continuous scheduler): `submit` queues, `close` stops taking new
+    ones and waits for the owning thread, which reads `_jobs` under `_cv`."""
+
+    def __init__(self) -> None:
+        self._jobs: list[Job] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None  # set by the subclass, then started
+
+    def submit(self, prompts: list[Prompt], n: int, params: SamplingParams,
+               seed: int | None, on_token: Callable[[TokenEvent], None] | None = None
+               ) -> Future:
+        """Future of `list[list[Sample]]`: per prompt, its n samples. `on_token` (called on
+        the owning thread) receives each of the job's tokens as it is sampled."""
+        self._check(n)
+        job = Job(prompts, n, params, seed, on_token=on_token)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the inference server is shutting down")
+            self._jobs.append(job)
+            self._cv.notify()
+        return job.future
+
+    def _check(self, n: int) -> None:
+        """Refuse a request before it is queued (a subclass's limits)."""
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
