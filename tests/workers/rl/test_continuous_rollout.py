@@ -2,7 +2,8 @@
 workers/rl/continuous.py): the batch the trainer gets is laid out as the batch engine's, its
 logprobs are what the trainer's forward recomputes, its routes are the experts each token went
 through, every call samples from the weights as they are then, and a multi-turn context reuses
-the keys of the turn before it."""
+the keys of the turn before it. (Training runs on it: test_router_replay.py's tiny runs and
+test_rl_multiturn.py's code-repair runs take both engines.)"""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from workers.rl.continuous import ContinuousRollout, weights_version
 from workers.rl.forward import forward_routed
 from workers.rl.rollout import HFRollout, make_backend
 from workers.rl.routing import expert_agreement
-from workers.rl.sinks import JsonlSink, read_jsonl
 from workers.rl.spec import RolloutSpec, SpecError, parse_spec
-from workers.rl.trainer import train
 
 CPU = torch.device("cpu")
 GREEDY = RolloutSpec(max_new_tokens=6, temperature=1e-6)
@@ -173,28 +172,3 @@ def test_the_engine_is_chosen_in_the_spec_and_refused_where_it_cannot_run(tiny_m
         parse_spec({"rollout": {"backend": "vllm", "engine": "continuous"}})
     with pytest.raises(SpecError, match="lockstep"):
         parse_spec({"rollout": {"engine": "continuous"}, "trainer": {"zero_stage": 3}})
-
-
-@pytest.mark.parametrize("replay", [False, True], ids=["no-replay", "replay"])
-def test_a_run_trains_on_continuous_rollouts(tmp_path, replay):
-    """A short GRPO run sampling on the continuous engine: the trainer recomputes the
-    sampler's logprobs (ratio 1) and routes; with router replay every expert agrees."""
-    spec = parse_spec({
-        "model": {"preset": {"num_layers": 2, "num_experts": 4, "hidden_size": 32,
-                             "moe_intermediate_size": 32}},
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "engine": "continuous"},
-        "trainer": {"steps": 3, "prompts_per_step": 2, "micro_batch_size": 8},
-        "moe": {"router_replay": replay},
-        "checkpoint": {"dir": str(tmp_path / "ckpt"), "save_final": False},
-        "output": {"stdout": False}})
-    train(spec, JsonlSink(tmp_path / "m.jsonl"))
-    steps = [r["metrics"] for r in read_jsonl(tmp_path / "m.jsonl")
-             if r["kind"] == "metrics" and "loss" in r["metrics"]]
-    assert len(steps) == 3
-    for m in steps:
-        # the sampler's and the trainer's fp32 forwards agree to rounding, every step
-        assert m["mismatch/kl"] < 1e-6 and m["mismatch/max_ratio"] < 1.001
-        agreement = [m[f"mismatch/expert_agreement/layer_{i}"] for i in range(2)]
-        assert all(a >= 0.99 for a in agreement)
-        if replay:
-            assert agreement == [1.0, 1.0]
