@@ -209,6 +209,8 @@ def rollout_figures(ckpt: Path, groups: int, group_size: int, prompt_words: int,
         for name in ("continuous", "batch"):
             backend = (ContinuousRollout(policy.model, policy.tok) if name == "continuous"
                        else HFRollout(policy.model, policy.tok))
+            # untimed: the continuous engine sizes its scheduler on its first call
+            backend.generate(batch, spec, torch.Generator().manual_seed(r))
             t0 = time.perf_counter()
             b = backend.generate(batch, spec, torch.Generator().manual_seed(r))
             out[f"engine_{name}"].append(b.num_tokens / (time.perf_counter() - t0))
