@@ -86,14 +86,16 @@ def code_tasks(n_train: int, n_eval: int, seed: int = 0) -> list[dict[str, Any]]
 
 
 def learning_run(folder: Path, seed: int, lr: float = 1e-3, steps: int = STEPS,
-                 tasks: tuple[int, int] = TASKS, eval_samples: int = 8) -> dict[str, Any]:
+                 tasks: tuple[int, int] = TASKS, eval_samples: int = 8,
+                 engine: str = "batch") -> dict[str, Any]:
     spec = parse_spec({
         "name": "tool-learning",
         "environment": {"source": "terminal", "tasks": code_tasks(*tasks)},
         "tokenizer": {"vocab_size": 1024},
         "model": {"preset": {"num_layers": 4}},
         "sft": {"steps": SFT_STEPS, "lr": 3e-3, "batch_size": 16},
-        "rollout": {"group_size": 8, "max_new_tokens": 12, "temperature": TEMPERATURE},
+        "rollout": {"group_size": 8, "max_new_tokens": 12, "temperature": TEMPERATURE,
+                    "engine": engine},
         "algorithm": {"advantage": "grpo"},
         "trainer": {"steps": steps, "prompts_per_step": 8, "micro_batch_size": 64, "lr": lr,
                     "schedule": "cosine", "zero_stage": 0, "seed": seed,
