@@ -49,7 +49,9 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -135,7 +137,7 @@ def held_out(tok, count: int, prompt_len: int, cue: int, answer_len: int
     `answer_len` tokens. Solving it takes copying from the context, which no amount of memorising
     the training passages gives."""
     rng = random.Random(2)
-    tasks = []
+    tasks: list[tuple[list[int], list[int]]] = []
     while len(tasks) < count:
         ids = list(tok(words(rng, 24), add_special_tokens=False)["input_ids"])[:prompt_len]
         if len(ids) == prompt_len:
@@ -314,8 +316,10 @@ def main() -> None:
                     rates[name].append(tokens / secs)
                     print(f"round {r + 1} {name}: {tokens} tokens, {tokens / secs:.1f} tokens/s",
                           flush=True)
-            stats = {name: getattr(b, "stats", dict)().get("speculative", {})
-                     for name, b in batchers.items()}
+            stats: dict[str, dict[str, Any]] = {}
+            for name, b in batchers.items():
+                read: Callable[[], dict[str, Any]] = getattr(b, "stats", dict)
+                stats[name] = read().get("speculative", {})
             scores = {name: eval_score(batchers[name], tasks)
                       for name in ("base", "ngram", "draft", "int8", "int8+ngram")}
             batchers["control"] = make_batcher(control, 8, EngineOptions())
@@ -359,17 +363,17 @@ def main() -> None:
               f"ratio={big['int8-bytes'] / big['base-bytes']:.2f} target=<0.5")
     for name in ("ngram", "draft", "int8+ngram"):
         print(f"variants {name} acceptance: crucible={stats[name]['acceptance_rate']:.3f}")
-    b = scores["base"]
+    top = scores["base"]
     chance = 1 / len(policy.tok)
-    print(f"variants base eval score: crucible={b:.4f} chance={chance:.4f} "
-          f"ratio={b / chance:.1f} target=>=0.5")
-    for name in ("ngram", "draft", "int8", "int8+ngram"):
+    print(f"variants base eval score: crucible={top:.4f} chance={chance:.4f} "
+          f"ratio={top / chance:.1f} target=>=0.5")
+    labels = {"ngram": "ngram", "draft": "draft", "int8": "int8", "int8+ngram": "int8+ngram",
+              "control": "control(noisy weights)"}
+    for name, label in labels.items():
         v = scores[name]
-        print(f"variants {name} eval delta: crucible={v:.4f} base={b:.4f} "
-              f"ratio={v / b if b else float('nan'):.3f} delta={v - b:+.4f} target=>=-0.02")
-    v = scores["control"]
-    print(f"variants control(noisy weights) eval delta: crucible={v:.4f} base={b:.4f} "
-          f"ratio={v / b if b else float('nan'):.3f} delta={v - b:+.4f} target=<-0.02")
+        print(f"variants {label} eval delta: crucible={v:.4f} base={top:.4f} "
+              f"ratio={v / top if top else float('nan'):.3f} delta={v - top:+.4f} "
+              f"target={'<-0.02' if name == 'control' else '>=-0.02'}")
     (acc_i, nll_i), (acc_b, nll_b) = forced["int8"], forced["base"]
     print(f"variants int8 next-token accuracy: crucible={acc_i:.4f} base={acc_b:.4f} "
           f"ratio={acc_i / acc_b if acc_b else float('nan'):.3f} delta={acc_i - acc_b:+.4f} "
