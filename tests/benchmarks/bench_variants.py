@@ -13,11 +13,12 @@ of the random target was, 0 of 514 guesses). The draft is loaded through `--draf
 Each engine is the serve command's own (`make_batcher` with the flags' `EngineOptions`), run in
 this process with one torch thread: `--prompts` greedy requests of `--max-tokens` tokens sent
 one after another (a single stream: the latency-bound case speculation is for). Prompts repeat
-a passage of themselves, as edits and summaries of a given text do. The target copies from
-`--passage` tokens back, not from the 64 tokens back at which the prompts repeat, so its greedy
-output leaves the prompt's text and few guesses are accepted; a corpus half plain text, half
-repeats kept the old greedy loops (n-gram acceptance 0.945) but taught no copying in 200 steps
-(held-out score 0.03). Baselines, measured in the
+a passage of themselves, as edits and summaries of a given text do: a fresh `--passage`-token
+passage repeated to `--prompt-tokens` tokens, the period the model learnt to copy at (it copies
+from `--passage` tokens back; it did not learn to match content at other periods in 200 steps:
+prompts repeating at 64 tokens made its output leave the prompt's text, n-gram acceptance 0.12;
+a corpus half plain text, half repeats kept greedy loops but taught no copying, held-out score
+0.03). Baselines, measured in the
 same run: the default engine for this model (the continuous scheduler over the RL engine's lean
 forward) and the static engine (the Hugging Face forward with its KV cache, the forward the
 speculative decoder also uses; the int8 model takes this path too). Figures are medians over
@@ -121,13 +122,16 @@ def build(out: Path, layers: int, hidden: int, steps: int, passage: int) -> tupl
     return dirs[0], dirs[1]
 
 
-def prompts_for(tok, count: int, length: int) -> list[list[int]]:
-    """Token-id prompts of about `length` tokens whose second half repeats part of the first."""
+def prompts_for(tok, count: int, length: int, passage: int) -> list[list[int]]:
+    """Token-id prompts of `length` tokens: a `passage`-token passage (seed 1, never trained
+    on) repeated, as the training rows repeat theirs, so the model's greedy continuation keeps
+    copying it (a prompt repeating at another period would ask for what it never learnt)."""
     rng = random.Random(1)
     out = []
-    for _ in range(count):
-        ids = list(tok(words(rng, length), add_special_tokens=False)["input_ids"])[:length]
-        out.append(ids + ids[: length // 2])
+    while len(out) < count:
+        ids = list(tok(words(rng, 24), add_special_tokens=False)["input_ids"])[:passage]
+        if len(ids) == passage:
+            out.append((ids * (length // passage + 1))[:length])
     return out
 
 
@@ -283,7 +287,7 @@ def main() -> None:
         policy = Policy(tdir, device="cpu")
         quant = Policy(tdir, device="cpu", int8=True)
         memory = {"base": weight_bytes(policy.model), "int8": weight_bytes(quant.model)}
-        prompts = prompts_for(policy.tok, args.prompts, args.prompt_tokens)
+        prompts = prompts_for(policy.tok, args.prompts, args.prompt_tokens, args.passage)
         tasks = held_out(policy.tok, args.eval_tasks, args.passage, args.eval_cue,
                          args.eval_answer)
         control = noisy(Policy(tdir, device="cpu"), args.control_noise)
@@ -335,7 +339,7 @@ def main() -> None:
 
     med = {name: statistics.median(v) for name, v in rates.items()}
     print(f"\ntarget: {args.layers} layers, hidden {args.hidden}; {args.prompts} prompts of "
-          f"~{args.prompt_tokens * 3 // 2} tokens, {args.max_tokens} greedy tokens each, "
+          f"{args.prompt_tokens} tokens, {args.max_tokens} greedy tokens each, "
           f"K={args.k}, n-gram {args.ngram}; outputs differing from their model's plain greedy "
           f"output: {mismatches}; int8 outputs differing from the float base's: "
           f"{sum(o != e for o, e in zip(reference['int8'], reference['base'], strict=True))} "
