@@ -127,7 +127,7 @@ def prompts_for(tok, count: int, length: int, passage: int) -> list[list[int]]:
     on) repeated, as the training rows repeat theirs, so the model's greedy continuation keeps
     copying it (a prompt repeating at another period would ask for what it never learnt)."""
     rng = random.Random(1)
-    out = []
+    out: list[list[int]] = []
     while len(out) < count:
         ids = list(tok(words(rng, 24), add_special_tokens=False)["input_ids"])[:passage]
         if len(ids) == passage:
