@@ -204,22 +204,18 @@ def store_leased_batch(*, run_model: type[models.Model], run_id: Any, lease: wri
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return None
     try:
-        stream_seq = writers.store_postgres(run_id, run_model._meta.db_table, seq,
-                                            rollups.WIDTHS, *columns, lease=lease)
+        stored = writers.store_postgres(run_id, run_model._meta.db_table, seq,
+                                        rollups.WIDTHS, *columns, lease=lease)
     except IntegrityError:  # a retry of this seq committed first (unique (run, seq))
         return None
-    if stream_seq is None:
+    if stored is None:
         return None
+    stream_seq, team_id = stored
     count = len(columns.names)
     # Committed already (autocommit): these run now.
     telemetry.count_on_commit(telemetry.METRIC_BATCHES.labels("stored"))
     telemetry.count_on_commit(telemetry.METRIC_POINTS, count)
     events.publish_on_commit(events.run_group(run_id), metrics_message(stream_seq, columns))
-    if lease.team_id is not None:
-        team_id = lease.team_id
-    else:  # an operator token: the run's team, for the signal's receivers
-        team_id = run_model._default_manager.filter(pk=run_id).values_list(
-            "team_id", flat=True).get()
     names = set(columns.names)
     transaction.on_commit(lambda: _send_stored(run_id, team_id, names))
     return count, False
@@ -241,8 +237,9 @@ def _send_stored(run_id: Any, team_id: int, names: set[str]) -> None:
 def _store_postgres(run: models.Model, seq: int, columns: Columns) -> int | None:
     """One statement (``writers.store_postgres``); the batch's stream position, or None for
     a batch already stored."""
-    return writers.store_postgres(run.pk, type(run)._meta.db_table, seq, rollups.WIDTHS,
-                                  *columns)
+    stored = writers.store_postgres(run.pk, type(run)._meta.db_table, seq, rollups.WIDTHS,
+                                    *columns)
+    return None if stored is None else stored[0]
 
 
 # A batch past this many points goes on the channel layer as a summary (its stream position

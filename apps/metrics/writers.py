@@ -48,10 +48,12 @@ class Lease(NamedTuple):
 
 def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...],
                    names: list[str], steps: list[int], values: list[float],
-                   walls: list[float], lease: Lease | None = None) -> int | None:
+                   walls: list[float], lease: Lease | None = None) -> tuple[int, int] | None:
     """Claim and store a batch in one statement (see the module docstring); returns its
-    stream position, or None when ``(run, seq)`` is already stored (nothing is written then,
-    and no stream position is spent). The caller holds the run's row lock, which serialises
+    stream position and the run's team id (the stored signal's receivers need it: an
+    operator token's request does not know it, and asking cost a round trip a batch), or
+    None when ``(run, seq)`` is already stored (nothing is written then, and no stream
+    position is spent). The caller holds the run's row lock, which serialises
     the run's batches: the duplicate check below sees every batch committed before it, so the
     unique ``(run, seq)`` constraint is only the backstop (a violation fails the whole
     statement: nothing half-stored). Within a batch the later of two points at one step is a
@@ -84,7 +86,7 @@ def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...
 WITH dup AS (SELECT 1 FROM {batch} WHERE run_id = %(run)s AND seq = %(seq)s),
 pos AS (
     UPDATE {run_table} SET event_seq = event_seq + 1
-    WHERE id = %(run)s AND NOT EXISTS (SELECT 1 FROM dup){lease_sql} RETURNING event_seq
+    WHERE id = %(run)s AND NOT EXISTS (SELECT 1 FROM dup){lease_sql} RETURNING event_seq, team_id
 ),
 nm AS (SELECT %(names)s::text[] AS names),
 pts AS (
@@ -129,7 +131,7 @@ INSERT INTO {batch} (run_id, seq, stream_seq, first_id, last_id, point_count, re
 SELECT %(run)s, %(seq)s, pos.event_seq, (SELECT min(id) FROM ins), (SELECT max(id) FROM ins),
        %(count)s, now()
 FROM pos
-RETURNING stream_seq
+RETURNING stream_seq, (SELECT team_id FROM pos)
 """
     # Names go once each, points refer to them by position (1-based, as SQL arrays are).
     # Each numeric column is one array literal written by orjson ("[1,2.5]" -> "{1,2.5}"):
@@ -150,7 +152,7 @@ RETURNING stream_seq
                                  "active": list(lease.active), "now": lease.now,
                                  "lease": lease.lease_id, "team": lease.team_id})})
         found = cursor.fetchone()
-    return found[0] if found else None
+    return (found[0], found[1]) if found else None
 
 
 def _array(items: object) -> str:
