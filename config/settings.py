@@ -203,7 +203,8 @@ else:
 # The cache holds the API's rate-limit counters: shared through Redis by every web process
 # in production; in-process in the embedded default (one web process).
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+    # One Redis client per process, not one per request: see apps/core/cache.py.
+    CACHES = {"default": {"BACKEND": "apps.core.cache.SharedRedisCache",
                           "LOCATION": REDIS_URL, "KEY_PREFIX": "crucible"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -6,6 +6,7 @@ import threading
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.core.cache import caches
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path
@@ -36,6 +37,16 @@ def publish(request: HttpRequest) -> HttpResponse:
     return HttpResponse("sent")
 
 
+# The cache clients requests used, kept alive so no two can share an id().
+CACHE_CLIENTS: list[object] = []
+
+
+def cache_client(request: HttpRequest) -> HttpResponse:
+    """The client the default cache gives this request (building one does not connect)."""
+    CACHE_CLIENTS.append(caches["default"]._cache)  # type: ignore[attr-defined]
+    return HttpResponse("ok")
+
+
 def boom(request: HttpRequest) -> HttpResponse:
     raise RuntimeError("view failed")
 
@@ -45,4 +56,5 @@ urlpatterns = [
     path("stream", stream),
     path("publish", publish),
     path("boom", boom),
+    path("cache-client", cache_client),
 ]

@@ -25,7 +25,7 @@ def shared_cache(settings: Any) -> None:
     if not url:
         host_skip("the token cache needs a shared cache: Redis (REDIS_URL), PostgreSQL pass")
     settings.CACHES = {"default": {**settings.CACHES["default"],
-                                   "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "BACKEND": "apps.core.cache.SharedRedisCache",
                                    "LOCATION": url}}
     settings.CRUCIBLE = {**settings.CRUCIBLE, "TOKEN_CACHE_S": 30}
     token_cache._entries.clear()
