@@ -64,6 +64,9 @@ def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...
     statement's 21 ms (collation-aware sorts of 4000 rows, a sort and an array per bucket).
     Here series are grouped by their integer key (hashing, no sort), and a bucket's last point
     is found as ``max(ARRAY[step, ord])`` (exact int8 comparison) and joined back by ``ord``.
+    Only the finest width is aggregated from the points; each coarser one (a multiple of it)
+    from those buckets, so the 1000 points are grouped once, not once per width (~0.5 ms of
+    a ~9 ms statement, minimum of 300 batches).
 
     With ``lease``, the caller holds no lock: the stream-position UPDATE takes the run's row
     lock and checks the lease in its WHERE (re-checked on the newest row version if it had
@@ -74,6 +77,8 @@ def store_postgres(run_id: Any, run_table: str, seq: int, widths: tuple[int, ...
     ``(run, seq)`` constraint (IntegrityError, nothing stored), never store twice. The lease
     id is compared as SHA-256 digests, so the comparison's time says nothing about how much
     of a guessed id was right (``check_lease`` uses ``compare_digest``)."""
+    if not widths or any(w % widths[0] for w in widths):
+        raise ValueError(f"rollup widths must be multiples of the first: {widths}")
     points = MetricPoint._meta.db_table
     lease_sql = "" if lease is None else (
         " AND status = ANY(%(active)s::text[]) AND lease_expires_at > %(now)s"
@@ -107,10 +112,16 @@ ser AS (
         first_step = LEAST(t.first_step, excluded.first_step),
         last_step = GREATEST(t.last_step, excluded.last_step)
 ),
-agg AS (
-    SELECT k, w, step / w AS bucket, min(value) AS vmin, max(value) AS vmax,
+fine AS (
+    SELECT k, step / %(w0)s::int8 AS bucket, min(value) AS vmin, max(value) AS vmax,
            max(ARRAY[step, ord]) AS last, count(*) AS n
-    FROM pts CROSS JOIN unnest(%(widths)s::int8[]) AS w GROUP BY k, w, step / w
+    FROM pts GROUP BY k, step / %(w0)s::int8
+),
+agg AS (
+    SELECT k, %(w0)s::int8 AS w, bucket, vmin, vmax, last, n FROM fine
+    UNION ALL
+    SELECT k, w, bucket / (w / %(w0)s::int8), min(vmin), max(vmax), max(last), sum(n)::int8
+    FROM fine CROSS JOIN unnest(%(coarser)s::int8[]) AS w GROUP BY k, w, bucket / (w / %(w0)s::int8)
 ),
 rol AS (
     INSERT INTO {rollup} AS t (run_id, name, width, bucket, vmin, vmax, last_step, last_value,
@@ -147,7 +158,8 @@ RETURNING stream_seq, (SELECT team_id FROM pos)
         cursor.execute(sql, {"names": list(index), "keys": _array(keys),
                              "steps": _array(steps), "values": _array(values),
                              "walls": _array(walls), "run": run_id, "seq": seq,
-                             "count": len(names), "widths": _array(widths),
+                             "count": len(names), "w0": widths[0],
+                             "coarser": _array(widths[1:]),
                              **({} if lease is None else {
                                  "active": list(lease.active), "now": lease.now,
                                  "lease": lease.lease_id, "team": lease.team_id})})
