@@ -392,3 +392,20 @@ def test_worker_viewset_refuses_initial_override():
     mixin = type("Mixin", (), {"initial": initial})
     with pytest.raises(TypeError, match="initial"):
         type("Sneaky", (mixin, WorkerViewSet), {})
+
+
+def test_api_routes_come_first_and_no_page_route_can_take_an_api_path():
+    """``api/v1/`` is the URLconf's first entry (metric batches and heartbeats resolve
+    without trying every page pattern first), which is only safe while no page route can
+    match a path under it: each must begin with a literal that is not under ``api/v1/``."""
+    first = get_resolver().url_patterns[0]
+    assert isinstance(first, URLResolver) and str(first.pattern) == API_PREFIX
+    pages = [r for r in iter_routes() if not r.text.startswith(API_PREFIX)]
+    assert len(pages) > 100
+    for route in pages:
+        (template, _), *_ = normalize(route.regex)
+        literal = template.split("%(", 1)[0]
+        assert literal or not template, f"{route}: begins with a parameter"
+        if template:
+            assert not literal.startswith(API_PREFIX) and not API_PREFIX.startswith(literal), \
+                f"{route}: could match a path under /{API_PREFIX}"
