@@ -21,6 +21,10 @@ from django.utils.functional import cached_property
 class SharedRedisCache(RedisCache):
     """``django.core.cache.backends.redis.RedisCache`` whose client outlives the request."""
 
+    # Set by RedisCache.__init__ (not in django-stubs).
+    _servers: list[str]
+    _options: dict[str, Any]
+    _class: type[RedisCacheClient]
     _clients: ClassVar[dict[tuple[tuple[str, ...], str], RedisCacheClient]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
