@@ -301,8 +301,25 @@ class HFRollout:
         rows sharing it. Buffers are preallocated; no forward runs after the last sampled
         token, and without lockstep the loop stops as soon as every row has finished.
         """
-        lean = None if self.lockstep else lean_decoder(
-            self.model, rows.shape[0], uniq_ids.shape[1] + spec.max_new_tokens)
+        lean = None
+        if not self.lockstep:
+            # The lean decode loop reads the policy's parameters and writes only tensors of its
+            # own, so (unless a caller's hook sees its tensors) it runs under inference mode:
+            # the same kernels, so the same bits, with less dispatch per op than no_grad (no
+            # version counters or view tracking), ~10% of a sampling pass on the tiny models.
+            # Its outputs are cloned out of inference mode: the trainer's autograd reads them.
+            with torch.inference_mode(on_step is None):
+                lean = lean_decoder(self.model, rows.shape[0],
+                                    uniq_ids.shape[1] + spec.max_new_tokens)
+                if lean is not None:
+                    ids, lp, mask, routes = self.decode(uniq_ids, uniq_mask, rows, spec,
+                                                        generator, controls, on_step, lean,
+                                                        None)
+            if lean is not None:
+                if on_step is not None:
+                    return ids, lp, mask, routes
+                return ids.clone(), lp.clone(), mask.clone(), (
+                    None if routes is None else (routes[0].clone(), routes[1].clone()))
         routers = None if lean is not None else replayable_routers(self.model)
         tap = RouterTap(routers) if routers else None
         if tap is None:
