@@ -188,6 +188,7 @@ class HFRollout:
         self.share_prefix = share_prefix
         self._modules: tuple[torch.nn.Module | None, list[torch.nn.Module]] = (None, [])
         self._ids: dict[str, list[int]] = {}  # prompt text -> token ids (`token_ids`)
+        self._texts: dict[tuple[int, ...], str] = {}  # completion ids -> text (`texts`)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -449,15 +450,20 @@ class HFRollout:
                 done[i] = True
 
     def texts(self, comp: torch.Tensor, mask: torch.Tensor, stops: list[str]) -> list[str]:
-        """Decoded completions cut at the first stop string; identical rows decode once."""
-        seen: dict[tuple[int, ...], str] = {}
+        """Decoded completions cut at the first stop string. Each distinct completion is
+        decoded once per backend and remembered (short RL completions repeat within and across
+        steps, and the tokenizer call is most of this function's cost); the memory is dropped
+        when it holds `PROMPT_CACHE` completions."""
+        memo = self._texts
         out = []
         for row, m in zip(comp.tolist(), mask.tolist(), strict=True):
             key = tuple(x for x, keep in zip(row, m, strict=True) if keep)
-            if key not in seen:
-                text = self.tok.decode(list(key), skip_special_tokens=True)
-                seen[key] = cut_at_stop(text, stops)[0]
-            out.append(seen[key])
+            text = memo.get(key)
+            if text is None:
+                if len(memo) >= PROMPT_CACHE:
+                    memo.clear()
+                text = memo[key] = self.tok.decode(list(key), skip_special_tokens=True)
+            out.append(cut_at_stop(text, stops)[0] if stops else text)
         return out
 
 
