@@ -184,8 +184,7 @@ def load_balancing_loss(
 
 
 def router_statistics(
-    router_logits: Sequence[torch.Tensor] | torch.Tensor, top_k: int,
-    mask: torch.Tensor | None = None,
+    router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`load_balancing_loss` with the two sums it is made of: (aux loss, (L,E) weighted
     (token, slot) counts per expert, (L,E) weighted router-probability sums), the last two
