@@ -163,7 +163,7 @@ def dpo_loss(
     return loss, (margin > 0).float().mean()
 
 
-def stacked(router_logits: Sequence[torch.Tensor]) -> torch.Tensor:
+def stacked(router_logits: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
     """Per-layer router logits as one (L,N,E) tensor: layers are reduced together, in a few
     tensor ops instead of a Python loop of them per layer."""
     if isinstance(router_logits, torch.Tensor):
@@ -184,7 +184,8 @@ def load_balancing_loss(
 
 
 def router_statistics(
-    router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
+    router_logits: Sequence[torch.Tensor] | torch.Tensor, top_k: int,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`load_balancing_loss` with the two sums it is made of: (aux loss, (L,E) weighted
     (token, slot) counts per expert, (L,E) weighted router-probability sums), the last two
