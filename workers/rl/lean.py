@@ -191,12 +191,13 @@ class LeanQwen3Moe:
         n, t, _ = x.shape
         hd, h, kv = self.head_dim, self.n_heads, self.n_kv
         g = h // kv
-        qkv = F.linear(x, self.qkv[i]).view(n, t, h + 2 * kv, hd)
-        qk = F.rms_norm(qkv[:, :, : h + kv], (hd,), None, self.eps) * self.qk_scale[i]
+        # `split`, not two slices: the same views forward, and backward one cat of the parts'
+        # gradients instead of a zero-filled full-size gradient per slice, summed.
+        qk, v = F.linear(x, self.qkv[i]).view(n, t, h + 2 * kv, hd).split([h + kv, kv], 2)
+        qk = F.rms_norm(qk, (hd,), None, self.eps) * self.qk_scale[i]
         qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # RoPE, (N,T,H+KV,hd)
-        q = qk[:, :, :h].transpose(1, 2)  # (N,H,T,hd)
-        k = qk[:, :, h:].transpose(1, 2)  # (N,KV,T,hd)
-        v = qkv[:, :, h + kv :].transpose(1, 2)
+        q, k = (part.transpose(1, 2) for part in qk.split([h, kv], 2))  # (N,H|KV,T,hd)
+        v = v.transpose(1, 2)
         if not self.keys:  # training: no cache, the whole sequence at once
             keys, values = k, v
         elif cache_rows is None:

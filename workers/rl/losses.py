@@ -163,7 +163,7 @@ def dpo_loss(
     return loss, (margin > 0).float().mean()
 
 
-def stacked(router_logits: Sequence[torch.Tensor]) -> torch.Tensor:
+def stacked(router_logits: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
     """Per-layer router logits as one (L,N,E) tensor: layers are reduced together, in a few
     tensor ops instead of a Python loop of them per layer."""
     if isinstance(router_logits, torch.Tensor):
@@ -180,6 +180,19 @@ def load_balancing_loss(
     mean router probability of e. Perfectly uniform routing gives 1.0. router_logits: per layer
     (N,E) (or stacked (L,N,E)); mask: (N,) 1.0 for real tokens.
     """
+    return router_statistics(router_logits, top_k, mask)[0]
+
+
+def router_statistics(
+    router_logits: Sequence[torch.Tensor] | torch.Tensor, top_k: int,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`load_balancing_loss` with the two sums it is made of: (aux loss, (L,E) weighted
+    (token, slot) counts per expert, (L,E) weighted router-probability sums), the last two
+    detached. The trainer's expert-load and balance metrics read exactly these sums
+    (`balance.expert_counts` and `balance.prob_sums` without a selection bias compute the same
+    values with the same operations), so one softmax and one top-k serve the loss and the
+    metrics."""
     probs = torch.softmax(stacked(router_logits).float(), dim=-1)  # (L,N,E)
     n_exp = probs.shape[-1]
     chosen = probs.topk(top_k, dim=-1).indices  # (L,N,k)
@@ -191,9 +204,11 @@ def load_balancing_loss(
     else:
         w = mask.to(probs.dtype)
     denom = w.sum().clamp(min=1.0)
-    frac = (assign * w[:, None]).sum(1) / (denom * top_k)  # (L,E)
-    prob = (probs * w[:, None]).sum(1) / denom  # (L,E)
-    return (n_exp * (frac * prob).sum(-1)).mean()
+    counts = (assign * w[:, None]).sum(1)  # (L,E), no gradient (assign and w have none)
+    sums = (probs * w[:, None]).sum(1)  # (L,E)
+    frac = counts / (denom * top_k)
+    prob = sums / denom
+    return (n_exp * (frac * prob).sum(-1)).mean(), counts, sums.detach()
 
 
 @torch.no_grad()

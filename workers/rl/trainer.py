@@ -76,6 +76,7 @@ from workers.rl.losses import (
     load_balancing_loss,
     masked_mean,
     policy_loss,
+    router_statistics,
     stacked,
     token_logprobs,
 )
@@ -139,12 +140,14 @@ class Learner:
 def expert_load(counts: torch.Tensor) -> dict[str, float]:
     """Per-layer routing metrics from (layers, experts) token counts: each layer's load
     entropy normalised to [0, 1] (1 = perfectly even) and each expert's token count."""
+    # All layers in one pass of tensor ops (each row's reduction is the per-layer one, so the
+    # values are the same bits), read out with one tolist each.
+    p = counts / counts.sum(-1, keepdim=True).clamp(min=1.0)
+    ent = (-(p * p.clamp(min=1e-12).log()).sum(-1) / math.log(counts.shape[-1])).tolist()
     out: dict[str, float] = {}
-    for layer, row in enumerate(counts):
-        p = row / row.sum().clamp(min=1.0)
-        ent = -(p * p.clamp(min=1e-12).log()).sum() / math.log(len(row))
-        out[f"moe/layer{layer}/load_entropy"] = float(ent)
-        for e, c in enumerate(row.tolist()):
+    for layer, row in enumerate(counts.tolist()):
+        out[f"moe/layer{layer}/load_entropy"] = ent[layer]
+        for e, c in enumerate(row):
             out[f"moe/layer{layer}/expert{e}_tokens"] = c
     return out
 
@@ -199,6 +202,8 @@ class Trainer:
             f"cuda:{torch.cuda.current_device()}" if on_cuda() else "cpu"
         )
         self.meter: MismatchMeter | None = None  # open during a step's first update
+        # The policy's top-k routers (None: not a Qwen3-MoE), looked up once per step.
+        self.routers: list[torch.nn.Module] | None = None
         self.step_load: torch.Tensor | None = None  # (L,E) loads of the step so far
         self.global_counts: torch.Tensor | None = None  # global_aux: the update's loads
         if spec.moe.router_replay and plays_episodes(self.objective):
@@ -725,8 +730,8 @@ class Trainer:
         stats: dict[str, float] = {}
         skipped = False
         # Train/infer mismatch: measured in the first update, before any optimizer step.
-        meter = self.meter = MismatchMeter(layers=len(replayable_routers(engine) or [])
-                                           if moe else 0)
+        routers = self.routers = replayable_routers(engine) if moe else None
+        meter = self.meter = MismatchMeter(layers=len(routers or []))
         self.step_load = None
         for _ in range(algo.updates_per_batch):
             upd, skipped = self.update(engine, batch, advs, rewards, ref_logp, micro, moe,
@@ -736,7 +741,6 @@ class Trainer:
                 stats[k] = stats.get(k, 0.0) + v / algo.updates_per_batch
             if skipped:
                 break
-        routers = replayable_routers(engine) if moe else None
         if routers and self.step_load is not None and balance.biases(routers) is not None \
                 and not skipped:  # aux-free: nudge the selection bias against the load
             balance.update_biases(routers, self.step_load, spec.moe.bias_rate)
@@ -935,10 +939,10 @@ class Trainer:
         balance metrics are summed from."""
         assert router is not None
         ms = self.spec.moe
-        logits = stacked(router)  # (L,N,E)
-        routers = replayable_routers(engine)
-        bias = balance.biases(routers) if routers else None
-        aux = load_balancing_loss(router, top_k, flat_mask)
+        logits = stacked(router)  # (L,N,E), stacked once for every term below
+        bias = balance.biases(self.routers) if self.routers else None
+        # One softmax and top-k for the auxiliary loss and the unbiased load metrics.
+        aux, counts, psums = router_statistics(logits, top_k, flat_mask)
         parts["aux_loss"] = aux.detach()
         coef = self.spec.model.router_aux_loss_coef
         if ms.balance == "aux":
@@ -948,12 +952,16 @@ class Trainer:
             g = balance.global_balance_loss(logits, self.global_counts, flat_mask)
             parts["global_aux_loss"] = g.detach()
             loss = loss + coef * g
-        z = balance.z_loss(logits, flat_mask)
-        parts["z_loss"] = z.detach()
         if ms.z_loss_coef:
+            z = balance.z_loss(logits, flat_mask)
             loss = loss + ms.z_loss_coef * z
-        counts = balance.expert_counts(logits, top_k, flat_mask, bias).cpu()
-        return loss, torch.cat([counts, balance.prob_sums(logits, flat_mask).cpu()], -1)
+        else:  # a metric only: no autograd graph for it
+            with torch.no_grad():
+                z = balance.z_loss(logits, flat_mask)
+        parts["z_loss"] = z.detach()
+        if bias is not None:  # aux-free balancing selects with the bias: count as it does
+            counts = balance.expert_counts(logits, top_k, flat_mask, bias)
+        return loss, torch.cat([counts.cpu(), psums.cpu()], -1)
 
     def update_metrics(self, engine: Any, sums: dict[str, float], gas: int, dropped: int,
                        own_norm: float | None, util_counts: list[torch.Tensor]

@@ -169,3 +169,29 @@ def test_packed_training_forward_equals_the_padded_one(tiny_model, tokenizer):
     long_c = torch.full((64, 100), 5)
     assert lean.train_forward_packed(many, torch.ones_like(many), long_c,
                                      torch.ones_like(long_c)) is None
+
+
+def test_inference_mode_sampling_is_bit_identical_and_feeds_autograd(tiny_model, tokenizer):
+    """The lean decode loop runs under inference mode: the same tokens, logprobs and routes,
+    to the bit, as the same loop under no_grad, and outputs the trainer's autograd can use."""
+    prompts = [p for p in ["1+2=", "13+4=", "9+9="] for _ in range(4)]
+    spec = RolloutSpec(max_new_tokens=5, temperature=1.3)
+    backend = HFRollout(tiny_model, tokenizer)
+    batch = backend.generate(prompts, spec, torch.Generator().manual_seed(5))
+    ids, mask, rows = backend.encode(prompts)
+    with torch.no_grad():
+        lean = lean_decoder(tiny_model, len(prompts), ids.shape[1] + spec.max_new_tokens)
+        ref = backend.decode(ids, mask, rows, spec, torch.Generator().manual_seed(5), None,
+                             None, lean, None)
+    assert torch.equal(batch.completion_ids, ref[0])
+    assert torch.equal(batch.logprobs, ref[1])
+    assert torch.equal(batch.completion_mask, ref[2])
+    assert ref[3] is not None and batch.prompt_routes is not None
+    assert torch.equal(batch.prompt_routes, ref[3][0])
+    assert torch.equal(batch.completion_routes, ref[3][1])
+    for t in (batch.completion_ids, batch.logprobs, batch.completion_mask,
+              batch.prompt_routes, batch.completion_routes):
+        assert not t.is_inference()
+    w = torch.zeros(batch.logprobs.shape, requires_grad=True)
+    (torch.exp(w - batch.logprobs) * batch.completion_mask).sum().backward()
+    assert w.grad is not None

@@ -43,3 +43,42 @@ def test_stacked_utilisation_counts_each_layer_separately():
     assert util[1]["tokens"] == [0.0, 0.0, 3.0, 0.0]
     assert math.isclose(util[0]["load_entropy"], math.log(3) / math.log(4), rel_tol=1e-6)
     assert util[1]["load_entropy"] == 0.0
+
+
+def test_router_statistics_are_the_aux_loss_and_the_load_metrics_bit_for_bit():
+    """One softmax/top-k serves the auxiliary loss and the expert-load metrics: the same
+    values, to the bit, as `load_balancing_loss`, `balance.expert_counts` and
+    `balance.prob_sums` computed separately, for no mask, a 0/1 mask and packed-token
+    weights; the loss keeps its gradient and the sums carry none."""
+    from workers.rl import balance
+    from workers.rl.losses import router_statistics
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 50, 8, generator=g).requires_grad_()
+    weights = torch.randint(0, 5, (50,), generator=g).float()
+    for mask in (None, (weights > 1).float(), weights):
+        aux, counts, sums = router_statistics(logits, 2, mask)
+        assert torch.equal(aux, load_balancing_loss(logits, 2, mask))
+        assert torch.equal(counts, balance.expert_counts(logits, 2, mask))
+        assert torch.equal(sums, balance.prob_sums(logits, mask))
+        assert aux.requires_grad and not counts.requires_grad and not sums.requires_grad
+    layers = list(logits.unbind())
+    assert torch.equal(router_statistics(layers, 2, weights)[0],
+                       load_balancing_loss(logits, 2, weights))
+
+
+def test_expert_load_metrics_equal_the_per_layer_loop():
+    from workers.rl.trainer import expert_load
+
+    g = torch.Generator().manual_seed(2)
+    counts = (torch.rand(4, 8, generator=g) * 300).round()
+    counts[2] = 0.0  # a layer without tokens
+    want = {}
+    for layer, row in enumerate(counts):
+        p = row / row.sum().clamp(min=1.0)
+        ent = -(p * p.clamp(min=1e-12).log()).sum() / math.log(len(row))
+        want[f"moe/layer{layer}/load_entropy"] = float(ent)
+        for e, c in enumerate(row.tolist()):
+            want[f"moe/layer{layer}/expert{e}_tokens"] = c
+    got = expert_load(counts)
+    assert list(got) == list(want) and got == want

@@ -121,3 +121,18 @@ def test_remembered_prompt_ids_equal_the_tokenizers_padding(tiny_model, tokenize
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     assert torch.equal(ids, enc["input_ids"]) and torch.equal(mask, enc["attention_mask"])
     assert rows.tolist() == list(range(len(prompts)))
+
+
+def test_remembered_completion_texts_are_cut_per_call(tiny_model, tokenizer):
+    """Decoded completions are remembered per backend, uncut: each call still cuts them at its
+    own stop strings, and a repeat call gives the tokenizer's text."""
+    backend = HFRollout(tiny_model, tokenizer)
+    ids = torch.tensor(tokenizer(["12\n3", "7"], add_special_tokens=False,
+                                 padding=True)["input_ids"])
+    mask = (ids != tokenizer.pad_token_id).long()
+    plain = [tokenizer.decode(r[m.bool()], skip_special_tokens=True)
+             for r, m in zip(ids, mask, strict=True)]
+    assert backend.texts(ids, mask, ["\n"]) == [cut_at_stop(t, ["\n"])[0] for t in plain]
+    assert backend.texts(ids, mask, []) == plain
+    assert backend.texts(ids, mask, ["\n"]) == [cut_at_stop(t, ["\n"])[0] for t in plain]
+    assert len(backend._texts) == 2
