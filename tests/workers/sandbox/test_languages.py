@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -149,6 +150,26 @@ def test_exit_status_129_to_192_is_not_mistaken_for_a_signal(
     died = run(language, killed)
     assert (died.status, died.exit_code, died.signal) == (Status.RE, None, signal_no)
     assert died.message == f"killed by signal {signal_no}"
+
+
+def test_a_program_starts_with_no_signal_blocked_or_ignored(
+    run: Callable[..., ExecutionResult]
+) -> None:
+    """Whatever the engine's own process had (here: SIGINT and SIGUSR1 blocked in the calling
+    thread, SIGQUIT ignored; Ray's child processes block SIGINT), the program starts clean:
+    exec keeps both, and a program whose raise(SIGINT) was blocked "exited 0" (seen in CI)."""
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGUSR1})
+    old_quit = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
+        seen = run("bash", "grep -E '^Sig(Blk|Ign):' /proc/self/status\n")
+        died = run("python", "import os, signal, time\n"
+                             "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                             "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(2)\n")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGQUIT, old_quit)
+    assert seen.stdout.split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16], seen.stdout
+    assert (died.status, died.signal) == (Status.RE, signal.SIGINT)
 
 
 def test_a_forked_child_exiting_does_not_end_the_run(run: Callable[..., ExecutionResult]) -> None:

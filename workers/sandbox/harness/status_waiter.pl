@@ -21,6 +21,10 @@ my $pid = fork();
 die "status waiter: fork: $!\n" unless defined $pid;
 if ($pid == 0) {
     close($out);  # the program gets no handle on the status channel
+    # A clean signal state, as waiter.c gives: exec keeps blocked signals and ignored ones.
+    require POSIX;
+    POSIX::sigprocmask(POSIX::SIG_SETMASK(), POSIX::SigSet->new());
+    POSIX::sigaction($_, POSIX::SigAction->new('DEFAULT')) for 1 .. 64;  # KILL, STOP refuse
     exec { $cmd[0] } @cmd;
     print STDERR "cannot run $cmd[0]: $!\n";
     exit 127;

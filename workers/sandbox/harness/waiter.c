@@ -6,7 +6,8 @@
  * It makes itself non-dumpable (so nothing in the sandbox may open /proc/1/fd, /proc/1/mem or
  * /proc/1/environ: that needs CAP_SYS_PTRACE, which nothing in the sandbox has), reads the
  * per-execution key from KEY_FD and closes it, marks STATUS_FD close-on-exec, then forks the
- * program. When the program ends it writes one record on STATUS_FD, in the framing of
+ * program, with every signal unblocked and at its default action. When the program ends it
+ * writes one record on STATUS_FD, in the framing of
  * workers/sandbox/records.py:
  *
  *   "CRF1" <4-byte big-endian length> <16-byte key> "EXIT <code>" | "SIGNAL <n>"
@@ -72,6 +73,17 @@ __attribute__((used, noreturn)) void tool_main(word *stack)
     if (child < 0)
         die("fork", child);
     if (child == 0) {
+        /* The program starts with a clean signal state, whatever the engine's process chain
+         * had: execve keeps blocked signals and ignored dispositions, so a supervisor with
+         * SIGINT blocked (Ray's child processes block it) made raise(SIGINT) a no-op and a
+         * program that should die of it "exited 0". Unblock every signal, and give every one
+         * its default action (a zeroed kernel sigaction is SIG_DFL, no flags, no mask;
+         * SIGKILL and SIGSTOP refuse and need nothing). */
+        word sigset = 0;
+        word action[4] = {0, 0, 0, 0};
+        sys6(__NR_rt_sigprocmask, 2 /* SIG_SETMASK */, (word)&sigset, 0, sizeof sigset, 0, 0);
+        for (word signo = 1; signo <= 64; signo++)
+            sys6(__NR_rt_sigaction, signo, (word)action, 0, sizeof sigset, 0, 0);
         err = sys(__NR_execve, argv[3], argv + 3, envp);
         say("cannot run ");
         say(argv[3]);
