@@ -8,6 +8,12 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def run_without_fk() -> models.ForeignKey:
+    return models.ForeignKey(db_constraint=False, db_index=False,
+                             on_delete=django.db.models.deletion.CASCADE, related_name="+",
+                             to="runs.run")
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("metrics", "0006_rollup_covering_index"),
@@ -15,18 +21,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AlterField(
-            model_name="metricpoint",
-            name="run",
-            field=models.ForeignKey(db_constraint=False, db_index=False,
-                                    on_delete=django.db.models.deletion.CASCADE,
-                                    related_name="+", to="runs.run"),
-        ),
-        migrations.AlterField(
-            model_name="metricrollup",
-            name="run",
-            field=models.ForeignKey(db_constraint=False, db_index=False,
-                                    on_delete=django.db.models.deletion.CASCADE,
-                                    related_name="+", to="runs.run"),
-        ),
+        migrations.AlterField(model_name=model, name="run", field=run_without_fk())
+        for model in ("metricpoint", "metricrollup")
     ]
