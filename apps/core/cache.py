@@ -21,7 +21,7 @@ from django.utils.functional import cached_property
 class SharedRedisCache(RedisCache):
     """``django.core.cache.backends.redis.RedisCache`` whose client outlives the request."""
 
-    # Set by RedisCache.__init__ (not in django-stubs).
+    # RedisCache.__init__ assigns these; django-stubs does not declare them, so mypy is told here.
     _servers: list[str]
     _options: dict[str, Any]
     _class: type[RedisCacheClient]
