@@ -178,11 +178,12 @@ def adamw_impl(params: Sequence[torch.Tensor]) -> dict[str, bool]:
     return {}
 
 
-def weight_snapshot(module: torch.nn.Module, zero_stage: int, merged: bool = False
-                    ) -> dict[str, torch.Tensor]:
+def weight_snapshot(module: torch.nn.Module, zero_stage: int, merged: bool = False,
+                    clone: bool = True) -> dict[str, torch.Tensor]:
     """A copy of the policy's weights for the rollout side (collective under ZeRO-3): all of
     them, or for a LoRA policy its adapters only (the rollout copy is a peft model on the same
-    frozen base), or with `merged` the full merged weights a plain model needs (vLLM)."""
+    frozen base), or with `merged` the full merged weights a plain model needs (vLLM).
+    `clone=False`: a plain policy's own tensors, for a receiver that copies them at once."""
     import deepspeed
 
     from workers.rl import expert_parallel, lora
@@ -194,7 +195,8 @@ def weight_snapshot(module: torch.nn.Module, zero_stage: int, merged: bool = Fal
             return expert_parallel.gathered_state_dict(module)
         if lora.is_lora(module):
             return lora.merged_state(module) if merged else lora.adapter_state(module)
-        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+        state = module.state_dict()
+        return {k: v.detach().clone() for k, v in state.items()} if clone else state
 
 
 

@@ -348,6 +348,9 @@ class TrainerSpec(_Strict):
     eval_samples: PosInt = 4  # completions per held-out prompt
     # Async actor-learner: generation for step n+k overlaps training of step n (0 = synchronous).
     max_async_steps: NonNegInt = 0
+    # Where the async actor runs: a thread of this process, or its own child process (it then
+    # does not share the learner's GIL; workers/rl/process_actor.py).
+    async_actor: Literal["thread", "process"] = "thread"
     sync_timeout_s: Annotated[float, Field(gt=0.0)] = 300.0  # a stalled weight/batch hand-off
     # "4bit": gradients cross ranks as per-block 4-bit codes with error feedback
     # (workers/rl/grad_compress.py); only where Crucible owns the all-reduce (zero_stage 0).
@@ -363,6 +366,10 @@ class TrainerSpec(_Strict):
                 "trainer.zeropp.quantized_gradients with zero_stage = 3 on GPUs instead)")
         if self.zeropp.enabled and self.zero_stage != 3:
             raise ValueError("trainer.zeropp (ZeRO++) needs zero_stage = 3")
+        if self.async_actor == "process" and not self.max_async_steps:
+            raise ValueError("trainer.async_actor = 'process' runs the actor beside the "
+                             "learner, which needs trainer.max_async_steps >= 1 (0 samples "
+                             "inline, synchronously)")
         return self
 
 
@@ -525,6 +532,10 @@ class RunSpec(_Strict):
             # into vLLM is wired only for rollout actors on Ray (cluster.rollout_actors).
             raise ValueError("rollout.backend = 'vllm' runs synchronously for now: set "
                              "trainer.max_async_steps = 0")
+        if self.trainer.async_actor == "process" and self.cluster and \
+                self.cluster.rollout_actors:
+            raise ValueError("cluster.rollout_actors already runs each rank's actor in its own "
+                             "process (on Ray): drop trainer.async_actor = 'process'")
         if self.moe.router_replay and self.rollout.backend == "vllm":
             # vLLM's routed-experts output (enable_return_routed_experts) changed shape and
             # requirements between releases and could not be verified against an installed

@@ -172,6 +172,10 @@ class Trainer:
                              "this run was started on one host without Ray; start it on Ray "
                              "(a multi-node allocation, workers.cluster.ray_job) or set "
                              "cluster.rollout_actors = 0")
+        if rollouts is None and spec.trainer.async_actor == "process":
+            from workers.rl.process_actor import ProcessRollouts
+
+            self.rollouts = ProcessRollouts()  # the actor in a child process on this host
         if objective is not None and (spec.task is not None or spec.environment is not None):
             field = "task" if spec.task is not None else "environment"
             raise ValueError(f"this run trains on the environments it was given; its config's "
@@ -389,7 +393,7 @@ class Trainer:
         self.stop_before_rl(lrn, tok, start)
         store = WeightStore()
         actor = self.start_actor(lrn, tok, store, start, sft_dir)
-        t_run = time.perf_counter()
+        t_run = t_end = time.perf_counter()
         t_evals = 0.0
         try:
             for step in range(start, ts.steps):
@@ -407,10 +411,11 @@ class Trainer:
                 result.curriculum = sb.sampler_state
                 self.stop_after_step(lrn, tok, done, sb.sampler_state, nan_streak, metrics,
                                      saved)
+            t_end = time.perf_counter()  # stopping the actor is not training time
         finally:
             if actor is not None:
                 actor.stop()
-        elapsed = time.perf_counter() - t_run - t_evals
+        elapsed = t_end - t_run - t_evals
         result.steps_per_s = (ts.steps - start) / elapsed if elapsed > 0 else 0.0
         self.rl_finish(lrn, tok, result)
         return result
@@ -540,7 +545,8 @@ class Trainer:
     def start_actor(self, lrn: Learner, tok: Any, store: WeightStore, start: int,
                     sft_dir: Path) -> RolloutSource | None:
         """Where the batches come from when the rank does not sample inline: rollout actors
-        in other processes (on Ray), else the asynchronous actor thread when
+        in other processes (on Ray, or `trainer.async_actor = "process"` on this host), else
+        the asynchronous actor thread when
         `max_async_steps` allows one, else None."""
         ts = self.spec.trainer
         aux_free = self.spec.moe.balance == "aux_free" and lrn.moe
@@ -564,11 +570,13 @@ class Trainer:
         actor.start()
         return actor
 
-    def snapshot(self, lrn: Learner) -> dict[str, torch.Tensor]:
+    def snapshot(self, lrn: Learner, clone: bool = True) -> dict[str, torch.Tensor]:
         """The weights the rollout side samples with (collective under ZeRO-3): merged full
-        weights for a vLLM rollout actor, else what `weight_snapshot` gives a policy copy."""
+        weights for a vLLM rollout actor, else what `weight_snapshot` gives a policy copy
+        (`clone=False`: uncopied, for a source that copies what it is given before returning)."""
         merged = self.rollouts is not None and self.spec.rollout.backend == "vllm"
-        return weight_snapshot(lrn.engine.module, self.spec.trainer.zero_stage, merged=merged)
+        return weight_snapshot(lrn.engine.module, self.spec.trainer.zero_stage, merged=merged,
+                               clone=clone)
 
     # ---- RL: one step --------------------------------------------------------------------
 
@@ -591,7 +599,8 @@ class Trainer:
         t_wait = time.perf_counter() - t_step
         metrics, skipped = self.learn(lrn.engine, sb, lrn.ref, lrn.micro, lrn.moe, lrn.top_k)
         if actor is not None:
-            actor.publish(step + 1, self.snapshot(lrn))
+            # A rollout process copies into shared memory at once: no snapshot copy first.
+            actor.publish(step + 1, self.snapshot(lrn, clone=not getattr(actor, "copies", False)))
         elif lrn.vllm:  # the generator holds its own copy: push the update, versioned
             lrn.backend.load_state(weight_snapshot(lrn.engine.module, ts.zero_stage,
                                                    merged=True), step + 1)
