@@ -29,7 +29,6 @@ import pickle
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch
 import torch.multiprocessing as mp
 
 from workers.rl.actor import AsyncStall, RolloutSetup, StepBatch
+from workers.rl.weight_layout import check, empty_buckets, layout_of, unflatten
 
 SETUP_TIMEOUT_S = 600.0  # spawning the child: imports torch and transformers, builds the copy
 POLL_S = 0.5  # how often a waiting side looks whether the other is still alive
@@ -44,21 +44,6 @@ POLL_S = 0.5  # how often a waiting side looks whether the other is still alive
 
 class RolloutProcessFailed(RuntimeError):
     """The rollout process died, or could not be started."""
-
-
-@dataclass(frozen=True)
-class Slot:
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int  # into its dtype's buffer
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
 
 
 class SharedWeights:
@@ -74,15 +59,9 @@ class SharedWeights:
     """
 
     def __init__(self, state: dict[str, torch.Tensor], ctx: Any) -> None:
-        offsets: dict[torch.dtype, int] = {}
-        slots = []
-        for name, t in state.items():
-            at = offsets.get(t.dtype, 0)
-            slots.append(Slot(name, t.dtype, tuple(t.shape), at))
-            offsets[t.dtype] = at + t.numel()
-        self.slots = slots
-        self.buffers = [{str(dt).removeprefix("torch."): torch.empty(n, dtype=dt).share_memory_()
-                         for dt, n in offsets.items()} for _ in range(2)]
+        self.layout = layout_of(state, bucket_bytes=1 << 62)  # one buffer per dtype
+        self.buffers = [[b.share_memory_() for b in empty_buckets(self.layout)]
+                        for _ in range(2)]
         self.seq = ctx.Array("q", 2, lock=False)  # per slot: odd while being written
         self.stamp = ctx.Array("q", [-1, -1], lock=False)  # per slot: the version it holds
         self.latest = ctx.Value("q", -1, lock=False)  # the slot written last
@@ -91,28 +70,25 @@ class SharedWeights:
         self.bell_in, self.bell_out = ctx.Pipe(duplex=False)
 
     def views(self, slot: int = 0) -> dict[str, torch.Tensor]:
-        """Each weight as a view into one slot's buffers."""
-        out = {}
-        for s in self.slots:
-            buf = self.buffers[slot][str(s.dtype).removeprefix("torch.")]
-            out[s.name] = buf[s.offset:s.offset + s.numel].view(s.shape)
-        return out
+        """Each weight as a view into one slot's buffers (made once per process)."""
+        made = self.__dict__.setdefault("_views", {})
+        if slot not in made:
+            made[slot] = unflatten(self.buffers[slot], self.layout)
+        return made[slot]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_views"}
 
     def write(self, version: int, state: dict[str, torch.Tensor]) -> None:
         """Publish `state` as `version` (the learner only). Its names, shapes and dtypes must be
         the first snapshot's: a rollout copy is built once."""
+        try:
+            check(state, self.layout)
+        except ValueError as exc:
+            raise ValueError(f"weight version {version} does not fit the rollout process's "
+                             f"copy: {exc}") from None
         slot = 1 - self.latest.value if self.latest.value >= 0 else 0
         views = self.views(slot)
-        if set(state) != set(views):
-            raise ValueError(f"weight version {version} has other names than the rollout "
-                             f"process's copy: missing {sorted(set(views) - set(state))[:4]}, "
-                             f"unexpected {sorted(set(state) - set(views))[:4]}")
-        for name, t in state.items():
-            v = views[name]
-            if t.shape != v.shape or t.dtype != v.dtype:
-                raise ValueError(f"weight {name} of version {version} is {t.dtype} "
-                                 f"{tuple(t.shape)}; the rollout process holds {v.dtype} "
-                                 f"{tuple(v.shape)}")
         self.seq[slot] += 1  # odd: a reader of this slot copies again
         for name, t in state.items():
             views[name].copy_(t)
