@@ -140,8 +140,8 @@ class Learner:
 def expert_load(counts: torch.Tensor) -> dict[str, float]:
     """Per-layer routing metrics from (layers, experts) token counts: each layer's load
     entropy normalised to [0, 1] (1 = perfectly even) and each expert's token count."""
-    # All layers in one pass of tensor ops (each row's reduction is the per-layer one, so the
-    # values are the same bits), read out with one tolist each.
+    # All layers in one pass of tensor ops (each row's reduction is the per-layer one, up to
+    # the order a CPU's vector units sum a row in), read out with one tolist each.
     p = counts / counts.sum(-1, keepdim=True).clamp(min=1.0)
     ent = (-(p * p.clamp(min=1e-12).log()).sum(-1) / math.log(counts.shape[-1])).tolist()
     out: dict[str, float] = {}

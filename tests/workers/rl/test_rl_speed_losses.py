@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -81,4 +82,10 @@ def test_expert_load_metrics_equal_the_per_layer_loop():
         for e, c in enumerate(row.tolist()):
             want[f"moe/layer{layer}/expert{e}_tokens"] = c
     got = expert_load(counts)
-    assert list(got) == list(want) and got == want
+    assert list(got) == list(want)
+    # Token counts are whole numbers: exact. An entropy sums 8 rounded terms, and a CPU's
+    # vector width may order a row's sum differently from a 1-D tensor's: float32 rounding.
+    assert {k: v for k, v in got.items() if "tokens" in k} == {
+        k: v for k, v in want.items() if "tokens" in k}
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
