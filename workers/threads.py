@@ -126,6 +126,24 @@ def configure(sharers: int | None = None, *, role: str = "process") -> Allotment
     return allot
 
 
+def sharers(env: Mapping[str, str] | None = None) -> int:
+    """The processes sharing this one's cores as its launcher said (`CRUCIBLE_THREAD_SHARERS`,
+    1 when unset): a process that starts a helper beside itself doubles it for both."""
+    return _positive(os.environ if env is None else env, SHARERS) or 1
+
+
+def restore(saved: dict[str, Any]) -> None:
+    """Undo a `configure` from what `in_use()` returned before it."""
+    for name in LIBRARY_VARS:
+        if saved.get(name) is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved[name]
+    torch = sys.modules.get("torch")
+    if torch is not None and saved.get("torch_threads"):
+        torch.set_num_threads(saved["torch_threads"])
+
+
 def in_use() -> dict[str, Any]:
     """What this process actually runs with: torch's intra-op threads (when torch is loaded)
     and the library variables, for reports and tests."""

@@ -37,6 +37,24 @@ def test_the_setting_wins_else_cores_over_the_processes_sharing_them():
             threads.allotment(env={threads.SETTING: bad}, cores=2)
 
 
+def test_sharers_come_from_the_launcher_and_a_configure_can_be_undone(monkeypatch):
+    import torch
+
+    assert threads.sharers({}) == 1 and threads.sharers({threads.SHARERS: "3"}) == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        threads.sharers({threads.SHARERS: "0"})
+    monkeypatch.setenv("CRUCIBLE_THREADS", "3")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = threads.in_use()
+    try:
+        threads.configure(2)
+        assert torch.get_num_threads() == 3 and os.environ["MKL_NUM_THREADS"] == "3"
+    finally:
+        threads.restore(before)
+    assert threads.in_use() == before and "MKL_NUM_THREADS" not in os.environ
+
+
 def test_a_cgroup_cpu_quota_caps_the_usable_cores(tmp_path):
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert threads._cgroup_quota(tmp_path) == 1.5

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from workers import threads
 from workers.rl.actor import AsyncStall, RolloutSetup, StepBatch
 from workers.rl.weight_layout import check, empty_buckets, layout_of, unflatten
 
@@ -180,11 +181,10 @@ def _portable(err: BaseException) -> BaseException:
     return err
 
 
-def _serve(setup_blob: bytes, weights: SharedWeights, conn: Connection, parent: int) -> None:
+def _serve(setup_blob: bytes, weights: SharedWeights, conn: Connection, parent: int,
+           sharers: int) -> None:
     """The child: build the policy copy and backend, then produce steps [start, total)."""
-    from workers import threads
-
-    threads.configure(2, role="rollout process")  # it shares the cores with the learner
+    threads.configure(sharers, role="rollout process")  # it shares the cores with the learner
     torch.set_grad_enabled(False)
 
     def alive() -> bool:
@@ -199,7 +199,7 @@ def _serve(setup_blob: bytes, weights: SharedWeights, conn: Connection, parent: 
         model = rollout_copy(setup.model_spec, setup.tokenizer, torch.device("cpu"),
                              setup.bf16, setup.aux_free)
         backend = make_backend("hf", model, setup.tokenizer, False, setup.engine)
-        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+        conn.send_bytes(pickle.dumps(("ready", torch.get_num_threads())))
 
         def load(version: int, state: dict[str, torch.Tensor]) -> None:
             load_weights(model, state)
@@ -238,8 +238,10 @@ class ProcessSource:
     copies = True  # `publish` copies the state before it returns: it may be the live weights
 
     def __init__(self, proc: Any, conn: Connection, weights: SharedWeights,
-                 timeout: float) -> None:
+                 timeout: float, threads_before: dict[str, Any]) -> None:
         self.proc, self.conn, self.weights, self.timeout = proc, conn, weights, timeout
+        self.threads_before = threads_before  # the learner's, restored at stop
+        self.child_threads = 0  # the child's torch threads, once it is ready
 
     def _died(self, when: str) -> RolloutProcessFailed:
         return RolloutProcessFailed(f"the rollout process (pid {self.proc.pid}) exited with "
@@ -286,6 +288,7 @@ class ProcessSource:
             self.proc.kill()
             self.proc.join()
         self.conn.close()
+        threads.restore(self.threads_before)
 
 
 class ProcessRollouts:
@@ -306,13 +309,20 @@ class ProcessRollouts:
         shared = SharedWeights(weights, ctx)
         shared.write(setup.start, weights)
         ours, theirs = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_serve, args=(blob, shared, theirs, os.getpid()),
+        # The learner and its rollout process split what the learner had (CRUCIBLE_THREADS,
+        # when set, stays each one's): two processes of N threads on N cores would spin
+        # against each other.
+        before = threads.in_use()
+        share = 2 * threads.sharers()
+        threads.configure(share, role="learner beside its rollout process")
+        proc = ctx.Process(target=_serve, args=(blob, shared, theirs, os.getpid(), share),
                            name="crucible-rollout", daemon=False)
         proc.start()
         theirs.close()
-        source = ProcessSource(proc, ours, shared, setup.timeout)
+        source = ProcessSource(proc, ours, shared, setup.timeout, before)
         try:
-            source.receive(max(SETUP_TIMEOUT_S, setup.timeout), "its ready signal")
+            _, source.child_threads = source.receive(max(SETUP_TIMEOUT_S, setup.timeout),
+                                                     "its ready signal")
         except BaseException:
             source.stop()
             raise

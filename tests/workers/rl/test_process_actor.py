@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.workers.rl.test_rl_actor import ParityObjective, run_spec
+from workers import threads
 from workers.rl.actor import AsyncStall, Producer, RolloutSetup, Seeds
 from workers.rl.curriculum import TaskSampler
 from workers.rl.objectives import build_objective
@@ -89,7 +90,9 @@ def nudged(model, step):
 
 
 def test_the_rollout_process_samples_exactly_what_the_inline_producer_does(tokenizer,
-                                                                           tiny_model):
+                                                                           tiny_model,
+                                                                           monkeypatch):
+    monkeypatch.setenv("CRUCIBLE_THREADS", "1")  # one thread each side: the same kernels
     spec = parse_spec({"rollout": {"group_size": 3, "max_new_tokens": 4}})
     objective = ParityObjective()
     remote = producer_for(spec, objective, tokenizer, per_rank=2, bound=0)
@@ -97,7 +100,9 @@ def test_the_rollout_process_samples_exactly_what_the_inline_producer_does(token
     tiny_model.eval()
     backend = HFRollout(tiny_model, tokenizer)
     # Bound 0: step n waits for version n exactly, so what the child samples is determined.
+    before = torch.get_num_threads()
     source = ProcessRollouts().start(setup_for(remote, tokenizer, 3), state_of(tiny_model))
+    assert source.child_threads == torch.get_num_threads() == 1
     try:
         for step in range(3):
             if step:
@@ -113,6 +118,7 @@ def test_the_rollout_process_samples_exactly_what_the_inline_producer_does(token
     finally:
         source.stop()
     assert not source.proc.is_alive() and not multiprocessing.active_children()
+    assert torch.get_num_threads() == before  # the learner's threads are given back
 
 
 class FailingObjective(ParityObjective):
@@ -135,12 +141,17 @@ def test_an_error_in_the_rollout_process_reaches_the_learner_with_its_traceback(
         source.stop()
 
 
-def test_a_killed_rollout_process_is_named_and_a_stall_times_out(tokenizer, tiny_model):
+def test_a_killed_rollout_process_is_named_and_a_stall_times_out(tokenizer, tiny_model,
+                                                                 monkeypatch):
+    monkeypatch.delenv("CRUCIBLE_THREADS", raising=False)
     spec = parse_spec({"rollout": {"group_size": 2, "max_new_tokens": 2}})
     objective = build_objective(spec.task)
     producer = producer_for(spec, objective, tokenizer, per_rank=1, bound=0)
     source = ProcessRollouts().start(setup_for(producer, tokenizer, 4, timeout=1.0),
                                      state_of(tiny_model))
+    # Learner and child split the learner's cores: half each (at least one thread).
+    split = threads.allotment(2 * threads.sharers()).threads
+    assert source.child_threads == torch.get_num_threads() == split
     try:
         source.get(0)
         # The learner "forgot" version 1: the child's wait times out, and the learner hears.
