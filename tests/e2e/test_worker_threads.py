@@ -61,3 +61,54 @@ def test_prefork_worker_processes_take_and_report_their_allotment(live_server, s
     assert started["data"]["threads"]["torch_threads"] == expect
     assert started["data"]["threads"]["OMP_NUM_THREADS"] == str(expect)
     assert f"{expect} torch thread(s) per rank" in started["message"]
+
+
+def test_a_prefork_worker_runs_a_train_run_with_its_rollout_process(live_server, start_worker,
+                                                                     tmp_path):
+    """The async actor in its own process (`trainer.async_actor = "process"`) is spawned from
+    a Celery prefork pool process, trains, and is gone when the run ends."""
+    user = UserFactory(username="rp")
+    team = TeamFactory(slug="rp")
+    MembershipFactory(team=team, user=user, role=Role.MEMBER)
+    ProjectFactory(team=team, slug="demo")
+    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name="rp")
+    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
+    log = tmp_path / "worker.log"
+    worker = start_worker(worker_token, queues="gpu", log=log, pool=("-P", "prefork", "-c", "1"))
+    config = {**TINY, "trainer": {**TINY["trainer"], "steps": 3, "max_async_steps": 1,
+                                  "async_actor": "process"}}
+    with CrucibleClient(live_server.url, token) as client:
+        run = client.launch_run("rp", project="demo", kind="train", config=config)
+        done = client.wait_for_run("rp", run["id"], timeout=400)
+        assert done["status"] == "succeeded", (done["error"], log.read_text()[-3000:])
+        points = client.run_metrics("rp", run["id"], names=["async/lag1", "loss"])
+    assert worker.poll() is None, log.read_text()[-3000:]
+    series = {s["name"]: s["points"] for s in points["series"]}
+    assert [p["step"] for p in series["loss"]] == [1, 2, 3] and series["async/lag1"]
+    spawned = [p for p in psutil_children(worker.pid) if "multiprocessing.spawn" in p]
+    assert not spawned, f"a rollout process outlived its run: {spawned}"
+
+
+def psutil_children(pid: int) -> list[str]:
+    """Command lines of every process below `pid` (from /proc: no psutil needed)."""
+    import os
+
+    kids: dict[int, list[int]] = {}
+    cmd: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(kids.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(cmd.get(p, ""))
+        todo.extend(kids.get(p, []))
+    return out

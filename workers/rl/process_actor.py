@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import multiprocessing
 import os
 import pickle
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -291,6 +292,29 @@ class ProcessSource:
         threads.restore(self.threads_before)
 
 
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a Celery prefork pool process start the child. Its pool (billiard) leaves two
+    marks on multiprocessing's record of the current process: it is daemonic, which
+    multiprocessing refuses children to (so that they are not orphaned when it is killed;
+    this child exits by itself once its parent is gone, the `alive()` check of its waits,
+    and is otherwise stopped and reaped by the trainer), and its auth key is billiard's type,
+    which refuses to be pickled into the spawn. Both are set plainly for the start and put
+    back at once; there is no public API for either."""
+    current = multiprocessing.current_process()
+    config = current._config  # type: ignore[attr-defined]
+    saved = dict(config)
+    config["daemon"] = False
+    # billiard replaces multiprocessing's current-process record with its own, whose key
+    # setter makes billiard's type again: store multiprocessing's own type directly.
+    config["authkey"] = multiprocessing.process.AuthenticationString(bytes(current.authkey))
+    try:
+        yield
+    finally:
+        config.clear()
+        config.update(saved)
+
+
 class ProcessRollouts:
     """`workers.rl.actor.RolloutLauncher` for one host: spawns the rank's rollout process and
     returns once its policy copy is built, so a run's timed steps start with the actor ready
@@ -315,9 +339,10 @@ class ProcessRollouts:
         before = threads.in_use()
         share = 2 * threads.sharers()
         threads.configure(share, role="learner beside its rollout process")
-        proc = ctx.Process(target=_serve, args=(blob, shared, theirs, os.getpid(), share),
-                           name="crucible-rollout", daemon=False)
-        proc.start()
+        with _children_allowed():  # the process copies the record it is made from
+            proc = ctx.Process(target=_serve, args=(blob, shared, theirs, os.getpid(), share),
+                               name="crucible-rollout", daemon=False)
+            proc.start()
         theirs.close()
         source = ProcessSource(proc, ours, shared, setup.timeout, before)
         try:
