@@ -307,7 +307,8 @@ def _children_allowed() -> Iterator[None]:
     config["daemon"] = False
     # billiard replaces multiprocessing's current-process record with its own, whose key
     # setter makes billiard's type again: store multiprocessing's own type directly.
-    config["authkey"] = multiprocessing.process.AuthenticationString(bytes(current.authkey))
+    config["authkey"] = multiprocessing.process.AuthenticationString(  # type: ignore[attr-defined]
+        bytes(current.authkey))
     try:
         yield
     finally:
