@@ -8,11 +8,7 @@ import re
 
 import pytest
 
-from apps.core.actor import Actor
-from apps.teams.models import Role
-from apps.teams.services import personal_token_create, worker_token_create
-from tests.e2e.conftest import wait_for
-from tests.factories import MembershipFactory, ProjectFactory, TeamFactory, UserFactory
+from tests.e2e.conftest import tenant, wait_for
 from workers import threads
 from workers.client import CrucibleClient
 
@@ -28,22 +24,11 @@ TINY = {
 }
 
 
-def team_and_pool(slug: str) -> tuple[str, str]:
-    """A team `slug` with project "demo" and a member's token, and an operator pool token."""
-    user = UserFactory(username=slug)
-    team = TeamFactory(slug=slug)
-    MembershipFactory(team=team, user=user, role=Role.MEMBER)
-    ProjectFactory(team=team, slug="demo")
-    _, token = personal_token_create(actor=Actor.of_user(user), user=user, name=slug)
-    _, worker_token = worker_token_create(actor=Actor.system(), team=None, name="pool")
-    return token, worker_token
-
-
 def test_prefork_worker_processes_take_and_report_their_allotment(live_server, start_worker,
                                                                   tmp_path, monkeypatch):
     for name in (threads.SETTING, threads.SHARERS, *threads.LIBRARY_VARS):
         monkeypatch.delenv(name, raising=False)  # the worker decides from its own pool
-    token, worker_token = team_and_pool("th")
+    token, worker_token = tenant("th")
     log = tmp_path / "worker.log"
     worker = start_worker(worker_token, queues="gpu", log=log, pool=("-P", "prefork", "-c", "2"))
     expect = max(1, threads.usable_cores() // 2)
@@ -73,7 +58,7 @@ def test_a_prefork_worker_runs_a_train_run_with_its_rollout_process(live_server,
                                                                      tmp_path):
     """The async actor in its own process (`trainer.async_actor = "process"`) is spawned from
     a Celery prefork pool process, trains, and is gone when the run ends."""
-    token, worker_token = team_and_pool("rp")
+    token, worker_token = tenant("rp")
     log = tmp_path / "worker.log"
     worker = start_worker(worker_token, queues="gpu", log=log, pool=("-P", "prefork", "-c", "1"))
     config = {**TINY, "trainer": {**TINY["trainer"], "steps": 3, "max_async_steps": 1,
