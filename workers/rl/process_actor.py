@@ -7,10 +7,10 @@ the same producer (its curriculum sampler, its seeds, the same `Producer.produce
 `spawn`ed child on its own policy copy, and the learner only trains:
 
 - Weights go learner -> child through shared memory (`SharedWeights`): one flat buffer per
-  dtype, written after every update as version `step + 1` under a lock the child holds while
-  it copies a version into its policy, so a version is never read half-written. The child
-  samples step n only with a version >= n - max_async_steps and takes versions only upwards,
-  as the thread does.
+  dtype in each of two slots, written in turn after every update as version `step + 1` under
+  a sequence number, so the child never keeps a version read half-written and no lock is
+  shared. The child samples step n only with a version >= n - max_async_steps and takes
+  versions only upwards, as the thread does.
 - Batches go child -> learner as pickled `StepBatch`es over a pipe, in step order; an error in
   the child travels the same way and is raised in the learner with the child's traceback
   attached. A child that dies is named with its exit code; a hand-off that does not happen in
@@ -339,12 +339,12 @@ class ProcessRollouts:
         # against each other.
         before = threads.in_use()
         share = 2 * threads.sharers()
-        threads.configure(share, role="learner beside its rollout process")
         with _children_allowed():  # the process copies the record it is made from
             proc = ctx.Process(target=_serve, args=(blob, shared, theirs, os.getpid(), share),
                                name="crucible-rollout", daemon=False)
             proc.start()
         theirs.close()
+        threads.configure(share, role="learner beside its rollout process")  # once it runs
         source = ProcessSource(proc, ours, shared, setup.timeout, before)
         try:
             _, source.child_threads = source.receive(max(SETUP_TIMEOUT_S, setup.timeout),
